@@ -1,0 +1,53 @@
+"""The n-gram pool: n-grams from the Jacobi trajectory (and the prompt), keyed by first token."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+
+class NGramPool:
+    """At most `capacity` distinct (N-1)-token tails per first token; the least recently
+    inserted tail is evicted first, and inserting a tail that is already there refreshes it."""
+
+    def __init__(self, n: int, capacity: int) -> None:
+        if n < 2:
+            raise ValueError(f"n-gram size must be >= 2, got {n}")
+        self.n = n
+        self.capacity = capacity
+        self._table: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+
+    def add(self, key: int, tail: tuple[int, ...]) -> None:
+        """Insert one n-gram `(key, *tail)`."""
+        if self.capacity == 0:
+            return
+        entries = self._table.setdefault(key, OrderedDict())
+        if tail in entries:
+            entries.move_to_end(tail)
+            return
+        entries[tail] = None
+        if len(entries) > self.capacity:
+            entries.popitem(last=False)
+
+    def add_rows(self, grams: np.ndarray) -> None:
+        """Insert each row of an int array `[k, N]` as one n-gram, in row order."""
+        for row in grams.tolist():
+            self.add(row[0], tuple(row[1:]))
+
+    def add_sequence(self, tokens: Sequence[int]) -> None:
+        """Insert every n-gram of a token sequence (used to seed the pool from the prompt)."""
+        n = self.n
+        if len(tokens) >= n:
+            self.add_rows(np.lib.stride_tricks.sliding_window_view(np.asarray(tokens, dtype=np.int64), n))
+
+    def lookup(self, key: int) -> list[tuple[int, ...]]:
+        """The tails stored under `key`, oldest first (at most `capacity`)."""
+        entries = self._table.get(key)
+        return list(entries) if entries else []
+
+    def keys(self) -> Iterable[int]:
+        return self._table.keys()
+
+    def __len__(self) -> int:
+        return sum(len(e) for e in self._table.values())

@@ -1,0 +1,62 @@
+"""Lookahead Parallelism's partitioner: which window columns and verification n-grams each
+rank runs. Pure and deterministic, so every rank computes the same plan without talking.
+
+Column j needs the row-0 prefix rows[0, 1..j], so a rank holding columns [a, b) also feeds
+rows[0, 1..b-1] (duplicating what lower ranks feed). Cost is counted in step tokens, the
+quantity a rank's forward time grows with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's share of a step: contiguous window columns and candidate indices."""
+
+    columns: range
+    candidates: range
+
+    def cost(self, N: int, pending: int = 1) -> int:
+        """Tokens this rank feeds: pending tokens, the row-0 prefix, its levels, its candidates."""
+        prefix = max(self.columns.stop - 1, 0) if len(self.columns) else 0
+        return pending + prefix + (N - 2) * len(self.columns) + (N - 1) * len(self.candidates)
+
+
+def _greedy(W: int, N: int, G: int, P: int, limit: int) -> list[RankPlan] | None:
+    """Fill ranks in order up to `limit` tokens each: columns first, then candidates."""
+    plans, col, cand = [], 0, 0
+    for _ in range(P):
+        start_col = col
+        while col < W and RankPlan(range(start_col, col + 1), range(0)).cost(N) <= limit:
+            col += 1
+        cols, start_cand = range(start_col, col), cand
+        while cand < G and RankPlan(cols, range(start_cand, cand + 1)).cost(N) <= limit:
+            cand += 1
+        plans.append(RankPlan(cols, range(start_cand, cand)))
+    return plans if col == W and cand == G else None
+
+
+@lru_cache(maxsize=4096)
+def partition(W: int, N: int, G: int, P: int) -> tuple[RankPlan, ...]:
+    """Split W columns and G candidates over P ranks, minimising the largest rank's cost.
+
+    Columns are taken in order (so a rank's prefix is shared by its columns), then candidates;
+    a binary search finds the smallest per-rank token limit the greedy fill can meet, which
+    is optimal for contiguous splits of that order. Ranks may end up empty (they still
+    compute the next token and keep their cache in step).
+    """
+    if W < 0 or N < 2 or G < 0 or P < 1:
+        raise ValueError(f"bad partition request W={W} N={N} G={G} P={P}")
+    lo = 1
+    hi = RankPlan(range(W), range(G)).cost(N)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _greedy(W, N, G, P, mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    plans = _greedy(W, N, G, P, lo)
+    assert plans is not None
+    return tuple(plans)

@@ -1,0 +1,101 @@
+"""The Python API: load a model once per rank, then generate many times.
+
+    from lp import LP
+    lm = LP("smollm2-135m")
+    r = lm.generate("Write a haiku about GPUs.", chat=True, W=5, N=3, G=5, max_new_tokens=64)
+    print(r.text, r.compression, r.tokens_per_s)
+
+Under `torchrun`, every rank builds an `LP` and calls `generate` with the same arguments;
+each rank holds a full replica and the ranks split each step's lookahead work.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from lp import models
+from lp.collective import Collective
+from lp.config import DecodeConfig
+from lp.decoder import Decoder, Generation
+from lp.errors import LPError
+from lp.worker import Worker
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Result:
+    """One prompt's generation, as written to the output JSONL (DESIGN.md section 5)."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str
+    new_tokens: int
+    steps: int
+    compression: float
+    prefill_seconds: float
+    seconds: float
+    tokens_per_s: float
+    accepted_per_step: list[int]
+    world_size: int
+    W: int
+    N: int
+    G: int
+    mode: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LP:
+    """A model replica on this rank, its tokenizer, and the decoder around them."""
+
+    def __init__(self, model: str = "smollm2-135m", *, dtype: str = "float32", device: str = "auto",
+                 timeout_s: float = 300.0) -> None:
+        if dtype not in DTYPES:
+            raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        self.comm = Collective.from_env(device, timeout_s)
+        self.model, self.tokenizer = models.load(model, DTYPES[dtype], self.comm.device)
+        config = self.model.config.get_text_config()
+        self.decoder = Decoder(Worker(self.model), self.comm, self._eos_ids(), config.max_position_embeddings)
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.model.generation_config, self.model.config, self.tokenizer):
+            eos = getattr(source, "eos_token_id", None)
+            ids.update(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        return ids
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        """Token ids of a prompt, wrapped in the model's chat template when `chat`."""
+        if not prompt:
+            raise LPError("empty prompt")
+        if chat:
+            if self.tokenizer.chat_template is None:
+                raise LPError("chat=true but the model's tokenizer has no chat template")
+            enc = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+            return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        return self.tokenizer(prompt)["input_ids"]
+
+    def generate(self, prompt: str | list[int], *, chat: bool = False, **settings) -> Result:
+        """Decode one prompt (text, or token ids) with `DecodeConfig` settings
+        (W, N, G, max_new_tokens, mode, seed, pool_from_prompt)."""
+        try:
+            cfg = DecodeConfig(**settings).validate()
+        except TypeError as e:
+            raise LPError(str(e)) from None
+        ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
+        g: Generation = self.decoder.generate(ids, cfg)
+        return Result(
+            prompt_ids=ids, output_ids=g.output_ids,
+            text=self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
+            new_tokens=g.new_tokens, steps=g.steps, compression=g.compression,
+            prefill_seconds=g.prefill_seconds, seconds=g.seconds, tokens_per_s=g.tokens_per_s,
+            accepted_per_step=g.accepted, world_size=self.comm.world_size,
+            W=cfg.W, N=cfg.N, G=cfg.G, mode=cfg.mode,
+        )
+
+    def close(self) -> None:
+        self.comm.close()
