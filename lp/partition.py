@@ -7,6 +7,7 @@ quantity a rank's forward time grows with.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -24,39 +25,44 @@ class RankPlan:
         return pending + prefix + (N - 2) * len(self.columns) + (N - 1) * len(self.candidates)
 
 
-def _greedy(W: int, N: int, G: int, P: int, limit: int) -> list[RankPlan] | None:
-    """Fill ranks in order up to `limit` tokens each: columns first, then candidates."""
-    plans, col, cand = [], 0, 0
+def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int) -> list[RankPlan] | None:
+    """Fill ranks in order up to `limit` tokens each: columns first, then whole candidate
+    groups (`ends` are the groups' exclusive end indices)."""
+    plans, col, g = [], 0, 0
     for _ in range(P):
         start_col = col
         while col < W and RankPlan(range(start_col, col + 1), range(0)).cost(N) <= limit:
             col += 1
-        cols, start_cand = range(start_col, col), cand
-        while cand < G and RankPlan(cols, range(start_cand, cand + 1)).cost(N) <= limit:
-            cand += 1
-        plans.append(RankPlan(cols, range(start_cand, cand)))
-    return plans if col == W and cand == G else None
+        cols, start_cand = range(start_col, col), ends[g - 1] if g else 0
+        while g < len(ends) and RankPlan(cols, range(start_cand, ends[g])).cost(N) <= limit:
+            g += 1
+        plans.append(RankPlan(cols, range(start_cand, ends[g - 1] if g else 0)))
+    return plans if col == W and g == len(ends) else None
 
 
 @lru_cache(maxsize=4096)
-def partition(W: int, N: int, G: int, P: int) -> tuple[RankPlan, ...]:
+def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = None) -> tuple[RankPlan, ...]:
     """Split W columns and G candidates over P ranks, minimising the largest rank's cost.
 
     Columns are taken in order (so a rank's prefix is shared by its columns), then candidates;
     a binary search finds the smallest per-rank token limit the greedy fill can meet, which
-    is optimal for contiguous splits of that order. Ranks may end up empty (they still
-    compute the next token and keep their cache in step).
+    is optimal for contiguous splits of that order. `groups` (sizes summing to G) keeps
+    consecutive candidates together on one rank, as sampling needs for candidates that share
+    their first draft token. Ranks may end up empty (they still compute the next token and
+    keep their cache in step).
     """
-    if W < 0 or N < 2 or G < 0 or P < 1:
-        raise ValueError(f"bad partition request W={W} N={N} G={G} P={P}")
+    groups = groups if groups is not None else (1,) * G
+    if W < 0 or N < 2 or G < 0 or P < 1 or sum(groups) != G or min(groups, default=1) < 1:
+        raise ValueError(f"bad partition request W={W} N={N} G={G} P={P} groups={groups}")
+    ends = tuple(itertools.accumulate(groups))
     lo = 1
     hi = RankPlan(range(W), range(G)).cost(N)
     while lo < hi:
         mid = (lo + hi) // 2
-        if _greedy(W, N, G, P, mid) is None:
+        if _greedy(W, N, ends, P, mid) is None:
             lo = mid + 1
         else:
             hi = mid
-    plans = _greedy(W, N, G, P, lo)
+    plans = _greedy(W, N, ends, P, lo)
     assert plans is not None
     return tuple(plans)

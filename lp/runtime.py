@@ -52,11 +52,11 @@ class LP:
     """A model replica on this rank, its tokenizer, and the decoder around them."""
 
     def __init__(self, model: str = "smollm2-135m", *, dtype: str = "float32", device: str = "auto",
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, attention: str = "auto") -> None:
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         self.comm = Collective.from_env(device, timeout_s)
-        self.model, self.tokenizer = models.load(model, DTYPES[dtype], self.comm.device)
+        self.model, self.tokenizer = models.load(model, DTYPES[dtype], self.comm.device, attention)
         config = self.model.config.get_text_config()
         self.decoder = Decoder(Worker(self.model), self.comm, self._eos_ids(), config.max_position_embeddings)
 
