@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lp.errors import LPError
+from lp.sampling import validate_sampling
 
 MODES = ("lookahead", "ar")
 
@@ -13,7 +14,10 @@ class DecodeConfig:
     """W lookahead columns, N n-gram size, G max verification n-grams per step.
 
     `mode="ar"` decodes one token per step in the same runtime (W, N, G ignored).
-    `pool_from_prompt` seeds the n-gram pool with the prompt's own n-grams."""
+    `pool_from_prompt` seeds the n-gram pool with the prompt's own n-grams and
+    `pool_from_output` adds those of the generated text as it grows. `temperature` 0 is greedy;
+    above 0, tokens are sampled from the model's distribution (after `top_k`, `top_p`) exactly,
+    by the paper's Algorithm 4; the lookahead branch and the pool stay greedy."""
 
     W: int = 5
     N: int = 3
@@ -22,6 +26,10 @@ class DecodeConfig:
     mode: str = "lookahead"
     seed: int = 0
     pool_from_prompt: bool = True
+    pool_from_output: bool = True
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
 
     def validate(self) -> "DecodeConfig":
         if self.mode not in MODES:
@@ -30,6 +38,7 @@ class DecodeConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise LPError(f"{key} must be an integer >= {low}, got {value!r}")
+        validate_sampling(self.temperature, self.top_k, self.top_p)
         return self
 
     @property

@@ -17,7 +17,8 @@ from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool, step_layout
 from lp.message import merge, pack
 from lp.partition import partition
-from lp.verify import greedy_accept
+from lp.sampling import uniforms, warp
+from lp.verify import Acceptance, greedy_accept, sample_continue, sample_first_level
 from lp.worker import Worker
 
 _CHECK_MOD = 2**31 - 1
@@ -51,6 +52,27 @@ def _fingerprint(*parts: object) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
+def _sampled_accept(cfg: DecodeConfig, x0_logits: torch.Tensor, first_tokens: np.ndarray, mine: range,
+                    cand_tokens: torch.Tensor, cand_logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, Acceptance]:
+    """Sampling verification (Algorithm 4) on one rank. Every rank decides the first token from
+    all candidates' first draft tokens (the pool is replicated); the rank holding the accepted
+    group walks on. Returns (first token, acceptance) shaped like the greedy result for `pack`."""
+    warp_ = lambda x: warp(x, cfg.temperature, cfg.top_k, cfg.top_p)  # noqa: E731
+    first = sample_first_level(warp_(x0_logits), torch.from_numpy(first_tokens), u)
+    token = x0_logits.new_tensor(first.token, dtype=torch.long)
+    N = cand_tokens.shape[1] + 1
+    local = np.flatnonzero(first_tokens[mine.start:mine.stop] == first.token) if first.accepted else []
+    if len(local) == 0:
+        tokens = torch.full((N,), -1, dtype=torch.long, device=token.device)
+        tokens[0] = token
+        return token, Acceptance(token.new_tensor(-1), token.new_tensor(0), tokens)
+    alive = torch.from_numpy(local).to(cand_tokens.device)
+    p_cand = warp_(cand_logits.view(-1, N - 1, cand_logits.shape[-1]).index_select(0, alive))
+    result = sample_continue(first.token, cand_tokens.index_select(0, alive), p_cand, u)
+    # The lowest alive candidate stands for the group: a rule fixed before the outcome is seen.
+    return token, Acceptance(alive[0], token.new_tensor(result.n - 1), result.tokens)
+
+
 class Decoder:
     """Decodes with one Worker per rank; all ranks call `generate` with the same arguments."""
 
@@ -70,7 +92,9 @@ class Decoder:
             raise LPError(f"rank mismatch: ranks were given different prompts or settings "
                           f"(fingerprints {seen[:, :2].tolist()})")
 
-    def generate(self, prompt_ids: list[int], cfg: DecodeConfig) -> Generation:
+    def generate(self, prompt_ids: list[int], cfg: DecodeConfig, stream: int = 0) -> Generation:
+        """Decode one prompt. With `cfg.temperature > 0`, `stream` selects the random stream
+        (with `cfg.seed`), so several prompts of one run draw independent samples."""
         cfg.validate()
         if not prompt_ids:
             raise LPError("empty prompt")
@@ -98,23 +122,36 @@ class Decoder:
         if G and cfg.pool_from_prompt:
             pool.add_sequence(prompt_ids)
         empty_rows = np.zeros((0, N - 1), dtype=np.int64)
+        sampled = cfg.temperature > 0
         accepted: list[int] = []
         while len(out) - L < cfg.max_new_tokens:
             x0 = out[-1]
             cands = pool.lookup(x0)
             drafts = np.asarray(cands, dtype=np.int64).reshape(-1, N - 1) if cands else empty_rows
-            plans = partition(W, N, len(cands), P)
+            groups = None
+            if sampled and len(drafts):
+                # candidates sharing a first draft token stay together: one rank finishes their walk
+                drafts = drafts[np.argsort(drafts[:, 0], kind="stable")]
+                groups = tuple(np.unique(drafts[:, 0], return_counts=True)[1].tolist())
+            plans = partition(W, N, len(drafts), P, groups)
             plan = plans[rank]
             layout = step_layout(len(pending), W, N, plan.columns, len(plan.candidates))
             rows = window.rows.ravel() if window is not None else drafts[:0].ravel()
             source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, drafts.ravel()])
             ids = torch.from_numpy(source[layout.gather]).to(dev, non_blocking=True)
 
-            pred = self.worker.step(ids, layout, len(out) - 1).argmax(dim=-1)
+            logits = self.worker.step(ids, layout, len(out) - 1)
             n_cols, n_cand = len(plan.columns), len(plan.candidates)
-            y1, new = pred[0], pred[1:1 + n_cols]
+            new = logits[1:1 + n_cols].argmax(dim=-1)  # the lookahead branch stays greedy
             cand_tokens = ids[ids.numel() - n_cand * (N - 1):].view(n_cand, N - 1)
-            acc = greedy_accept(y1, cand_tokens, pred[1 + n_cols:].view(n_cand, N - 1))
+            cand_logits = logits[1 + n_cols:]
+            if sampled:
+                u = uniforms(cfg.seed, stream, len(accepted), 2 * N)
+                y1, acc = _sampled_accept(cfg, logits[0], drafts[:, 0], plan.candidates, cand_tokens, cand_logits, u)
+            else:
+                pred = cand_logits.argmax(dim=-1).view(n_cand, N - 1)
+                y1 = logits[0].argmax()
+                acc = greedy_accept(y1, cand_tokens, pred)
             message = pack(y1, acc, plan.candidates.start, new, len(out), checksum, W)
             outcome = merge(self.comm.all_gather(message).cpu().numpy(), plans, N)  # the step's one sync
 
@@ -130,6 +167,9 @@ class Decoder:
             for t in tokens:
                 checksum = (checksum * 31 + t) % _CHECK_MOD
             out += tokens
+            if G and cfg.pool_from_output:
+                # the n-grams that end in the new tokens: free candidates, as in prompt lookup
+                pool.add_sequence(out[-(len(tokens) + N - 1):])
             pending = tokens
             accepted.append(len(tokens))
             if stop is not None:

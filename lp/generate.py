@@ -32,12 +32,14 @@ def run(cfg: DictConfig) -> None:
             attention=cfg.attention)
     main = lm.comm.is_main
     settings = dict(W=cfg.W, N=cfg.N, G=cfg.G, max_new_tokens=cfg.max_new_tokens, mode=cfg.mode,
-                    seed=cfg.seed, pool_from_prompt=cfg.pool_from_prompt)
+                    seed=cfg.seed, pool_from_prompt=cfg.pool_from_prompt,
+                    pool_from_output=cfg.pool_from_output, temperature=cfg.temperature,
+                    top_k=cfg.top_k, top_p=cfg.top_p)
     out = open(cfg.out, "w", encoding="utf-8") if (main and cfg.out) else None
     try:
         bar = tqdm(prompts, disable=not main or len(prompts) < 2, desc="prompts", file=sys.stderr)
-        for p in bar:
-            r = lm.generate(p.text, chat=cfg.chat, **settings)
+        for i, p in enumerate(bar):
+            r = lm.generate(p.text, chat=cfg.chat, stream=i, **settings)
             if not main:
                 continue
             row = {"id": p.id, **({"category": p.category} if p.category else {}), **r.to_dict()}

@@ -43,6 +43,7 @@ class Result:
     N: int
     G: int
     mode: str
+    temperature: float
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,22 +80,23 @@ class LP:
             return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
         return self.tokenizer(prompt)["input_ids"]
 
-    def generate(self, prompt: str | list[int], *, chat: bool = False, **settings) -> Result:
-        """Decode one prompt (text, or token ids) with `DecodeConfig` settings
-        (W, N, G, max_new_tokens, mode, seed, pool_from_prompt)."""
+    def generate(self, prompt: str | list[int], *, chat: bool = False, stream: int = 0, **settings) -> Result:
+        """Decode one prompt (text, or token ids) with `DecodeConfig` settings (W, N, G,
+        max_new_tokens, mode, temperature, top_k, top_p, seed, ...). When sampling, `stream`
+        (with `seed`) picks the random stream: give each prompt of a run its own."""
         try:
             cfg = DecodeConfig(**settings).validate()
         except TypeError as e:
             raise LPError(str(e)) from None
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
-        g: Generation = self.decoder.generate(ids, cfg)
+        g: Generation = self.decoder.generate(ids, cfg, stream)
         return Result(
             prompt_ids=ids, output_ids=g.output_ids,
             text=self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
             new_tokens=g.new_tokens, steps=g.steps, compression=g.compression,
             prefill_seconds=g.prefill_seconds, seconds=g.seconds, tokens_per_s=g.tokens_per_s,
             accepted_per_step=g.accepted, world_size=self.comm.world_size,
-            W=cfg.W, N=cfg.N, G=cfg.G, mode=cfg.mode,
+            W=cfg.W, N=cfg.N, G=cfg.G, mode=cfg.mode, temperature=cfg.temperature,
         )
 
     def close(self) -> None:

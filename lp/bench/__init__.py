@@ -1,0 +1,10 @@
+"""lp's benchmark harness: `python -m lp.bench` (hydra, also under torchrun) runs a dataset
+through several decoders in one run (lp lookahead, lp `mode=ar`, transformers greedy and prompt
+lookup, tensor and pipeline parallelism) and reports per prompt and per category: new tokens,
+steps, S, decode seconds, tokens/s, median step latency, the histogram of tokens accepted per
+step, speedup against the autoregressive baseline of the same run, and whether the output
+equals greedy decoding. Keys: configs/bench.yaml.
+
+Modules: `datasets` (prompt sets, offline), `decoders` (the `BenchDecoder` interface and its
+implementations), `metrics` (pure functions), `report` (JSONL / CSV / table), `plots` (PNG),
+`runner` (the loop), `__main__` (the hydra entry)."""
