@@ -137,7 +137,8 @@ class Decoder:
             plan = plans[rank]
             layout = step_layout(len(pending), W, N, plan.columns, len(plan.candidates))
             rows = window.rows.ravel() if window is not None else drafts[:0].ravel()
-            source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, drafts.ravel()])
+            mine = drafts[plan.candidates.start:plan.candidates.stop]  # this rank's share
+            source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.ravel()])
             ids = torch.from_numpy(source[layout.gather]).to(dev, non_blocking=True)
 
             logits = self.worker.step(ids, layout, len(out) - 1)

@@ -49,6 +49,8 @@ def run(cfg: DictConfig) -> None:
             summary = (f"[{p.id}] {r.new_tokens} tokens in {r.steps} steps, S={r.compression:.2f}, "
                        f"{r.tokens_per_s:.1f} tokens/s ({r.mode}, W={r.W} N={r.N} G={r.G}, "
                        f"world {r.world_size})")
+            if r.auto:
+                bar.write(f"auto: {r.auto}", file=sys.stderr)
             if cfg.quiet:
                 bar.write(summary, file=sys.stderr)
             else:

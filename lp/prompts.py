@@ -18,6 +18,8 @@ class Prompt:
 
 def read_jsonl(path: str | Path, limit: int | None = None) -> list[Prompt]:
     """Parse a prompts file; a bad line is an error that names the file and line."""
+    if limit is not None and limit < 1:
+        raise LPError(f"limit must be >= 1, got {limit}")
     p = Path(path)
     if not p.is_file():
         raise LPError(f"prompts file not found: {path}")

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from lp import models
+from lp.auto import AutoTuner, CostCurve, calibrate
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder, Generation
@@ -44,6 +45,7 @@ class Result:
     G: int
     mode: str
     temperature: float
+    auto: str | None = None  # with W/N/G "auto": what was chosen and why
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,6 +62,7 @@ class LP:
         self.model, self.tokenizer = models.load(model, DTYPES[dtype], self.comm.device, attention)
         config = self.model.config.get_text_config()
         self.decoder = Decoder(Worker(self.model), self.comm, self._eos_ids(), config.max_position_embeddings)
+        self._tuner: AutoTuner | None = None
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -80,23 +83,50 @@ class LP:
             return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
         return self.tokenizer(prompt)["input_ids"]
 
+    def _auto(self, settings: dict) -> str | None:
+        """Resolve W/N/G given as "auto" (in place); return the reason for the choice."""
+        if not any(settings.get(k) == "auto" for k in ("W", "N", "G")) or settings.get("mode") == "ar":
+            return None
+        if self._tuner is None:
+            self._tuner = AutoTuner(self._calibrate(), self.comm.world_size)
+        shape, reason = self._tuner.choose()
+        if shape is None:
+            settings.update(mode="ar", W=1, N=2, G=0)
+        else:
+            for key, value in zip(("W", "N", "G"), shape):
+                if settings.get(key, "auto") == "auto":
+                    settings[key] = value
+        return reason
+
+    def _calibrate(self) -> CostCurve:
+        """This rank's step costs; under LP the slowest rank's, so all ranks choose alike."""
+        mine = calibrate(self.decoder.worker)
+        micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=self.comm.device)
+        slowest = self.comm.all_gather(micros).max(dim=0).values.cpu()
+        return CostCurve(mine.tokens, tuple(x / 1e6 for x in slowest.tolist()))
+
     def generate(self, prompt: str | list[int], *, chat: bool = False, stream: int = 0, **settings) -> Result:
         """Decode one prompt (text, or token ids) with `DecodeConfig` settings (W, N, G,
-        max_new_tokens, mode, temperature, top_k, top_p, seed, ...). When sampling, `stream`
-        (with `seed`) picks the random stream: give each prompt of a run its own."""
+        max_new_tokens, mode, temperature, top_k, top_p, seed, ...). W, N and G may be "auto":
+        then a shape is chosen to maximise tokens/s (lp/auto.py) and explicit values override
+        its fields. When sampling, `stream` (with `seed`) picks the random stream: give each
+        prompt of a run its own."""
+        reason = self._auto(settings)
         try:
             cfg = DecodeConfig(**settings).validate()
         except TypeError as e:
             raise LPError(str(e)) from None
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
         g: Generation = self.decoder.generate(ids, cfg, stream)
+        if reason is not None and cfg.lookahead:
+            self._tuner.observe((cfg.W, cfg.N, cfg.G), g.compression)
         return Result(
             prompt_ids=ids, output_ids=g.output_ids,
             text=self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
             new_tokens=g.new_tokens, steps=g.steps, compression=g.compression,
             prefill_seconds=g.prefill_seconds, seconds=g.seconds, tokens_per_s=g.tokens_per_s,
             accepted_per_step=g.accepted, world_size=self.comm.world_size,
-            W=cfg.W, N=cfg.N, G=cfg.G, mode=cfg.mode, temperature=cfg.temperature,
+            W=cfg.W, N=cfg.N, G=cfg.G, mode=cfg.mode, temperature=cfg.temperature, auto=reason,
         )
 
     def close(self) -> None:

@@ -46,7 +46,8 @@ class StepLayout:
 @lru_cache(maxsize=4096)
 def step_layout(m: int, W: int, N: int, columns: range, n_cand: int) -> StepLayout:
     """Build the layout of a step with `m` pending tokens, the given window `columns` (a
-    contiguous range inside 0..W-1) and `n_cand` verification n-grams."""
+    contiguous range inside 0..W-1) and `n_cand` verification n-grams. (Empty ranges compare
+    equal, so the cache may return another empty range's layout: they are identical.)"""
     if m < 1 or N < 2 or not (0 <= columns.start <= columns.stop <= W) or n_cand < 0:
         raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} n_cand={n_cand}")
     tokens: list[Token] = []
@@ -66,7 +67,7 @@ def step_layout(m: int, W: int, N: int, columns: range, n_cand: int) -> StepLayo
         add(("p", i), i - 1, i - (m - 1), i)
     x0 = m - 1
     win = m  # offset of the window rows in the source vector
-    prefix = max(columns.stop - 1, 0)  # row-0 tokens rows[0, 1..prefix]
+    prefix = columns[-1] if len(columns) else 0  # row-0 tokens rows[0, 1..prefix]
     for i in range(1, prefix + 1):
         add(("w", 0, i), x0 if i == 1 else index[("w", 0, i - 1)], i, win + i)
     for j in columns:

@@ -1,0 +1,51 @@
+"""Helpers shared by lp's tests and checks: exact next-tokens distributions and a chi-square
+goodness-of-fit test (no scipy needed)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from lp.sampling import warp
+
+
+@torch.inference_mode()
+def exact_distribution(model: torch.nn.Module, prompt: list[int], length: int, temperature: float,
+                       top_k: int = 0, top_p: float = 1.0) -> dict[tuple[int, ...], float]:
+    """P(first `length` tokens) under the warped model, by enumerating every prefix."""
+    dist = {(): 1.0}
+    for _ in range(length):
+        nxt = {}
+        for prefix, p in dist.items():
+            logits = model(torch.tensor([prompt + list(prefix)])).logits[0, -1]
+            probs = warp(logits.double(), temperature, top_k, top_p).tolist()
+            for t, q in enumerate(probs):
+                if q > 0:
+                    nxt[prefix + (t,)] = p * q
+        dist = nxt
+    return dist
+
+
+def chi_square_pvalue(samples: list[tuple[int, ...]], expected: dict[tuple[int, ...], float], min_expected: float = 5.0) -> float:
+    """Goodness of fit of `samples` to `expected` probabilities; cells with an expected count
+    below `min_expected` are pooled into one. A sample outside the support gives p = 0."""
+    n = len(samples)
+    counts = Counter(samples)
+    if any(s not in expected for s in counts):
+        return 0.0
+    cells, pooled_obs, pooled_exp = [], 0, 0.0
+    for key, p in expected.items():
+        if p * n >= min_expected:
+            cells.append((counts.get(key, 0), p * n))
+        else:
+            pooled_obs += counts.get(key, 0)
+            pooled_exp += p * n
+    if pooled_exp > 0:
+        cells.append((pooled_obs, pooled_exp))
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+__all__ = ["chi_square_pvalue", "exact_distribution"]

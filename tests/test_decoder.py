@@ -1,0 +1,286 @@
+"""Exactness of the decode loop on tiny random Llama, Qwen2 and Mistral models: lookahead
+decoding (any W, N, G, any number of ranks) must give exactly plain greedy decoding."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from conftest import ARCHS, reference_greedy
+from lp.collective import Collective
+from lp.config import DecodeConfig
+from lp.decoder import Decoder
+from lp.errors import LPError
+from lp.worker import Worker
+
+MAX_NEW = 48
+CONFIGS = [(2, 5, 5), (3, 3, 3), (5, 7, 7), (5, 15, 15), (3, 4, 0), (5, 7, 0)]  # (N, W, G)
+
+
+def make_prompt(seed: int = 1, length: int = 8, repeats: int = 3, vocab: int = 256) -> list[int]:
+    """A prompt that repeats itself, so the pool seeded from it holds useful n-grams."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (length,), generator=g).tolist() * repeats
+
+
+PROMPT = make_prompt()
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_models):
+    return {arch: reference_greedy(m, PROMPT, MAX_NEW) for arch, m in tiny_models.items()}
+
+
+def decode(model, prompt, eos=(), max_context=512, collective=None, **cfg):
+    dec = Decoder(Worker(model), collective or Collective(), set(eos), max_context)
+    return dec.generate(prompt, DecodeConfig(**cfg))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_reference_is_not_degenerate(arch, refs):
+    """Guard for the fixtures: the reference output must be varied enough to test anything."""
+    assert len(refs[arch]) == MAX_NEW
+    assert len(set(refs[arch])) >= 5
+
+
+@pytest.mark.parametrize("N,W,G", CONFIGS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lookahead_equals_greedy(arch, N, W, G, tiny_models, refs):
+    col = Collective()
+    g = decode(tiny_models[arch], PROMPT, collective=col, W=W, N=N, G=G, max_new_tokens=MAX_NEW)
+    assert g.output_ids == refs[arch]
+    assert g.new_tokens == MAX_NEW
+    assert sum(g.accepted) == MAX_NEW and len(g.accepted) == g.steps
+    assert all(1 <= a <= N for a in g.accepted)
+    assert col.calls == g.steps + 1  # one handshake, then one all-gather per step
+    assert g.compression == pytest.approx(MAX_NEW / g.steps)
+    if G == 0:
+        assert g.steps == MAX_NEW  # nothing to verify: one token per step
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_verification_accepts_drafts(arch, tiny_models, refs):
+    """At least one configuration must accept several tokens in a step (S > 1), and some step
+    must accept a fully matched n-gram (N tokens, bonus included): otherwise the exactness
+    tests above would not exercise verification at all."""
+    longest = {}
+    for N, W, G in CONFIGS:
+        if G:
+            g = decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW)
+            assert g.output_ids == refs[arch]
+            longest[(N, W, G)] = max(g.accepted)
+    assert any(a > 1 for a in longest.values()), longest
+    assert any(a == key[0] for key, a in longest.items()), longest
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ar_mode(arch, tiny_models, refs):
+    col = Collective()
+    g = decode(tiny_models[arch], PROMPT, collective=col, mode="ar", max_new_tokens=MAX_NEW)
+    assert g.output_ids == refs[arch]
+    assert g.steps == MAX_NEW and g.accepted == [1] * MAX_NEW
+    assert col.calls == g.steps + 1
+
+
+def test_without_pool_from_prompt_and_other_seeds(tiny_models, refs):
+    for seed in (0, 1, 7):
+        g = decode(tiny_models["llama"], PROMPT, W=5, N=4, G=5, max_new_tokens=MAX_NEW,
+                   seed=seed, pool_from_prompt=False)
+        assert g.output_ids == refs["llama"]
+
+
+def test_single_token_prompt(tiny_models):
+    model = tiny_models["qwen2"]
+    ref = reference_greedy(model, [17], 24)
+    for cfg in (dict(W=5, N=3, G=5), dict(W=7, N=5, G=7), dict(mode="ar")):
+        assert decode(model, [17], max_new_tokens=24, **cfg).output_ids == ref
+
+
+@pytest.mark.parametrize("N,W,G", [(5, 7, 7), (3, 3, 3)])
+def test_max_new_tokens_is_never_exceeded(N, W, G, tiny_models, refs):
+    for n in range(1, 13):
+        g = decode(tiny_models["llama"], PROMPT, W=W, N=N, G=G, max_new_tokens=n)
+        assert g.output_ids == refs["llama"][:n], n
+
+
+@pytest.mark.parametrize("N,W,G", [(5, 7, 7), (3, 3, 3), (2, 5, 5)])
+def test_eos_stops_generation(N, W, G, tiny_models, refs):
+    ref = refs["mistral"]
+    tried = 0
+    for pos, tok in enumerate(ref):
+        if tok in ref[:pos] or pos == 0:
+            continue  # take tokens at their first occurrence, past the first position
+        col = Collective()
+        g = decode(tiny_models["mistral"], PROMPT, eos=[tok, 100_000], collective=col,
+                   W=W, N=N, G=G, max_new_tokens=MAX_NEW)
+        assert g.output_ids == ref[:pos + 1], (tok, pos)
+        assert g.output_ids[-1] == tok and g.steps == len(g.accepted)
+        assert col.calls == g.steps + 1
+        tried += 1
+    assert tried >= 4
+
+
+def test_eos_in_prompt_does_not_stop(tiny_models, refs):
+    eos = PROMPT[-1]  # x0 itself is an EOS id: it was not generated, decoding goes on
+    if eos in refs["llama"]:
+        pytest.skip("the reference output contains the prompt's last token")
+    g = decode(tiny_models["llama"], PROMPT, eos=[eos], W=5, N=3, G=5, max_new_tokens=MAX_NEW)
+    assert g.output_ids == refs["llama"]
+
+
+def test_context_limit(tiny_models):
+    model = tiny_models["llama"]
+    ctx = len(PROMPT) + 20
+    g = decode(model, PROMPT, max_context=ctx, W=15, N=5, G=15, max_new_tokens=20)
+    assert g.output_ids == reference_greedy(model, PROMPT, 20)
+    with pytest.raises(LPError, match="context"):
+        decode(model, PROMPT, max_context=ctx, W=15, N=5, G=15, max_new_tokens=21)
+
+
+def test_bad_settings_raise(tiny_models):
+    model = tiny_models["llama"]
+    for cfg in (dict(W=0), dict(N=1), dict(G=-1), dict(max_new_tokens=0), dict(mode="beam"),
+                dict(W=2.5), dict(N=True)):
+        with pytest.raises(LPError):
+            decode(model, PROMPT, **cfg)
+    with pytest.raises(LPError, match="empty"):
+        decode(model, [], W=5, N=3, G=5)
+
+
+def test_decoder_is_reusable(tiny_models):
+    """Several sequences on one Decoder (KV reset, capacity growth) give fresh results."""
+    model = tiny_models["qwen2"]
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    short, long_ = make_prompt(5, 4, 2), make_prompt(6, 20, 3)
+    cfg = DecodeConfig(W=7, N=5, G=7, max_new_tokens=30)
+    a = dec.generate(short, cfg).output_ids
+    b = dec.generate(long_, cfg).output_ids
+    c = dec.generate(short, cfg).output_ids
+    assert a == c == reference_greedy(model, short, 30)
+    assert b == reference_greedy(model, long_, 30)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lookahead Parallelism simulated in one process: P decoders (each with its own Worker and KV
+# over the same weights) in P threads, joined by an in-memory all-gather.
+
+
+class _Hub:
+    def __init__(self, P: int) -> None:
+        self.barrier = threading.Barrier(P, timeout=60)
+        self.slots: list[torch.Tensor | None] = [None] * P
+
+
+class ThreadCollective(Collective):
+    def __init__(self, hub: _Hub, rank: int, P: int) -> None:
+        super().__init__(rank, P)
+        self.hub = hub
+
+    def all_gather(self, message: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.hub.slots[self.rank] = message.clone()
+        self.hub.barrier.wait()
+        out = torch.stack(self.hub.slots)
+        self.hub.barrier.wait()  # nobody overwrites a slot before everyone has read it
+        return out
+
+
+def run_ranks(model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=()):
+    hub = _Hub(P)
+    cols = [ThreadCollective(hub, r, P) for r in range(P)]
+    results: list = [None] * P
+
+    def body(r: int) -> None:
+        try:
+            results[r] = Decoder(Worker(model), cols[r], set(eos), 512).generate(prompts[r], cfg)
+        except LPError as e:  # raised symmetrically by every rank (e.g. at the handshake)
+            results[r] = e
+        except BaseException as e:  # noqa: BLE001 - reported to the test thread
+            results[r] = e
+            hub.barrier.abort()  # do not leave the other ranks waiting
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}") for r in range(P)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    return results, cols
+
+
+PARALLEL = [(5, 7, 7), (3, 3, 3), (2, 5, 5), (3, 3, 7)]
+
+
+@pytest.mark.parametrize("P", [2, 3])
+@pytest.mark.parametrize("N,W,G", PARALLEL)
+def test_parallel_ranks_equal_greedy(P, N, W, G, tiny_models, refs):
+    cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=MAX_NEW)
+    results, cols = run_ranks(tiny_models["llama"], P, [PROMPT] * P, cfg)
+    for r, g in enumerate(results):
+        assert not isinstance(g, BaseException), g
+        assert g.output_ids == refs["llama"], r
+        assert g.accepted == results[0].accepted, r
+        assert cols[r].calls == g.steps + 1
+
+
+@pytest.mark.parametrize("P", [2, 3])
+@pytest.mark.parametrize("N,W,G", PARALLEL)
+def test_parallel_split_does_not_change_acceptance(P, N, W, G, tiny_models):
+    """The ranks together verify exactly the candidates one rank would verify, and the
+    columns' new tokens are the same, so every step accepts what it accepts with P=1."""
+    cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=MAX_NEW)
+    one = decode(tiny_models["llama"], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW)
+    results, _ = run_ranks(tiny_models["llama"], P, [PROMPT] * P, cfg)
+    assert results[0].accepted == one.accepted
+
+
+@pytest.mark.parametrize("P,W,N,G", [(2, 3, 3, 7), (3, 7, 5, 7)])
+def test_each_rank_verifies_its_own_candidates(P, W, N, G, tiny_models, monkeypatch):
+    """Rank r must verify the candidates `partition(...)[r].candidates` of the pool's list for
+    x0, in order: not the first len(...) candidates of that list."""
+    import lp.decoder as decoder_mod
+    from lp.lookahead import NGramPool
+    from lp.partition import partition
+
+    last_lookup: dict[str, list] = {}
+    checked, wrong = [], []
+    real_lookup, real_accept = NGramPool.lookup, decoder_mod.greedy_accept
+
+    def lookup(self, key):
+        out = real_lookup(self, key)
+        last_lookup[threading.current_thread().name] = out
+        return out
+
+    def accept(y1, drafts, preds):
+        name = threading.current_thread().name
+        rank = int(name[4:])
+        cands = last_lookup[name]
+        plan = partition(W, N, len(cands), P)[rank]
+        want = [list(c) for c in cands[plan.candidates.start:plan.candidates.stop]]
+        checked.append(len(want))
+        if drafts.tolist() != want:
+            wrong.append((rank, plan.candidates, drafts.tolist(), want))
+        return real_accept(y1, drafts, preds)
+
+    monkeypatch.setattr(NGramPool, "lookup", lookup)
+    monkeypatch.setattr(decoder_mod, "greedy_accept", accept)
+    results, _ = run_ranks(tiny_models["llama"], P, [PROMPT] * P, DecodeConfig(W=W, N=N, G=G, max_new_tokens=24))
+    assert not any(isinstance(g, BaseException) for g in results), results
+    assert sum(checked) > 0
+    assert not wrong, f"{len(wrong)} rank-steps verified other candidates, first: {wrong[0]}"
+
+
+def test_parallel_ranks_eos(tiny_models, refs):
+    ref = refs["llama"]
+    pos = next(i for i, tok in enumerate(ref) if i > 10 and tok not in ref[:i])
+    cfg = DecodeConfig(W=7, N=5, G=7, max_new_tokens=MAX_NEW)
+    results, _ = run_ranks(tiny_models["llama"], 2, [PROMPT] * 2, cfg, eos=[ref[pos]])
+    assert [g.output_ids for g in results] == [ref[:pos + 1]] * 2
+
+
+def test_parallel_rank_mismatch_is_an_error(tiny_models):
+    cfg = DecodeConfig(W=5, N=3, G=5, max_new_tokens=8)
+    other = PROMPT[:-1] + [PROMPT[-1] + 1]
+    results, cols = run_ranks(tiny_models["llama"], 2, [PROMPT, other], cfg)
+    assert all(isinstance(g, LPError) and "mismatch" in str(g) for g in results), results
+    assert [c.calls for c in cols] == [1, 1]  # refused at the handshake, before any step

@@ -1,0 +1,172 @@
+"""The per-step all-gather message: pack on each rank, merge identically everywhere."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lp.errors import LPError
+from lp.message import HEADER, merge, message_size, pack
+from lp.partition import RankPlan, partition
+from lp.verify import Acceptance, greedy_accept
+
+W, N = 5, 3
+
+
+def t(x):
+    return torch.tensor(x, dtype=torch.long)
+
+
+def acceptance(best: int, accepted: int, tokens: list[int]) -> Acceptance:
+    return Acceptance(t(best), t(accepted), t(tokens))
+
+
+def message(y1, best, accepted, tokens, first_candidate, new, length=10, checksum=77, width=W):
+    return pack(t(y1), acceptance(best, accepted, tokens), first_candidate, t(new), length, checksum, width)
+
+
+def gather(*msgs) -> np.ndarray:
+    return torch.stack(list(msgs)).numpy()
+
+
+def test_pack_layout():
+    msg = message(4, 1, 2, [4, 5, 6], first_candidate=3, new=[20, 21])
+    assert msg.dtype == torch.long and msg.numel() == message_size(W, N) == HEADER + N + W
+    assert msg[:HEADER].tolist() == [4, 1 + 3, 2, 10, 77]  # best is made global
+    assert msg[HEADER:HEADER + N].tolist() == [4, 5, 6]
+    assert msg[HEADER + N:].tolist() == [20, 21, -1, -1, -1]
+
+
+def test_pack_keeps_no_candidate_marker():
+    msg = message(4, -1, 0, [4, -1, -1], first_candidate=3, new=[])
+    assert msg[1].item() == -1
+
+
+def test_round_trip_one_rank():
+    plans = partition(W, N, 2, 1)
+    msg = message(4, 1, 2, [4, 5, 6], 0, new=[10, 11, 12, 13, 14])
+    out = merge(gather(msg), plans, N)
+    assert out.tokens == [4, 5, 6] and out.accepted == 2
+    assert out.new.tolist() == [10, 11, 12, 13, 14]
+
+
+def test_round_trip_one_rank_no_candidates():
+    plans = partition(W, N, 0, 1)
+    msg = message(4, -1, 0, [4, -1, -1], 0, new=[10, 11, 12, 13, 14])
+    out = merge(gather(msg), plans, N)
+    assert out.tokens == [4] and out.accepted == 0
+    assert out.new.tolist() == [10, 11, 12, 13, 14]
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_round_trip_from_real_verification(P):
+    """Each rank verifies its share with greedy_accept and packs; the merge must give what a
+    single rank verifying every candidate gives, and the columns' new tokens in order."""
+    G = 6
+    rng = np.random.default_rng(P)
+    drafts = torch.from_numpy(rng.integers(0, 3, size=(G, N - 1)))
+    preds = torch.from_numpy(rng.integers(0, 3, size=(G, N - 1)))
+    y1 = t(1)
+    drafts[4] = torch.tensor([1, preds[4, 0].item()])  # candidate 4 fully matches
+    new_all = torch.arange(100, 100 + W)
+    plans = partition(W, N, G, P)
+    msgs = []
+    for plan in plans:
+        cs = plan.candidates
+        acc = greedy_accept(y1, drafts[cs.start:cs.stop], preds[cs.start:cs.stop])
+        msgs.append(pack(y1, acc, cs.start, new_all[plan.columns.start:plan.columns.stop], 10, 77, W))
+    out = merge(gather(*msgs), plans, N)
+    whole = greedy_accept(y1, drafts, preds)
+    a = int(whole.accepted)
+    assert out.accepted == a == N - 1
+    assert out.tokens == whole.tokens[:a + 1].tolist()
+    assert out.new.tolist() == new_all.tolist()
+
+
+def test_new_tokens_concatenated_in_column_order():
+    plans = (RankPlan(range(0, 2), range(0, 0)), RankPlan(range(2, 3), range(0, 1)),
+             RankPlan(range(3, 5), range(1, 2)))
+    msgs = [message(4, -1, 0, [4, -1, -1], 0, new=[10, 11]),
+            message(4, 0, 0, [4, 8, 8], 0, new=[12]),
+            message(4, 0, 0, [4, 9, 9], 1, new=[13, 14])]
+    out = merge(gather(*msgs), plans, N)
+    assert out.new.tolist() == [10, 11, 12, 13, 14]
+    assert out.tokens == [4]
+
+
+def test_rank0_y1_is_authoritative():
+    plans = (RankPlan(range(0, 3), range(0, 1)), RankPlan(range(3, 5), range(1, 2)))
+    # rank 1 computed a different y1 (numerical near-tie): its full acceptance must not count
+    msgs = [message(4, 0, 0, [4, 8, 8], 0, new=[1, 2, 3]),
+            message(6, 0, 2, [6, 7, 8], 1, new=[4, 5])]
+    out = merge(gather(*msgs), plans, N)
+    assert out.tokens == [4] and out.accepted == 0
+    assert out.new.tolist() == [1, 2, 3, 4, 5]
+
+
+def test_rank0_y1_used_when_rank0_has_no_candidates():
+    plans = (RankPlan(range(0, 5), range(0, 0)), RankPlan(range(5, 5), range(0, 2)))
+    msgs = [message(4, -1, 0, [4, -1, -1], 0, new=[1, 2, 3, 4, 5]),
+            message(6, 0, 2, [6, 7, 8], 0, new=[])]
+    out = merge(gather(*msgs), plans, N)
+    assert out.tokens == [4]
+    msgs[1] = message(4, 1, 1, [4, 7, 8], 0, new=[])
+    out = merge(gather(*msgs), plans, N)
+    assert out.tokens == [4, 7] and out.accepted == 1
+
+
+def test_longest_acceptance_wins():
+    plans = (RankPlan(range(0, 2), range(0, 2)), RankPlan(range(2, 4), range(2, 4)),
+             RankPlan(range(4, 5), range(4, 6)))
+    msgs = [message(4, 1, 1, [4, 5, 0], 0, new=[1, 2]),
+            message(4, 0, 2, [4, 6, 7], 2, new=[3, 4]),
+            message(4, 0, 1, [4, 9, 0], 4, new=[5])]
+    out = merge(gather(*msgs), plans, N)
+    assert out.tokens == [4, 6, 7] and out.accepted == 2
+
+
+def test_ties_go_to_lowest_global_candidate():
+    plans = (RankPlan(range(0, 2), range(0, 2)), RankPlan(range(2, 4), range(2, 4)),
+             RankPlan(range(4, 5), range(4, 6)))
+    # ranks 1 and 2 both accept 2 drafts; rank 1's candidate (global 3) beats rank 2's (global 4)
+    base = [message(4, 0, 1, [4, 5, 0], 0, new=[1, 2]),
+            message(4, 1, 2, [4, 6, 7], 2, new=[3, 4]),
+            message(4, 0, 2, [4, 6, 9], 4, new=[5])]
+    out = merge(gather(*base), plans, N)
+    assert out.tokens == [4, 6, 7]
+    # the tie-break is by global candidate index, not by rank order
+    plans2 = (RankPlan(range(0, 2), range(4, 6)), RankPlan(range(2, 4), range(2, 4)),
+              RankPlan(range(4, 5), range(0, 2)))
+    msgs = [message(4, 0, 2, [4, 6, 9], 4, new=[1, 2]),
+            message(4, 1, 2, [4, 6, 8], 2, new=[3, 4]),
+            message(4, 1, 2, [4, 6, 7], 0, new=[5])]
+    out = merge(gather(*msgs), plans2, N)
+    assert out.tokens == [4, 6, 7]
+
+
+def test_diverged_length_raises():
+    plans = partition(W, N, 0, 2)
+    msgs = [message(4, -1, 0, [4, -1, -1], 0, new=[1, 2, 3], length=10),
+            message(4, -1, 0, [4, -1, -1], 0, new=[4, 5], length=11)]
+    with pytest.raises(LPError, match="diverged"):
+        merge(gather(*msgs), plans, N)
+
+
+def test_diverged_checksum_raises():
+    plans = partition(W, N, 0, 3)
+    msgs = [message(4, -1, 0, [4, -1, -1], 0, new=[1, 2], checksum=5),
+            message(4, -1, 0, [4, -1, -1], 0, new=[3, 4], checksum=5),
+            message(4, -1, 0, [4, -1, -1], 0, new=[5], checksum=6)]
+    with pytest.raises(LPError):
+        merge(gather(*msgs), plans, N)
+
+
+def test_ar_mode_message():
+    """mode=ar: W=0, N=2, no candidates: the message is the header and two token slots."""
+    plans = partition(0, 2, 0, 2)
+    empty = torch.zeros(0, dtype=torch.long)
+    acc = greedy_accept(t(7), torch.zeros((0, 1), dtype=torch.long), torch.zeros((0, 1), dtype=torch.long))
+    msgs = [pack(t(7), acc, 0, empty, 3, 9, 0) for _ in plans]
+    assert msgs[0].numel() == message_size(0, 2)
+    out = merge(gather(*msgs), plans, 2)
+    assert out.tokens == [7] and out.new.size == 0

@@ -1,0 +1,125 @@
+"""The n-gram pool: bounded per key, deduplicated, least-recently-inserted eviction."""
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from lp.lookahead import NGramPool
+
+
+def test_add_and_lookup_oldest_first():
+    pool = NGramPool(3, 4)
+    pool.add(7, (1, 2))
+    pool.add(7, (3, 4))
+    pool.add(8, (5, 6))
+    assert pool.lookup(7) == [(1, 2), (3, 4)]
+    assert pool.lookup(8) == [(5, 6)]
+    assert pool.lookup(9) == []
+    assert len(pool) == 3
+    assert sorted(pool.keys()) == [7, 8]
+
+
+def test_dedup():
+    pool = NGramPool(3, 4)
+    for _ in range(3):
+        pool.add(7, (1, 2))
+    assert pool.lookup(7) == [(1, 2)]
+    assert len(pool) == 1
+
+
+def test_bounded_and_evicts_least_recently_inserted():
+    pool = NGramPool(2, 3)
+    for t in range(10):
+        pool.add(0, (t,))
+        assert len(pool.lookup(0)) <= 3
+    assert pool.lookup(0) == [(7,), (8,), (9,)]
+
+
+def test_reinsert_refreshes():
+    pool = NGramPool(2, 3)
+    for t in (1, 2, 3):
+        pool.add(0, (t,))
+    pool.add(0, (1,))  # refresh: 1 becomes the newest, 2 is now the oldest
+    assert pool.lookup(0) == [(2,), (3,), (1,)]
+    pool.add(0, (4,))
+    assert pool.lookup(0) == [(3,), (1,), (4,)]
+
+
+def test_capacity_is_per_key():
+    pool = NGramPool(2, 2)
+    for key in range(5):
+        for t in range(4):
+            pool.add(key, (t,))
+    assert all(pool.lookup(k) == [(2,), (3,)] for k in range(5))
+    assert len(pool) == 10
+
+
+def test_capacity_zero_stores_nothing():
+    pool = NGramPool(3, 0)
+    pool.add(1, (2, 3))
+    pool.add_sequence([1, 2, 3, 4, 1, 2, 3])
+    pool.add_rows(np.array([[1, 2, 3]]))
+    assert pool.lookup(1) == [] and len(pool) == 0
+
+
+def test_add_sequence_seeds_every_ngram():
+    seq = [5, 1, 2, 5, 1, 3, 5, 1, 2]
+    pool = NGramPool(3, 10)
+    pool.add_sequence(seq)
+    # all 3-grams, dedup'd, in order of last insertion
+    assert pool.lookup(5) == [(1, 3), (1, 2)]
+    assert pool.lookup(1) == [(2, 5), (3, 5)]
+    assert pool.lookup(2) == [(5, 1)]
+    assert pool.lookup(3) == [(5, 1)]
+    grams = {tuple(seq[i:i + 3]) for i in range(len(seq) - 2)}
+    stored = {(k, *t) for k in pool.keys() for t in pool.lookup(k)}
+    assert stored == grams
+
+
+def test_add_sequence_shorter_than_n():
+    pool = NGramPool(4, 5)
+    pool.add_sequence([1, 2, 3])
+    assert len(pool) == 0
+    pool.add_sequence([1, 2, 3, 4])
+    assert pool.lookup(1) == [(2, 3, 4)]
+
+
+def test_add_rows_in_row_order():
+    pool = NGramPool(3, 2)
+    pool.add_rows(np.array([[1, 2, 3], [1, 4, 5], [1, 6, 7], [2, 0, 0]], dtype=np.int64))
+    assert pool.lookup(1) == [(4, 5), (6, 7)]
+    assert pool.lookup(2) == [(0, 0)]
+    # stored as plain ints, so they compare (and hash) like the tuples the decoder looks up
+    assert all(type(x) is int for x in pool.lookup(1)[0])
+
+
+def test_lookup_returns_a_copy():
+    pool = NGramPool(2, 3)
+    pool.add(0, (1,))
+    got = pool.lookup(0)
+    got.append((99,))
+    assert pool.lookup(0) == [(1,)]
+
+
+def test_matches_a_naive_model_on_random_inserts():
+    rng = random.Random(0)
+    for capacity in (1, 2, 3, 5):
+        pool, model = NGramPool(3, capacity), {}
+        for _ in range(400):
+            key, tail = rng.randrange(4), (rng.randrange(3), rng.randrange(3))
+            pool.add(key, tail)
+            entries = model.setdefault(key, OrderedDict())
+            entries.pop(tail, None)
+            entries[tail] = None
+            while len(entries) > capacity:
+                entries.popitem(last=False)
+            assert pool.lookup(key) == list(entries)
+        assert len(pool) == sum(len(e) for e in model.values())
+
+
+def test_bad_n():
+    with pytest.raises(ValueError):
+        NGramPool(1, 3)

@@ -1,0 +1,95 @@
+"""Lossless sampling end to end (paper Algorithm 4): lp's lookahead samples, lp's autoregressive
+samples and transformers' samples all follow the exact distribution of the first tokens, and a
+wrong acceptance rule is caught by the same test. Each test has a false-alarm rate of ALPHA."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import lp.decoder
+from lp.collective import Collective
+from lp.config import DecodeConfig
+from lp.decoder import Decoder
+from lp.testing import chi_square_pvalue, exact_distribution
+from lp.verify.sampling import Sampled
+from lp.worker import Worker
+
+ALPHA = 1e-3
+SAMPLES = 1500
+LENGTH = 2
+SETTINGS = dict(W=3, N=3, G=3, max_new_tokens=LENGTH, temperature=0.9, top_k=6)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        m.lm_head.weight.mul_(40.0)  # peaked, so the pool's greedy drafts are often accepted
+    return m
+
+
+@pytest.fixture(scope="module")
+def prompt(model):
+    """The model's own greedy rollout: the pool then holds n-grams the model is likely to sample."""
+    out = model.generate(torch.tensor([[1, 5]]), do_sample=False, max_new_tokens=14,
+                         attention_mask=torch.ones(1, 2, dtype=torch.long))
+    return out[0].tolist()
+
+
+@pytest.fixture(scope="module")
+def expected(model, prompt):
+    return exact_distribution(model, prompt, LENGTH, SETTINGS["temperature"], SETTINGS["top_k"])
+
+
+def _lp_samples(model, prompt, **overrides) -> tuple[list[tuple[int, ...]], float]:
+    dec = Decoder(Worker(model), Collective(), set(), 128)
+    cfg = DecodeConfig(**{**SETTINGS, **overrides})
+    samples, multi = [], 0
+    for i in range(SAMPLES):
+        g = dec.generate(prompt, cfg, stream=i)
+        samples.append(tuple(g.output_ids))
+        multi += g.accepted[0] > 1
+    return samples, multi / SAMPLES
+
+
+def test_lookahead_sampling_matches_the_model(model, prompt, expected):
+    samples, multi = _lp_samples(model, prompt)
+    assert multi > 0.3, f"drafts accepted in only {multi:.0%} of first steps: the test would be weak"
+    assert chi_square_pvalue(samples, expected) > ALPHA
+
+
+def test_autoregressive_sampling_matches_the_model(model, prompt, expected):
+    samples, _ = _lp_samples(model, prompt, mode="ar")
+    assert chi_square_pvalue(samples, expected) > ALPHA
+
+
+def test_transformers_sampling_matches_the_model(model, prompt, expected):
+    torch.manual_seed(0)
+    out = model.generate(torch.tensor([prompt] * SAMPLES), do_sample=True, max_new_tokens=LENGTH,
+                         temperature=SETTINGS["temperature"], top_k=SETTINGS["top_k"], top_p=1.0,
+                         attention_mask=torch.ones(SAMPLES, len(prompt), dtype=torch.long))
+    samples = [tuple(row) for row in out[:, len(prompt):].tolist()]
+    assert chi_square_pvalue(samples, expected) > ALPHA
+
+
+def test_accepting_drafts_always_is_caught(model, prompt, expected, monkeypatch):
+    def accept_always(first_token, drafts, p_cand, u):
+        n = drafts.shape[1]
+        bonus = int(p_cand[0, -1].argmax())
+        return Sampled(torch.tensor(drafts[0].tolist() + [bonus]), n + 1)
+
+    monkeypatch.setattr(lp.decoder, "sample_continue", accept_always)
+    samples, _ = _lp_samples(model, prompt)
+    assert chi_square_pvalue(samples, expected) < ALPHA
+
+
+def test_same_seed_same_samples(model, prompt):
+    dec = Decoder(Worker(model), Collective(), set(), 128)
+    cfg = DecodeConfig(**{**SETTINGS, "max_new_tokens": 12})
+    runs = [dec.generate(prompt, cfg, stream=5).output_ids for _ in range(2)]
+    other = [dec.generate(prompt, cfg, stream=s).output_ids for s in range(6, 12)]
+    assert runs[0] == runs[1]
+    assert any(o != runs[0] for o in other)
