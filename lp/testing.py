@@ -9,6 +9,23 @@ import torch
 from lp.sampling import warp
 
 
+def peaked_llama(seed: int = 3, vocab: int = 8, scale: float = 40.0) -> tuple[torch.nn.Module, list[int]]:
+    """A tiny random Llama with peaked next-token distributions, and a prompt that is its own
+    greedy rollout, so the n-gram pool holds drafts the model often samples."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    start = torch.tensor([[1, 5]])
+    prompt = model.generate(start, do_sample=False, max_new_tokens=14, attention_mask=torch.ones_like(start))
+    return model, prompt[0].tolist()
+
+
 @torch.inference_mode()
 def exact_distribution(model: torch.nn.Module, prompt: list[int], length: int, temperature: float,
                        top_k: int = 0, top_p: float = 1.0) -> dict[tuple[int, ...], float]:
@@ -48,4 +65,4 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], expected: dict[tuple[int, 
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
-__all__ = ["chi_square_pvalue", "exact_distribution"]
+__all__ = ["chi_square_pvalue", "exact_distribution", "peaked_llama"]

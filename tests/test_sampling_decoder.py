@@ -3,13 +3,12 @@ samples and transformers' samples all follow the exact distribution of the first
 wrong acceptance rule is caught by the same test. Each test has a false-alarm rate of ALPHA."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import lp.decoder
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder
-from lp.testing import chi_square_pvalue, exact_distribution
+from lp.testing import chi_square_pvalue, exact_distribution, peaked_llama
 from lp.verify.sampling import Sampled
 from lp.worker import Worker
 
@@ -20,23 +19,18 @@ SETTINGS = dict(W=3, N=3, G=3, max_new_tokens=LENGTH, temperature=0.9, top_k=6)
 
 
 @pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(3)
-    cfg = LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    m = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        m.lm_head.weight.mul_(40.0)  # peaked, so the pool's greedy drafts are often accepted
-    return m
+def built():
+    return peaked_llama()
 
 
 @pytest.fixture(scope="module")
-def prompt(model):
-    """The model's own greedy rollout: the pool then holds n-grams the model is likely to sample."""
-    out = model.generate(torch.tensor([[1, 5]]), do_sample=False, max_new_tokens=14,
-                         attention_mask=torch.ones(1, 2, dtype=torch.long))
-    return out[0].tolist()
+def model(built):
+    return built[0]
+
+
+@pytest.fixture(scope="module")
+def prompt(built):
+    return built[1]
 
 
 @pytest.fixture(scope="module")

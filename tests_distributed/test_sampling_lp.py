@@ -1,0 +1,38 @@
+"""Lossless sampling under Lookahead Parallelism: with 2 gloo ranks, lp's lookahead samples
+follow the model's exact distribution of the first tokens (false-alarm rate ALPHA), and an
+always-accept rule is caught by the same test."""
+import json
+
+import pytest
+
+from lp.testing import chi_square_pvalue, exact_distribution, peaked_llama
+from _launch import spawn_ranks  # tests_distributed/conftest.py puts this folder on sys.path
+
+ALPHA = 1e-3
+SAMPLES = 1200
+RANK_PROGRAM = "tests_distributed/_sampling_rank.py"
+
+
+@pytest.fixture(scope="module")
+def expected():
+    model, prompt = peaked_llama()
+    return exact_distribution(model, prompt, 2, 0.9, 6)
+
+
+def _samples(tmp_path, *extra: str) -> dict:
+    out = tmp_path / "samples.json"
+    run = spawn_ranks([RANK_PROGRAM, str(out), str(SAMPLES), *extra], 2, timeout=240)
+    assert out.exists(), run.describe()
+    return json.loads(out.read_text())
+
+
+def test_lp_sampling_matches_the_model(tmp_path, expected):
+    result = _samples(tmp_path)
+    assert result["world_size"] == 2
+    assert result["multi"] > 0.3, "drafts were rarely accepted: the test would be weak"
+    assert chi_square_pvalue([tuple(s) for s in result["samples"]], expected) > ALPHA
+
+
+def test_lp_wrong_rule_is_caught(tmp_path, expected):
+    result = _samples(tmp_path, "wrong")
+    assert chi_square_pvalue([tuple(s) for s in result["samples"]], expected) < ALPHA
