@@ -62,10 +62,8 @@ def _sampled_accept(cfg: DecodeConfig, x0_logits: torch.Tensor, first_tokens: np
     token = x0_logits.new_tensor(first.token, dtype=torch.long)
     N = cand_tokens.shape[1] + 1
     local = np.flatnonzero(first_tokens[mine.start:mine.stop] == first.token) if first.accepted else []
-    if len(local) == 0:
-        tokens = torch.full((N,), -1, dtype=torch.long, device=token.device)
-        tokens[0] = token
-        return token, Acceptance(token.new_tensor(-1), token.new_tensor(0), tokens)
+    if len(local) == 0:  # the step commits the first token alone: the no-candidate result
+        return token, greedy_accept(token, cand_tokens[:0], cand_tokens[:0])
     alive = torch.from_numpy(local).to(cand_tokens.device)
     p_cand = warp_(cand_logits.view(-1, N - 1, cand_logits.shape[-1]).index_select(0, alive))
     result = sample_continue(first.token, cand_tokens.index_select(0, alive), p_cand, u)

@@ -2,7 +2,7 @@
 
     python -m lp.bench.plots categories RUN_DIR [--out FILE.png]
     python -m lp.bench.plots scaling-law RUN_DIR [RUN_DIR ...] --out DIR
-    python -m lp.bench.plots strong-scaling RUN_DIR [RUN_DIR ...] --out DIR [--name strong_scaling]
+    python -m lp.bench.plots strong-scaling RUN_DIR [RUN_DIR ...] --out DIR [--name NAME] [--kinds lp,tp,pp]
 
 - categories: S and speedup per category, one bar per decoder (written by every run too).
 - scaling-law: S against log2 W, one line per N (lp rows of the runs, pooled over prompts),
@@ -197,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", required=True, help="output directory")
         p.add_argument("--name", default=name.replace("-", "_"))
         p.add_argument("--title")
+        if name == "strong-scaling":
+            p.add_argument("--kinds", help="comma-separated decoder kinds to plot (default: all)")
     args = ap.parse_args(argv)
     if args.cmd == "categories":
         run = read_run(Path(args.run))
@@ -218,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         print(scaling_law(pts, out / f"{args.name}.png", args.title))
     else:
         pts = strong_points(runs)
+        kinds = tuple(args.kinds.split(",")) if args.kinds else None
+        if kinds:
+            pts = [p for p in pts if p["kind"] in kinds]
         write_csv(pts, out / f"{args.name}.csv")
         print(strong_scaling(pts, out / f"{args.name}.png", args.title))
     return 0

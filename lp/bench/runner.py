@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from lp.bench import datasets, metrics, report
-from lp.bench.decoders import BenchDecoder, Context, DecodeOutput, build, parse_lookahead
+from lp.bench.decoders import KINDS, BenchDecoder, Context, DecodeOutput, build, parse_lookahead
 from lp.errors import LPError
 
 
@@ -85,6 +85,11 @@ class Settings:
                 raise LPError(f"{key} must be an integer >= {low}, got {v!r}")
         if not self.decoders:
             raise LPError("decoders is empty")
+        unknown = [d for d in self.decoders if d not in KINDS]
+        if unknown:
+            raise LPError(f"unknown decoder '{unknown[0]}'; known: {', '.join(KINDS)}")
+        if self.tp_impl not in ("dtensor", "hf"):
+            raise LPError(f"tp_impl must be dtensor or hf, got {self.tp_impl!r}")
         try:
             self.lookahead_configs()
         except ValueError as e:
