@@ -87,10 +87,10 @@ class AutoTuner:
         den = sum(x * x for x, _ in xs)
         return sum(x * y for x, y in xs) / den if den else PRIOR_SLOPE
 
-    def choose(self) -> tuple[tuple[int, int, int] | None, str]:
+    def choose(self, allow_plain: bool = True) -> tuple[tuple[int, int, int] | None, str]:
         """The shape (or None for plain decoding) with the best expected tokens/s, and why."""
         b = self.slope()
-        best, best_rate, best_T = None, 1.0, 1
+        best, best_rate, best_T = None, 1.0 if allow_plain else -math.inf, 1
         for shape in LADDER:
             T = step_tokens(*shape, self.world_size)
             rate = (1 + b * math.log2(T)) / self.cost.relative(T)

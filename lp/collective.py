@@ -9,6 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from lp.errors import LPError
+
 
 # torch >= 2.10 renamed all_gather_into_tensor; both gather into one flat buffer.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -52,7 +54,11 @@ class Collective:
         if self.world_size == 1:
             return message[None]
         out = torch.empty(self.world_size * message.numel(), dtype=message.dtype, device=message.device)
-        _all_gather(out, message.contiguous())
+        try:
+            _all_gather(out, message.contiguous())
+        except RuntimeError as e:  # gloo/NCCL: a peer died, hung past the timeout, or left
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise LPError(f"rank {self.rank}: the step's all-gather failed, another rank died or hung ({first})") from e
         return out.view(self.world_size, -1)
 
     def close(self) -> None:

@@ -84,18 +84,29 @@ class LP:
         return self.tokenizer(prompt)["input_ids"]
 
     def _auto(self, settings: dict) -> str | None:
-        """Resolve W/N/G given as "auto" (in place); return the reason for the choice."""
-        if not any(settings.get(k) == "auto" for k in ("W", "N", "G")) or settings.get("mode") == "ar":
+        """Resolve W/N/G given as "auto" (in place); return the reason for the choice.
+
+        Explicit values are validated first and always kept; plain decoding is chosen only
+        when all three are left to auto."""
+        auto = [k for k in ("W", "N", "G") if settings.get(k) == "auto"]
+        if not auto:
+            return None
+        explicit = {k: settings[k] for k in ("W", "N", "G") if k in settings and k not in auto}
+        try:
+            DecodeConfig(**explicit).validate()
+        except TypeError as e:
+            raise LPError(str(e)) from None
+        if settings.get("mode") == "ar":
+            for k in auto:
+                settings[k] = getattr(DecodeConfig, k)
             return None
         if self._tuner is None:
             self._tuner = AutoTuner(self._calibrate(), self.comm.world_size)
-        shape, reason = self._tuner.choose()
+        shape, reason = self._tuner.choose(allow_plain=not explicit)
         if shape is None:
             settings.update(mode="ar", W=1, N=2, G=0)
         else:
-            for key, value in zip(("W", "N", "G"), shape):
-                if settings.get(key, "auto") == "auto":
-                    settings[key] = value
+            settings.update({k: v for k, v in zip(("W", "N", "G"), shape) if k in auto})
         return reason
 
     def _calibrate(self) -> CostCurve:
