@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import lp.generate
-from conftest import PYTHON, REPO, TINY_DIR_CONTEXT, words
+from unit_helpers import PYTHON, REPO, TINY_DIR_CONTEXT, words
 from lp.errors import LPError
 from lp.prompts import Prompt, read_jsonl
 

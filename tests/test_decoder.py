@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from conftest import ARCHS, reference_greedy
+from unit_helpers import ARCHS, reference_greedy
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder

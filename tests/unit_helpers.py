@@ -1,0 +1,120 @@
+"""Helpers and fixtures for the unit tests (a plain module: tests import it without clashing
+with tests_distributed/conftest.py; tests/conftest.py registers its fixtures).
+
+Shared fixtures: tiny random causal LMs built in-process (no downloads) and a tiny model
+directory with an offline word-level tokenizer, loadable by plain transformers and by lp."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+PYTHON = sys.executable
+REPO = Path(__file__).resolve().parent.parent
+
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=256,
+    max_position_embeddings=512,
+    # A little above the default 0.02: the greedy output of a random model is then less
+    # degenerate (fewer 1- or 2-token loops) and its argmax margins are comfortably wide.
+    initializer_range=0.05,
+)
+
+ARCHS = ("llama", "qwen2", "mistral")
+
+
+def build_tiny(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A tiny random causal LM of the given architecture, eval mode, sdpa attention, fp32."""
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM)
+
+    classes = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+    }
+    config_cls, model_cls = classes[arch]
+    torch.manual_seed(seed)
+    config = config_cls(**{**TINY, **overrides}, attn_implementation="sdpa")
+    model = model_cls(config).eval()
+    # Reference generation must run to max_new_tokens unless a test asks for an EOS.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> dict[str, torch.nn.Module]:
+    """One tiny model per architecture (different seeds, so their outputs differ)."""
+    return {arch: build_tiny(arch, seed=i + 1) for i, arch in enumerate(ARCHS)}
+
+
+@torch.inference_mode()
+def reference_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Plain transformers greedy decoding: the ground truth lookahead decoding must equal."""
+    ids = torch.tensor([prompt], dtype=torch.long)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny model directory with a tokenizer, for the CLI and the Python API.
+
+TOKENIZER_WORDS = 125  # "<unk>", "<s>", "</s>" and w0..w124: 128 ids
+TINY_DIR_CONTEXT = 64  # max_position_embeddings of the saved tiny model
+
+
+def _word_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for i in range(TOKENIZER_WORDS):
+        vocab[f"w{i}"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A saved tiny Llama (vocab 128, context 64) with a word-level tokenizer ("w0 w1 ...")."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = tmp_path_factory.mktemp("tiny_llama")
+    tok = _word_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**TINY, "vocab_size": len(tok), "max_position_embeddings": TINY_DIR_CONTEXT})
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def words(ids) -> str:
+    """Text for the tiny tokenizer: word-level ids 3.. map to "w0".."w124"."""
+    return " ".join(f"w{i - 3}" for i in ids)
+
+
+@pytest.fixture(scope="session")
+def cli_env() -> dict[str, str]:
+    """Environment for CLI subprocesses: offline, single rank, one thread, cache in a tmp dir."""
+    env = dict(os.environ)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
+    return env
