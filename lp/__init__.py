@@ -1,6 +1,14 @@
 """lp: exact, draft-free lookahead decoding with Lookahead Parallelism."""
 from lp.config import DecodeConfig
 from lp.errors import LPError
-from lp.runtime import LP, Result
 
 __all__ = ["LP", "DecodeConfig", "LPError", "Result"]
+
+
+def __getattr__(name: str):
+    # Lazy: `python -m lp.models` must not import lp.models through lp.runtime first.
+    if name in ("LP", "Result"):
+        from lp import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'lp' has no attribute {name!r}")
