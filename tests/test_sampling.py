@@ -17,11 +17,21 @@ from transformers.generation.logits_process import (TemperatureLogitsWarper, Top
 from lp.errors import LPError
 from lp.sampling import uniforms, validate_sampling, warp
 from lp.verify.greedy import greedy_accept
-from lp.verify.sampling import (FirstLevel, accepted_candidate, alive_after, sample_accept,
+from lp.verify.sampling import (FirstLevel, alive_after, sample_accept,
                                 sample_continue, sample_first_level, uniforms_needed)
 
 ALPHA = 1e-3  # false-alarm rate of every statistical test here (seeds are fixed: deterministic)
 
+
+
+def _accepted_candidate(drafts: torch.Tensor, result: Sampled) -> int:
+    """Lowest candidate index whose drafts are the accepted ones (their KV holds the committed
+    tokens but the last), or -1 when no draft was accepted (n == 1)."""
+    k = result.n - 1
+    if k == 0 or drafts.shape[0] == 0:
+        return -1
+    match = (drafts[:, :k] == result.tokens[:k].to(drafts.device)).all(dim=1)
+    return int(torch.nonzero(match)[0, 0]) if bool(match.any()) else -1
 
 def chi2_sf(x: float, df: int) -> float:
     """Chi-square survival function via the regularized upper incomplete gamma function."""
@@ -275,10 +285,10 @@ def test_matches_literal_algorithm4_with_documented_uniforms():
         if first.accepted:
             cont = sample_continue(first.token, drafts[alive], p_cand[alive], u)
             assert torch.equal(cont.tokens, got.tokens) and cont.n == got.n
-            c = accepted_candidate(drafts, got)
+            c = _accepted_candidate(drafts, got)
             assert c >= 0 and drafts[c, :got.n - 1].tolist() == want[:got.n - 1] and alive[c]
         else:
-            assert got.n == 1 and not alive.any() and accepted_candidate(drafts, got) == -1
+            assert got.n == 1 and not alive.any() and _accepted_candidate(drafts, got) == -1
     assert {(N, N) for N in (3, 4, 5)} <= seen_n and {(N, 1) for N in (2, 3, 4, 5)} <= seen_n
 
 
@@ -363,7 +373,7 @@ def test_one_hot_reduces_to_greedy_with_bonus():
         k = int(want.accepted) + 1
         assert got.n == k and got.tokens[:k].tolist() == want.tokens[:k].tolist(), trial
         if k > 1:
-            assert accepted_candidate(d, got) == int(want.best)
+            assert _accepted_candidate(d, got) == int(want.best)
         lengths.add(k)
     assert lengths == set(range(1, N + 1))
 

@@ -196,15 +196,5 @@ def sample_accept(p_x0: torch.Tensor, drafts: torch.Tensor, p_cand: torch.Tensor
     return _continue(first.token, rows, p_cand, alive, values, drafts.device)
 
 
-def accepted_candidate(drafts: torch.Tensor, result: Sampled) -> int:
-    """Lowest candidate index whose drafts are the accepted ones (their KV holds the committed
-    tokens but the last), or -1 when no draft was accepted (n == 1)."""
-    k = result.n - 1
-    if k == 0 or drafts.shape[0] == 0:
-        return -1
-    match = (drafts[:, :k] == result.tokens[:k].to(drafts.device)).all(dim=1)
-    return int(torch.nonzero(match)[0, 0]) if bool(match.any()) else -1
-
-
-__all__ = ["FirstLevel", "Sampled", "accepted_candidate", "alive_after", "sample_accept",
+__all__ = ["FirstLevel", "Sampled", "alive_after", "sample_accept",
            "sample_continue", "sample_first_level", "uniforms_needed"]
