@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (TemperatureLogitsWarper, Top
 from lp.errors import LPError
 from lp.sampling import uniforms, validate_sampling, warp
 from lp.verify.greedy import greedy_accept
-from lp.verify.sampling import (FirstLevel, alive_after, sample_accept,
+from lp.verify.sampling import (FirstLevel, Sampled, alive_after, sample_accept,
                                 sample_continue, sample_first_level, uniforms_needed)
 
 ALPHA = 1e-3  # false-alarm rate of every statistical test here (seeds are fixed: deterministic)
