@@ -35,6 +35,15 @@ def _plt():
     return plt
 
 
+
+def _save(plt, fig, path: str | Path) -> Path:
+    """Lay out, write the PNG, free the figure."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
 def _finite(v) -> bool:
     return v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))
 
@@ -97,11 +106,7 @@ def scaling_law(points: list[dict], path: str | Path, title: str | None = None) 
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     ax.set_title(title or "Scaling law: S vs log W (G = W unless set)")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 # ----------------------------------------------------------------------------------- strong scaling
@@ -168,11 +173,7 @@ def strong_scaling(points: list[dict], path: str | Path, title: str | None = Non
     axes[1].axhline(1.0, color="grey", lw=0.8, ls="--")
     axes[0].legend(fontsize=8)
     fig.suptitle(title or "Strong scaling: lp (Lookahead Parallelism) vs TP and PP")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write_csv(points: list[dict], path: str | Path) -> Path:
