@@ -36,9 +36,9 @@ def _plt():
 
 
 
-def _save(plt, fig, path: str | Path) -> Path:
-    """Lay out, write the PNG, free the figure."""
-    fig.tight_layout()
+def _save(plt, fig, path: str | Path, rect: tuple[float, float, float, float] | None = None) -> Path:
+    """Lay out (inside `rect`, leaving room for a figure legend), write the PNG, free the figure."""
+    fig.tight_layout(rect=rect)
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -71,11 +71,7 @@ def per_category(summary: list[dict], path: str | Path, title: str | None = None
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(len(decs), 4), fontsize=8, frameon=False)
     fig.suptitle(title or "S and speedup per category")
-    fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(decs) - 1) // 4), 1, 1))
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, rect=(0, 0.06 + 0.04 * ((len(decs) - 1) // 4), 1, 1))
 
 
 # ----------------------------------------------------------------------------------- scaling law
