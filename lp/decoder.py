@@ -141,16 +141,16 @@ class Decoder:
 
             logits = self.worker.step(ids, layout, len(out) - 1)
             n_cols, n_cand = len(plan.columns), len(plan.candidates)
-            new = logits[1:1 + n_cols].argmax(dim=-1)  # the lookahead branch stays greedy
+            argmax = logits.argmax(dim=-1)  # one pass over every used row
+            new = argmax[1:1 + n_cols]  # the lookahead branch stays greedy
             cand_tokens = ids[ids.numel() - n_cand * (N - 1):].view(n_cand, N - 1)
-            cand_logits = logits[1 + n_cols:]
             if sampled:
                 u = uniforms(cfg.seed, stream, len(accepted), 2 * N)
-                y1, acc = _sampled_accept(cfg, logits[0], drafts[:, 0], plan.candidates, cand_tokens, cand_logits, u)
+                y1, acc = _sampled_accept(cfg, logits[0], drafts[:, 0], plan.candidates, cand_tokens,
+                                          logits[1 + n_cols:], u)
             else:
-                pred = cand_logits.argmax(dim=-1).view(n_cand, N - 1)
-                y1 = logits[0].argmax()
-                acc = greedy_accept(y1, cand_tokens, pred)
+                y1 = argmax[0]
+                acc = greedy_accept(y1, cand_tokens, argmax[1 + n_cols:].view(n_cand, N - 1))
             message = pack(y1, acc, plan.candidates.start, new, len(out), checksum, W)
             outcome = merge(self.comm.all_gather(message).cpu().numpy(), plans, N)  # the step's one sync
 
