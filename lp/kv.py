@@ -3,7 +3,8 @@
 A step writes its tokens' KV right after the committed prefix and attends over
 `[0, committed + T)`; `commit(n)` then keeps the first n of them (the pending tokens that the
 step re-fed). Everything after is speculative and simply overwritten by the next step, so a
-rejected guess costs nothing to undo and the buffers never move.
+rejected guess costs nothing to undo and the buffers never move. Fixed-shape steps (CUDA
+graphs, lp/graph.py) instead write at device-held positions and attend over the whole buffer.
 """
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ class _Layer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized or self.keys.shape[2] < self.owner.capacity:
             self.lazy_initialization(key_states, value_states)
+        if self.owner.write_at is not None:  # a fixed-shape step (lp/graph.py): scatter, attend to all
+            self.keys.index_copy_(2, self.owner.write_at, key_states)
+            self.values.index_copy_(2, self.owner.write_at, value_states)
+            return self.keys, self.values
         start = self.owner.length
         end = start + key_states.shape[-2]
         if end > self.keys.shape[2]:
@@ -55,6 +60,7 @@ class CommittedKV(Cache):
         super().__init__(layers=[_Layer(self) for _ in range(num_layers)])
         self.length = 0
         self.capacity = 0
+        self.write_at: torch.Tensor | None = None  # set during fixed-shape steps: where they write
 
     def reset(self, capacity: int) -> None:
         """Forget everything; grow the buffers (lazily, on the next write) if `capacity` needs it."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lp.graph import PaddedLayout, StaticSteps, pad_layout
 from lp.kv import CommittedKV
 from lp.lookahead.mask import StepLayout
 
@@ -18,28 +19,36 @@ class _DeviceLayout:
 
 
 class Worker:
-    """Runs forwards of a transformers causal LM over lp's step layouts."""
+    """Runs forwards of a transformers causal LM over lp's step layouts. With `graphs`, steps
+    run at fixed shapes (lp/graph.py), captured as CUDA graphs on a GPU."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, graphs: bool = False) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.body = model.get_decoder()
         self.head = model.get_output_embeddings()
         self.kv = CommittedKV(model.config.get_text_config().num_hidden_layers)
-        self._layouts: dict[StepLayout, _DeviceLayout] = {}
+        self.static = StaticSteps(self.body, self.head, self.kv, self.device) if graphs else None
+        self._layouts: dict[StepLayout, _DeviceLayout | PaddedLayout] = {}
 
     def reset(self, capacity: int) -> None:
         """Start a new sequence with room for `capacity` tokens of KV."""
+        if self.static is not None:  # room for a padded step, in units that keep the graphs
+            capacity = self.static.reserve(capacity + StaticSteps.slack)
         self.kv.reset(capacity)
 
     def commit(self, n: int) -> None:
         self.kv.commit(n)
 
-    def _on_device(self, layout: StepLayout) -> _DeviceLayout:
+    def _on_device(self, layout: StepLayout) -> _DeviceLayout | PaddedLayout:
         dev = self._layouts.get(layout)
         if dev is None:
-            to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-            dev = self._layouts[layout] = _DeviceLayout(to(layout.mask), to(layout.depth), to(layout.logit_rows))
+            if self.static is not None:
+                dev = pad_layout(layout, self.device)
+            else:
+                to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+                dev = _DeviceLayout(to(layout.mask), to(layout.depth), to(layout.logit_rows))
+            self._layouts[layout] = dev
         return dev
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
@@ -69,5 +78,7 @@ class Worker:
         """One step's forward: logits `[R, vocab]` for `layout.logit_rows`. The KV of all T
         tokens is written but not committed; call `commit(layout.m)` to keep the pending ones."""
         dev = self._on_device(layout)
+        if self.static is not None:
+            return self.static.step(ids, dev, x0_position)
         hidden = self._run(ids, dev.depth + x0_position, dev.mask)
         return self.head(hidden.index_select(0, dev.rows))

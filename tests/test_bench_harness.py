@@ -42,15 +42,15 @@ def prompts_file(tmp_path_factory) -> Path:
 def smoke(tiny_model_dir, prompts_file, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("bench_out")
     res = run(Settings(model=str(tiny_model_dir), dataset="jsonl", prompts=str(prompts_file), decoders=ALL,
-                       lookahead=["W4N3G4", "W3N4G2"], max_new_tokens=12, warmup_tokens=4, device="cpu",
+                       lookahead=["W4N3G4", "W3N4G2", "auto"], max_new_tokens=12, warmup_tokens=4, device="cpu",
                        out_dir=str(out), progress=False, print_table=False))
     return res
 
 
 def test_smoke_rows(smoke):
     rows = smoke["rows"]
-    labels = ["hf-greedy", "lp-ar", "lp[W4N3G4]", "lp[W3N4G2]", "hf-prompt-lookup[k10m2]", "tp", "pp"]
-    assert [r["decoder"] for r in rows[:7]] == labels
+    labels = ["hf-greedy", "lp-ar", "lp[W4N3G4]", "lp[W3N4G2]", "lp[auto]", "hf-prompt-lookup[k10m2]", "tp", "pp"]
+    assert [r["decoder"] for r in rows[:8]] == labels
     assert len(rows) == 4 * len(labels)
     for r in rows:
         assert r["status"] == "ok", r
@@ -68,6 +68,12 @@ def test_smoke_rows(smoke):
         assert r["world_size"] == 1
         if r["kind"] in ("hf-greedy", "lp-ar", "tp", "pp"):
             assert r["steps"] == r["new_tokens"] and set(r["accepted_hist"]) == {1}
+        if r["kind"] in ("lp", "lp-ar"):
+            # the forward's share of the decode time, the rest is host work
+            assert 0 < r["forward_seconds"] < r["decode_seconds"]
+            assert r["outside_forward"] == pytest.approx(1 - r["forward_seconds"] / r["decode_seconds"])
+        if r["decoder"] == "lp[auto]":  # the shape auto chose is recorded with its reason
+            assert isinstance(r["W"], int) and r["lp_mode"] in ("lookahead", "ar") and r["auto"]
         if r["kind"] == "lp":
             # lp's steps are timed one by one (prefill apart); transformers' decode steps exclude the prefill forward
             assert len(r["step_latencies"]) == r["steps"]
@@ -91,11 +97,11 @@ def test_smoke_files(smoke):
         summary = list(csv.DictReader(f))
     cats = {(r["decoder"], r["category"]) for r in summary}
     assert ("lp[W4N3G4]", "alpha") in cats and ("lp[W4N3G4]", "all") in cats and ("pp", "beta") in cats
-    assert len(summary) == 7 * 3
+    assert len(summary) == 8 * 3
     for r in summary:
         assert r["matches_greedy"] == "true" and r["status"] == "ok" and int(r["prompts"]) >= 2
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["world_size"] == 1 and len(meta["decoders"]) == 7
+    assert meta["world_size"] == 1 and len(meta["decoders"]) == 8
     assert (out / "categories.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = report.table(smoke["summary"])
     assert "lp[W4N3G4]" in text and "speedup" in text
@@ -266,5 +272,6 @@ def test_tp_support_and_plan():
 def test_parse_lookahead():
     assert parse_lookahead("W15N5G15") == (15, 5, 15)
     assert parse_lookahead("w5n3g0") == (5, 3, 0)
+    assert parse_lookahead(" Auto") == ("auto", "auto", "auto")
     with pytest.raises(ValueError):
         parse_lookahead("15:5:15")

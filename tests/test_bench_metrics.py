@@ -52,6 +52,12 @@ def test_speedup():
     assert math.isnan(m.geomean([float("nan")]))
 
 
+def test_outside_forward():
+    assert m.outside_forward(0.9, 1.0) == pytest.approx(0.1)
+    assert m.outside_forward(1.2, 1.0) == 0.0  # timer jitter never gives a negative share
+    assert math.isnan(m.outside_forward(0.5, 0.0))
+
+
 def test_first_mismatch():
     assert m.first_mismatch([1, 2, 3], [1, 2, 3]) is None
     assert m.first_mismatch([1, 2, 3], [1, 5, 3]) == 1
@@ -74,8 +80,11 @@ def test_summarize_pools_tokens_steps_and_seconds():
         _row("lp", "math", 30, 10, 4.0, 6.0, {1: 2, 3: 6, 4: 1, 5: 1}, matches=False, lat=(0.3, 0.5, 0.4)),
         _row("lp", "math", 0, 0, 0.0, None, {}, status="error: boom"),
     ]
+    rows[1]["forward_seconds"], rows[3]["forward_seconds"] = 0.9, 3.8  # lp: time inside the forward
     s = {(r["decoder"], r["category"]): r for r in m.summarize(rows)}
     qa, math_, all_ = s[("lp", "qa")], s[("lp", "math")], s[("lp", "all")]
+    assert all_["outside_forward"] == pytest.approx(1 - 4.7 / 5.0)  # pooled over prompts
+    assert math.isnan(s[("ar", "all")]["outside_forward"])  # no forward timing: no share
     assert qa["S"] == 2.0 and qa["speedup"] == 2.0 and qa["matches_greedy"] is True
     assert math_["S"] == 3.0 and math_["speedup"] == 1.5
     assert math_["matches_greedy"] is False and math_["mismatches"] == 1

@@ -22,7 +22,8 @@ Step accounting:
 - lp: `steps` and `accepted_per_step` come from lp itself; prefill (prompt minus its last
   token) is separate. Step latencies are timed by wrapping `Worker.step` of this replica: step i
   lasts from its forward's start to the next one's (the all-gather, merge and pool update
-  included); the last one ends when lp's decode clock stops.
+  included); the last one ends when lp's decode clock stops. The time inside `Worker.step` (CUDA-
+  synchronised) is the forward's; the rest of the decode time is host work and the all-gather.
 - transformers decoders (and tp): a step is one model forward; the first forward (prompt ->
   first token) is timed as prefill and is also counted as a step (it yields a token). Tokens
   committed per forward are observed with a streamer; step latencies are the intervals between
@@ -53,6 +54,8 @@ class DecodeOutput:
     decode_seconds: float
     step_latencies: list[float] = field(default_factory=list)
     accepted_per_step: list[int] = field(default_factory=list)
+    forward_seconds: float | None = None  # lp: time inside the model forward (the rest is host + collective)
+    chosen: dict = field(default_factory=dict)  # lp with W/N/G auto: the shape used and why
 
 
 def _sync(device: torch.device) -> None:
@@ -85,10 +88,11 @@ class BenchDecoder:
 class LPDecoder(BenchDecoder):
     """lp's runtime (`lp.LP`), lookahead or `mode=ar`, on every rank."""
 
-    def __init__(self, lm, *, mode: str = "lookahead", W: int = 5, N: int = 3, G: int = 5,
+    def __init__(self, lm, *, mode: str = "lookahead", W: int | str = 5, N: int | str = 3, G: int | str = 5,
                  seed: int = 0, pool_from_prompt: bool = True) -> None:
         self.name = "lp" if mode == "lookahead" else "lp-ar"
-        label = f"lp[W{W}N{N}G{G}]" if mode == "lookahead" else "lp-ar"
+        auto = (W, N, G) == ("auto",) * 3
+        label = "lp-ar" if mode != "lookahead" else "lp[auto]" if auto else f"lp[W{W}N{N}G{G}]"
         settings = dict(mode=mode, seed=seed, pool_from_prompt=pool_from_prompt)
         if mode == "lookahead":
             settings.update(W=W, N=N, G=G)
@@ -98,17 +102,25 @@ class LPDecoder(BenchDecoder):
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> DecodeOutput:
         worker = self.lm.decoder.worker
         starts: list[float] = []
-        prefill_start: list[float] = []
+        forward: list[float] = []
+        prefill_end: list[float] = []
         saved = {k: worker.__dict__[k] for k in ("step", "prefill") if k in worker.__dict__}
         step, prefill = worker.step, worker.prefill
 
         def timed_step(*args, **kwargs):
-            starts.append(time.perf_counter())
-            return step(*args, **kwargs)
+            t0 = time.perf_counter()
+            out = step(*args, **kwargs)
+            _sync(worker.device)
+            if prefill_end:  # not W=auto's calibration, which runs before the prefill
+                starts.append(t0)
+                forward.append(time.perf_counter() - t0)
+            return out
 
         def timed_prefill(*args, **kwargs):
-            prefill_start.append(time.perf_counter())
-            return prefill(*args, **kwargs)
+            out = prefill(*args, **kwargs)
+            _sync(worker.device)
+            prefill_end.append(time.perf_counter())
+            return out
 
         worker.step, worker.prefill = timed_step, timed_prefill
         try:
@@ -119,11 +131,12 @@ class LPDecoder(BenchDecoder):
                     setattr(worker, k, saved[k])
                 else:
                     delattr(worker, k)
-        # lp's decode clock stops at prefill start + prefill + decode (same perf_counter clock).
-        end = prefill_start[0] + r.prefill_seconds + r.seconds if prefill_start else time.perf_counter()
+        # lp's decode clock starts right after the prefill and runs r.seconds (same perf_counter clock).
+        end = prefill_end[0] + r.seconds if prefill_end else time.perf_counter()
         lat = intervals(starts, max(end, starts[-1])) if starts else []
+        chosen = {"mode": r.mode, "W": r.W, "N": r.N, "G": r.G, "auto": r.auto} if r.auto else {}
         return DecodeOutput(list(r.output_ids), r.steps, r.prefill_seconds, r.seconds, lat,
-                            list(r.accepted_per_step))
+                            list(r.accepted_per_step), sum(forward), chosen)
 
 
 # ----------------------------------------------------------------------------------- transformers
@@ -445,17 +458,20 @@ class Context:
         return pad
 
 
-def parse_lookahead(spec: str) -> tuple[int, int, int]:
-    """"W15N5G15" -> (15, 5, 15)."""
+def parse_lookahead(spec: str) -> tuple[int, int, int] | tuple[str, str, str]:
+    """"W15N5G15" -> (15, 5, 15); "auto" -> ("auto", "auto", "auto"): lp's default, W/N/G chosen
+    from a measured step-cost curve (lp/auto.py)."""
     import re
 
+    if str(spec).strip().lower() == "auto":
+        return ("auto",) * 3
     m = re.fullmatch(r"\s*W(\d+)N(\d+)G(\d+)\s*", str(spec), flags=re.IGNORECASE)
     if not m:
-        raise ValueError(f"lookahead config must look like W15N5G15, got {spec!r}")
+        raise ValueError(f"lookahead config must look like W15N5G15 or auto, got {spec!r}")
     return int(m[1]), int(m[2]), int(m[3])
 
 
-def build(kinds: list[str], ctx: Context, *, lookahead: list[tuple[int, int, int]], seed: int = 0,
+def build(kinds: list[str], ctx: Context, *, lookahead: list[tuple], seed: int = 0,
           pool_from_prompt: bool = True, pld_tokens: int = 10, pld_ngram: int = 2,
           tp_impl: str = "dtensor", pp_balance: bool = True) -> list[BenchDecoder]:
     """The decoders named in `kinds`, in that order (`lp` expands to one per lookahead config)."""

@@ -85,6 +85,14 @@ def speedup(baseline_seconds: float | None, seconds: float | None) -> float:
     return baseline_seconds / seconds
 
 
+def outside_forward(forward_seconds: float, decode_seconds: float) -> float:
+    """Share of decode time spent outside the model forward: host work between forwards, plus
+    the all-gather under LP (nan without a positive decode time)."""
+    if not decode_seconds or decode_seconds <= 0:
+        return NAN
+    return max(0.0, 1.0 - forward_seconds / decode_seconds)
+
+
 def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first position where two token sequences differ (a length difference
     counts at the shorter length); None when they are identical."""
@@ -146,6 +154,7 @@ def summarize(rows: Sequence[dict], by: Sequence[str] = ("decoder", "category"),
                   and not math.isnan(float(r["baseline_seconds"]))]
         base = sum(float(r["baseline_seconds"]) for r in paired)
         mine = sum(float(r["decode_seconds"]) for r in paired)
+        timed = [r for r in rs if r.get("forward_seconds") is not None]
         matches = [r.get("matches_greedy") for r in rs if r.get("matches_greedy") is not None]
         first = rs[0] if rs else {}
         summary = dict(zip(by, key))
@@ -159,6 +168,8 @@ def summarize(rows: Sequence[dict], by: Sequence[str] = ("decoder", "category"),
             accepted_hist=merge_histograms(r.get("accepted_hist") for r in rs),
             speedup=speedup(base, mine) if paired else NAN,
             speedup_geomean=geomean(float(r.get("speedup", NAN)) for r in paired),
+            outside_forward=outside_forward(sum(float(r["forward_seconds"]) for r in timed),
+                                            sum(float(r["decode_seconds"]) for r in timed)) if timed else NAN,
             matches_greedy=(all(matches) if matches else None),
             mismatches=sum(1 for m in matches if m is False),
             status="ok" if rs else "; ".join(sorted(set(status_of.get(key, [])))) or "no rows",

@@ -76,11 +76,12 @@ def per_category(summary: list[dict], path: str | Path, title: str | None = None
 
 # ----------------------------------------------------------------------------------- scaling law
 def scaling_points(runs: list[dict]) -> list[dict]:
-    """Pooled S per lp (W, N, G) over all ok rows of the runs, sorted by N then W."""
+    """Pooled S per lp (W, N, G) over all ok rows of the runs, sorted by N then W (rows of
+    `lp[auto]` are left out: their shape is chosen per prompt, not swept)."""
     acc: dict[tuple, list[int]] = {}
     for run in runs:
         for r in run["rows"]:
-            if r.get("kind") == "lp" and r.get("status") == "ok":
+            if r.get("kind") == "lp" and r.get("status") == "ok" and not r.get("auto"):
                 key = (int(r["N"]), int(r["W"]), int(r["G"]))
                 a = acc.setdefault(key, [0, 0, 0])
                 a[0] += int(r["new_tokens"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 SUMMARY_COLUMNS = ("decoder", "category", "world_size", "prompts", "new_tokens", "steps", "S", "S_mean",
                    "tokens_per_s", "decode_seconds", "prefill_seconds", "step_latency_median_ms", "speedup",
-                   "speedup_geomean", "matches_greedy", "mismatches", "accepted_hist", "status")
+                   "speedup_geomean", "outside_forward", "matches_greedy", "mismatches", "accepted_hist", "status")
 
 
 def clean(obj):
@@ -72,7 +72,8 @@ def table(summary: list[dict]) -> str:
     """The printed summary: one line per decoder and category."""
     cols = [("decoder", "decoder", 0), ("category", "category", 0), ("ws", "world_size", 0), ("n", "prompts", 0),
             ("tokens", "new_tokens", 0), ("steps", "steps", 0), ("S", "S", 2), ("tok/s", "tokens_per_s", 1),
-            ("step ms", "step_latency_median_ms", 1), ("speedup", "speedup", 2), ("exact", "matches_greedy", 0),
+            ("step ms", "step_latency_median_ms", 1), ("speedup", "speedup", 2), ("outside fwd", "outside_forward", 3),
+            ("exact", "matches_greedy", 0),
             ("accepted/step", "accepted_hist", 0), ("status", "status", 0)]
     recs = summary_records(summary)
     cells = [[h for h, _, _ in cols]]

@@ -55,6 +55,7 @@ class Settings:
     threads: int | None = None
     local_threads: int | None = None
     device: str = "auto"
+    graphs: bool = False
     timeout_s: float = 600.0
     out_dir: str = "results/bench/latest"
     tag: str | None = None
@@ -95,7 +96,7 @@ class Settings:
         except ValueError as e:
             raise LPError(str(e)) from None
 
-    def lookahead_configs(self) -> list[tuple[int, int, int]]:
+    def lookahead_configs(self) -> list[tuple]:
         if self.lookahead:
             return [parse_lookahead(s) for s in self.lookahead]
         return [(self.W, self.N, self.G)]
@@ -133,6 +134,12 @@ def _row(p: datasets.BenchPrompt, ids: list[int], d: BenchDecoder, o: DecodeOutp
             output_ids=o.output_ids,
             text=tokenizer.decode(o.output_ids, skip_special_tokens=True),
         )
+        if o.forward_seconds is not None:
+            row.update(forward_seconds=o.forward_seconds,
+                       outside_forward=metrics.outside_forward(o.forward_seconds, o.decode_seconds))
+        if o.chosen:  # W/N/G auto: the shape this prompt used
+            row.update(W=o.chosen["W"], N=o.chosen["N"], G=o.chosen["G"], lp_mode=o.chosen["mode"],
+                       auto=o.chosen["auto"])
     row["note"] = d.note
     row["status"] = status
     return row
@@ -151,7 +158,7 @@ def run(cfg: Mapping | Settings) -> dict | None:
     _set_threads(s.threads)
     if s.dtype not in DTYPES:
         raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
-    lm = LP(s.model, dtype=s.dtype, device=s.device, timeout_s=s.timeout_s)
+    lm = LP(s.model, dtype=s.dtype, device=s.device, timeout_s=s.timeout_s, graphs=s.graphs)
     try:
         return _run(s, prompts, lm, Context(lm, models.resolve(s.model), DTYPES[s.dtype]), tqdm)
     finally:
