@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lp import kernels
 from lp.graph import PaddedLayout, StaticSteps, pad_layout
 from lp.kv import CommittedKV
 from lp.lookahead.mask import StepLayout
@@ -29,6 +30,8 @@ class Worker:
         self.head = model.get_output_embeddings()
         self.kv = CommittedKV(model.config.get_text_config().num_hidden_layers)
         self.static = StaticSteps(self.body, self.head, self.kv, self.device) if graphs else None
+        if self.device.type == "cpu":
+            kernels.install(model)  # faster few-token matmuls for lp's steps (lp/kernels.py)
         self._layouts: dict[StepLayout, _DeviceLayout | PaddedLayout] = {}
 
     def reset(self, capacity: int) -> None:
@@ -78,7 +81,8 @@ class Worker:
         """One step's forward: logits `[R, vocab]` for `layout.logit_rows`. The KV of all T
         tokens is written but not committed; call `commit(layout.m)` to keep the pending ones."""
         dev = self._on_device(layout)
-        if self.static is not None:
-            return self.static.step(ids, dev, x0_position)
-        hidden = self._run(ids, dev.depth + x0_position, dev.mask)
-        return self.head(hidden.index_select(0, dev.rows))
+        with kernels.small_m():
+            if self.static is not None:
+                return self.static.step(ids, dev, x0_position)
+            hidden = self._run(ids, dev.depth + x0_position, dev.mask)
+            return self.head(hidden.index_select(0, dev.rows))
