@@ -25,8 +25,12 @@ BUCKET = 16  # step sizes are rounded up to a multiple of this: few graphs, litt
 CAPACITY_QUANTUM = 1024  # KV capacity grows in these units, so graphs survive across prompts
 
 
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
 def bucket(tokens: int) -> int:
-    return -(-tokens // BUCKET) * BUCKET
+    return _round_up(tokens, BUCKET)
 
 
 @dataclass
@@ -80,7 +84,7 @@ class StaticSteps:
     def reserve(self, capacity: int) -> int:
         """The KV capacity to allocate for at least `capacity` tokens; a larger one than
         before drops the captured graphs (their mask width and KV buffers change)."""
-        capacity = -(-capacity // CAPACITY_QUANTUM) * CAPACITY_QUANTUM
+        capacity = _round_up(capacity, CAPACITY_QUANTUM)
         if capacity > self._capacity:
             self._buckets.clear()
             self._capacity = capacity

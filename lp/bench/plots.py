@@ -35,7 +35,6 @@ def _plt():
     return plt
 
 
-
 def _save(plt, fig, path: str | Path, rect: tuple[float, float, float, float] | None = None) -> Path:
     """Lay out (inside `rect`, leaving room for a figure legend), write the PNG, free the figure."""
     fig.tight_layout(rect=rect)
@@ -43,6 +42,7 @@ def _save(plt, fig, path: str | Path, rect: tuple[float, float, float, float] | 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
 
 def _finite(v) -> bool:
     return v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))
