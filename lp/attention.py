@@ -1,35 +1,96 @@
-"""Split attention, lp's GPU attention backend (DESIGN.md section 4).
+"""Attention of a step's tokens over the KV cache, three ways.
 
-flash-attn cannot take lookahead's arbitrary mask, but a step splits cleanly: every step
-token sees all committed KV (no mask: one flash-attn call over the cache) and, within the
-step, only its own chain (a tiny T x T block, dense, with the lookahead mask). The two
-partial softmaxes are merged exactly with their log-sum-exp. Registered with transformers'
-`AttentionInterface` as "lp_split", so no modeling code is forked. Without CUDA or flash-attn
-the committed part runs as plain math, which keeps the backend testable on CPU.
+Every step token sees the committed slots `[0, start)` and, among the step's own slots
+`[start, start + S)`, only what the step's `[S, S]` block mask allows (its own chain). Slots
+past the step are never seen, so the unwritten and speculative tail of the cache costs nothing
+but the work a backend spends skipping it:
+
+* `sdpa` (CPU, and the fallback): a dense `[S, extent]` bool mask built on the device from
+  `start` and the block, then torch's scaled_dot_product_attention.
+* `flex` (GPU): PyTorch's FlexAttention with a `BlockMask` that visits only the cache blocks up
+  to `start + S`; its `mask_mod` reads `start` and the block from device tensors, so one block
+  mask per step size serves every step and stays valid inside a CUDA graph.
+* `split` (GPU with the optional flash-attn): flash-attn over the committed slots (no mask) and
+  a dense pass over the in-step block, merged exactly by log-sum-exp. It needs the committed
+  length on the host, so it runs eagerly.
 """
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
-
-NAME = "lp_split"
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 try:  # optional: the `gpu` extra
     from flash_attn import flash_attn_func
 except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_func = None
 
+BACKENDS = ("auto", "sdpa", "flex", "split")
+FLEX_BLOCK = 128  # FlexAttention's tile; blocks past start + S are skipped whole
+
 
 def flash_available() -> bool:
     return flash_attn_func is not None and torch.cuda.is_available()
 
 
-def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention over a few keys with an optional [T, S] bool mask; returns (out fp32, lse)."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+def dense_mask(start: torch.Tensor | int, block: torch.Tensor, extent: int) -> torch.Tensor:
+    """`[1, 1, S, extent]` bool: committed slots, then the step's block, nothing after."""
+    S = block.shape[0]
+    rel = torch.arange(extent, device=block.device) - start  # slot index relative to the step
+    in_step = block.index_select(1, rel.clamp(0, S - 1)) & ((rel >= 0) & (rel < S))
+    return ((rel < 0) | in_step)[None, None]
+
+
+class FlexMask:
+    """The block mask of one step size over the whole cache. Only `visible` changes per step
+    (how many cache blocks reach the step); the rest is fixed, so CUDA graphs keep it."""
+
+    def __init__(self, start: torch.Tensor, block: torch.Tensor, capacity: int) -> None:
+        S = block.shape[0]
+        n_q, n_kv = -(-S // FLEX_BLOCK), -(-capacity // FLEX_BLOCK)
+        dev = block.device
+        self.visible = torch.zeros((1, 1, n_q), dtype=torch.int32, device=dev)
+        indices = torch.arange(n_kv, dtype=torch.int32, device=dev).expand(1, 1, n_q, n_kv).contiguous()
+
+        def mask_mod(b, h, q, kv):
+            rel = kv - start
+            return (rel < 0) | ((rel < S) & block[q.clamp(max=S - 1), rel.clamp(0, S - 1)])
+
+        self.block_mask = BlockMask.from_kv_blocks(self.visible, indices, BLOCK_SIZE=FLEX_BLOCK,
+                                                   mask_mod=mask_mod, seq_lengths=(S, capacity))
+        self.size = S
+
+    def update(self, committed: int) -> None:
+        """Visit the cache blocks up to the step's last slot (a device fill, no sync)."""
+        self.visible.fill_(-(-(committed + self.size) // FLEX_BLOCK))
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """`[Hkv, K, D]` -> `[Hkv * groups, K, D]`, head h reading kv head h // groups."""
+    if groups == 1:
+        return x
+    Hkv, K, D = x.shape
+    return x[:, None].expand(Hkv, groups, K, D).reshape(Hkv * groups, K, D)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q `[H, S, D]`, k/v `[Hkv, extent, D]`, mask `[1, 1, S, extent]` -> `[H, S, D]`."""
+    groups = q.shape[0] // k.shape[0]
+    out = F.scaled_dot_product_attention(q[None], _repeat_kv(k, groups)[None], _repeat_kv(v, groups)[None],
+                                         attn_mask=mask, scale=scale)
+    return out[0]
+
+
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: FlexMask, scale: float) -> torch.Tensor:
+    """q `[H, S, D]`, k/v the whole cache `[Hkv, capacity, D]` -> `[H, S, D]`."""
+    out = flex_attention(q[None].contiguous(), k[None], v[None], block_mask=mask.block_mask, scale=scale,
+                         enable_gqa=q.shape[0] != k.shape[0])
+    return out[0]
+
+
+def _dense_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention in fp32 with its log-sum-exp: q `[H, S, D]`, k/v `[H, K, D]`, mask `[S, K]`."""
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -38,37 +99,24 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 def _committed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unmasked attention of the step's queries over the committed KV."""
+    """Unmasked attention over the committed slots: flash-attn where it can, else plain math."""
     if q.is_cuda and flash_attn_func is not None and q.dtype in (torch.float16, torch.bfloat16):
-        out, lse, _ = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        out, lse, _ = flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                       softmax_scale=scale, causal=False, return_attn_probs=True)
-        return out.transpose(1, 2).float(), lse
-    return _dense(q, k, v, None, scale)
+        return out[0].transpose(0, 1).float(), lse[0]
+    groups = q.shape[0] // k.shape[0]
+    return _dense_lse(q, _repeat_kv(k, groups), _repeat_kv(v, groups), None, scale)
 
 
-def split_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                    **kwargs) -> tuple[torch.Tensor, None]:
-    """query [B, H, T, D]; key/value [B, Hkv, c+T, D] (committed + step); attention_mask the
-    step's 4D bool mask [1, 1, T, c+T] whose last T columns are the in-step block."""
-    if attention_mask is None or attention_mask.dim() != 4:
-        raise ValueError("lp_split attention needs lp's 4D step mask")
-    T = query.shape[2]
-    c = key.shape[2] - T
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    block = attention_mask[0, 0, :, c:]
-    if c == 0 and T > 1 and query.is_cuda and flash_attn_func is not None and query.dtype != torch.float32 \
-            and torch.equal(block, torch.ones_like(block).tril_()):
-        # A prefill: the block is plain causal, so flash-attn's causal kernel is exact and O(T) in memory.
-        out = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                              softmax_scale=scale, causal=True)
-        return out.contiguous(), None
-    out, lse = _dense(query, key[:, :, c:], value[:, :, c:], block, scale)
-    if c > 0:
-        out_c, lse_c = _committed(query, key[:, :, :c], value[:, :, :c], scale)
+def split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, committed: int, block: torch.Tensor,
+          scale: float) -> torch.Tensor:
+    """q `[H, S, D]`; k/v the cache `[Hkv, >= committed + S, D]` with the step written after
+    `committed`; block `[S, S]` -> `[H, S, D]`."""
+    S, groups = q.shape[1], q.shape[0] // k.shape[0]
+    step_k, step_v = _repeat_kv(k[:, committed:committed + S], groups), _repeat_kv(v[:, committed:committed + S], groups)
+    out, lse = _dense_lse(q, step_k, step_v, block, scale)
+    if committed > 0:
+        out_c, lse_c = _committed(q, k[:, :committed], v[:, :committed], scale)
         total = torch.logaddexp(lse, lse_c)
         out = out * torch.exp(lse - total).unsqueeze(-1) + out_c * torch.exp(lse_c - total).unsqueeze(-1)
-    return out.to(query.dtype).transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(NAME, split_attention)
+    return out.to(q.dtype)

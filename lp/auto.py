@@ -52,10 +52,13 @@ class CostCurve:
 @torch.inference_mode()
 def calibrate(worker: Worker, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 256,
               reps: int = 3) -> CostCurve:
-    """Time one forward of each size after a `context`-token prefill (medians of `reps`)."""
-    vocab = worker.head.weight.shape[0]
+    """Time one forward of each size after a `context`-token prefill (medians of `reps`); sizes
+    and context shrink to what a short cache holds."""
+    sizes = tuple(T for T in sizes if worker.step_slots(T) <= worker.capacity - worker.max_seq_len) or (1, 2)
+    context = min(context, worker.max_seq_len)
+    vocab = worker.vocab_size
     gen = torch.Generator().manual_seed(0)
-    worker.reset(context + sizes[-1])
+    worker.reset(context, sizes[-1])
     worker.prefill(torch.randint(0, vocab, (context,), generator=gen).to(worker.device))
     seconds = []
     for T in sizes:

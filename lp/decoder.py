@@ -99,12 +99,12 @@ class Decoder:
         L = len(prompt_ids)
         if L + cfg.max_new_tokens > self.max_context:
             raise LPError(f"prompt ({L} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
-                          f"model's context of {self.max_context} tokens")
+                          f"{self.max_context} tokens this model decodes (its context, or max_seq_len)")
         self._handshake(prompt_ids, cfg)
         W, N, G = (cfg.W, cfg.N, cfg.G) if cfg.lookahead else (0, 2, 0)
         P, rank, dev = self.comm.world_size, self.comm.rank, self.worker.device
         max_step = N + W + W * (N - 1) + G * (N - 1)  # pending + prefix + levels + candidates
-        self.worker.reset(L + cfg.max_new_tokens + max_step)
+        self.worker.reset(L + cfg.max_new_tokens, max_step)
 
         t0 = time.perf_counter()
         self.worker.prefill(torch.tensor(prompt_ids[:-1], dtype=torch.long, device=dev))
@@ -137,7 +137,7 @@ class Decoder:
             rows = window.rows.ravel() if window is not None else drafts[:0].ravel()
             mine = drafts[plan.candidates.start:plan.candidates.stop]  # this rank's share
             source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.ravel()])
-            ids = torch.from_numpy(source[layout.gather]).to(dev, non_blocking=True)
+            ids = self.worker.upload(source[layout.gather])
 
             logits = self.worker.step(ids, layout, len(out) - 1)
             n_cols, n_cand = len(plan.columns), len(plan.candidates)

@@ -1,16 +1,16 @@
-"""Fixed-shape steps, replayed as CUDA graphs.
+"""Fixed-shape steps: buckets of static buffers, compiled and captured as CUDA graphs.
 
 At batch 1 a step's forward is hundreds of small kernels, and on a GPU their launch cost is a
 large share of the step. A CUDA graph replays them all with one launch, but only for fixed
-shapes and fixed buffers. So here a step is padded to a bucket of `BUCKET` tokens, its KV is
-scattered into the preallocated cache at positions held on the device, and it attends over the
-whole cache buffer under a `[T, capacity]` mask that hides the unwritten tail: nothing in the
-captured work depends on the committed length, which only the (uncaptured) buffer fills read.
-Pad tokens attend only to themselves; their KV lands after the step's and is overwritten like
-any speculative token's.
+shapes and fixed buffers. So a step is padded to a bucket size S; its inputs are copied into
+the bucket's static buffers; its KV goes to the cache slots that the device-held committed
+length names (lp/kv.py); and its attention reads the whole cache under a mask made on the
+device from that length (lp/attention.py). Nothing captured depends on a host value, and the
+cache never moves, so each bucket is compiled and captured once per process and replayed for
+every later step of every prompt. Pad tokens see only themselves; their KV lands after the
+step's and is overwritten like any speculative token's.
 
-Each bucket is captured on its first use. Without CUDA the same fixed-shape step runs eagerly,
-which is how it is tested against the dynamic step on CPU.
+Without CUDA the same fixed-shape steps run eagerly, which is how they are tested on CPU.
 """
 from __future__ import annotations
 
@@ -19,116 +19,107 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lp.attention import FlexMask
+from lp.forward import Forward, StepInputs
+from lp.kv import KVCache
 from lp.lookahead.mask import StepLayout
 
-BUCKET = 16  # step sizes are rounded up to a multiple of this: few graphs, little padding
-CAPACITY_QUANTUM = 1024  # KV capacity grows in these units, so graphs survive across prompts
-
-
-def _round_up(n: int, unit: int) -> int:
-    return -(-n // unit) * unit
+BUCKETS = (1, 16, 32, 64, 128, 256, 512)  # few graphs, little padding; plain decoding stays at 1
+LARGE = 256  # beyond the last bucket, steps round up to a multiple of this
 
 
 def bucket(tokens: int) -> int:
-    return _round_up(tokens, BUCKET)
+    """The padded size of a step of `tokens` tokens."""
+    for size in BUCKETS:
+        if tokens <= size:
+            return size
+    return -(-tokens // LARGE) * LARGE
 
 
 @dataclass
-class PaddedLayout:
-    """A step layout padded to its bucket, on the device."""
+class DeviceLayout:
+    """A step layout on the device, padded to `block.shape[0]` tokens (pads: depth 0, row 0)."""
 
     block: torch.Tensor  # [S, S] bool: the step mask, pad tokens see only themselves
-    depth: torch.Tensor  # [S] long (pads: 0)
-    rows: torch.Tensor  # [S] long: the used logit rows first (pads: 0)
+    depth: torch.Tensor  # [S] long: positions relative to x0
+    rows: torch.Tensor  # [R] long, or [S] at fixed shapes (the used rows first)
     size: int  # T, the real token count
     n_rows: int  # R, the used logit rows
 
 
-def pad_layout(layout: StepLayout, device: torch.device) -> PaddedLayout:
-    T, S = layout.size, bucket(layout.size)
+def device_layout(layout: StepLayout, device: torch.device, fixed: bool) -> DeviceLayout:
+    """`layout` on the device: padded to its bucket when `fixed`, else exactly its T tokens and
+    R used rows."""
+    T, R = layout.size, len(layout.logit_rows)
+    S = bucket(T) if fixed else T
     block = np.eye(S, dtype=bool)
     block[:T, :T] = layout.mask
     depth = np.zeros(S, dtype=np.int64)
     depth[:T] = layout.depth
-    rows = np.zeros(S, dtype=np.int64)
-    rows[:len(layout.logit_rows)] = layout.logit_rows
+    rows = np.zeros(S if fixed else R, dtype=np.int64)
+    rows[:R] = layout.logit_rows
     to = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
-    return PaddedLayout(to(block), to(depth), to(rows), T, len(layout.logit_rows))
+    return DeviceLayout(to(block), to(depth), to(rows), T, R)
 
 
 class _Bucket:
-    """Static input/output buffers of one step size S, and its graph once captured."""
+    """Static inputs of one step size S, its output, and its graph once captured."""
 
-    def __init__(self, S: int, capacity: int, device: torch.device) -> None:
-        self.ids = torch.zeros(S, dtype=torch.long, device=device)
-        self.positions = torch.zeros(S, dtype=torch.long, device=device)
-        self.write_at = torch.zeros(S, dtype=torch.long, device=device)
-        self.rows = torch.zeros(S, dtype=torch.long, device=device)
-        self.mask = torch.zeros((1, 1, S, capacity), dtype=torch.bool, device=device)
+    def __init__(self, S: int, kv: KVCache, flex: bool, device: torch.device) -> None:
+        block = torch.eye(S, dtype=torch.bool, device=device)
+        self.inputs = StepInputs(
+            ids=torch.zeros(S, dtype=torch.long, device=device),
+            positions=torch.zeros(S, dtype=torch.long, device=device),
+            block=block, rows=torch.zeros(S, dtype=torch.long, device=device), extent=kv.capacity,
+            flex=FlexMask(kv.start, block, kv.capacity) if flex else None,
+        )
+        self.layout: DeviceLayout | None = None  # the layout whose block and rows are loaded
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
 
-class StaticSteps:
-    """Runs steps through fixed-shape buckets of a worker's model and KV cache."""
+class FixedSteps:
+    """Runs steps through fixed-shape buckets of one forward and its KV cache."""
 
-    slack = BUCKET  # a padded step may write up to this many tokens past the real one
-
-    def __init__(self, body: torch.nn.Module, head: torch.nn.Module, kv, device: torch.device) -> None:
-        self.body, self.head, self.kv, self.device = body, head, kv, device
+    def __init__(self, forward: Forward, kv: KVCache, device: torch.device, flex: bool, compile: bool) -> None:
+        self.kv, self.device, self.flex = kv, device, flex
         self.capture = device.type == "cuda"
-        self.pool = None
+        if compile:
+            # One compiled graph per bucket (and per worker): more than dynamo's default allows.
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        self.run = torch.compile(forward, fullgraph=True, dynamic=False) if compile else forward
         self._buckets: dict[int, _Bucket] = {}
-        self._capacity = 0
-
-    def reserve(self, capacity: int) -> int:
-        """The KV capacity to allocate for at least `capacity` tokens; a larger one than
-        before drops the captured graphs (their mask width and KV buffers change)."""
-        capacity = _round_up(capacity, CAPACITY_QUANTUM)
-        if capacity > self._capacity:
-            self._buckets.clear()
-            self._capacity = capacity
-        return self._capacity
-
-    def _forward(self, b: _Bucket) -> torch.Tensor:
-        self.kv.write_at = b.write_at
-        try:
-            out = self.body(input_ids=b.ids[None], position_ids=b.positions[None], attention_mask=b.mask,
-                            past_key_values=self.kv, use_cache=True)
-        finally:
-            self.kv.write_at = None
-        return self.head(out.last_hidden_state[0].index_select(0, b.rows))
 
     def _capture(self, b: _Bucket) -> None:
-        """Warm up on a side stream (as torch requires), then record the forward."""
+        """Warm up (and compile) on a side stream, as torch requires, then record the forward
+        into a private memory pool: no other graph shares or frees its memory."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._forward(b)
+                self.run(b.inputs)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
         b.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(b.graph, pool=self.pool):
-            b.logits = self._forward(b)
+        with torch.cuda.graph(b.graph):
+            b.logits = self.run(b.inputs)
 
-    def step(self, ids: torch.Tensor, layout: PaddedLayout, x0_position: int) -> torch.Tensor:
+    def step(self, ids: torch.Tensor, layout: DeviceLayout, x0_position: int) -> torch.Tensor:
         """Logits `[R, vocab]` of the step; valid until the next step of the same bucket."""
-        S, T, c = layout.block.shape[0], layout.size, self.kv.length
+        S, T = layout.block.shape[0], layout.size
         b = self._buckets.get(S)
         if b is None:
-            b = self._buckets[S] = _Bucket(S, self._capacity, self.device)
-        # Fill the static inputs (plain device ops, outside the graph).
-        b.ids[:T].copy_(ids)
-        torch.add(layout.depth, x0_position, out=b.positions)
-        torch.arange(c, c + S, out=b.write_at)
-        b.rows.copy_(layout.rows)
-        b.mask.zero_()
-        b.mask[0, 0, :, :c] = True
-        b.mask[0, 0, :, c:c + S] = layout.block
+            b = self._buckets[S] = _Bucket(S, self.kv, self.flex, self.device)
+        x = b.inputs
+        x.ids[:T].copy_(ids, non_blocking=True)
+        torch.add(layout.depth, x0_position, out=x.positions)
+        if b.layout is not layout:  # consecutive steps mostly share a layout: copy only on change
+            x.block.copy_(layout.block)
+            x.rows.copy_(layout.rows)
+            b.layout = layout
+        if x.flex is not None:
+            x.flex.update(self.kv.length)
         if not self.capture:
-            return self._forward(b)[:layout.n_rows]
+            return self.run(x)[:layout.n_rows]
         if b.graph is None:
             self._capture(b)
         b.graph.replay()

@@ -1,74 +1,93 @@
-"""A preallocated KV cache that holds committed tokens only.
+"""The KV cache: one position-indexed buffer per layer, allocated once per loaded model.
 
-A step writes its tokens' KV right after the committed prefix and attends over
-`[0, committed + T)`; `commit(n)` then keeps the first n of them (the pending tokens that the
-step re-fed). Everything after is speculative and simply overwritten by the next step, so a
-rejected guess costs nothing to undo and the buffers never move. Fixed-shape steps (CUDA
-graphs, lp/graph.py) instead write at device-held positions and attend over the whole buffer.
+Slot i holds the key/value of sequence position i. A step writes its S tokens' KV at slots
+`[length, length + S)` and attends to the committed slots `[0, length)` plus its own tokens
+under the step mask; `commit(n)` then keeps the first n of them (the pending tokens the step
+re-fed). Everything after is speculative and simply overwritten by the next step, so a rejected
+guess costs nothing to undo, and the buffers never move: CUDA graphs captured over them stay
+valid for every prompt of the process.
+
+The committed length lives twice: as a host int (shapes, checks) and as a device tensor
+(`start`) that forwards read, so a captured step needs no host value to know where to write.
 """
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-
-class _Layer(CacheLayerMixin):
-    is_sliding = False
-    is_compileable = False
-
-    def __init__(self, owner: "CommittedKV") -> None:
-        super().__init__()
-        self.owner = owner
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        b, h, _, dk = key_states.shape
-        cap = self.owner.capacity
-        self.keys = key_states.new_zeros((b, h, cap, dk))
-        self.values = value_states.new_zeros((b, h, cap, value_states.shape[-1]))
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized or self.keys.shape[2] < self.owner.capacity:
-            self.lazy_initialization(key_states, value_states)
-        if self.owner.write_at is not None:  # a fixed-shape step (lp/graph.py): scatter, attend to all
-            self.keys.index_copy_(2, self.owner.write_at, key_states)
-            self.values.index_copy_(2, self.owner.write_at, value_states)
-            return self.keys, self.values
-        start = self.owner.length
-        end = start + key_states.shape[-2]
-        if end > self.keys.shape[2]:
-            raise RuntimeError(f"KV cache overflow: {end} > capacity {self.keys.shape[2]}")
-        self.keys[:, :, start:end] = key_states
-        self.values[:, :, start:end] = value_states
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.length + query_length, 0
-
-    def get_seq_length(self) -> int:
-        return self.owner.length
-
-    def get_max_length(self) -> int:
-        return self.owner.capacity
+from lp.errors import LPError
 
 
-class CommittedKV(Cache):
-    """KV of committed tokens for every layer, in buffers of `capacity` tokens."""
+class KVCache:
+    """Keys and values of one sequence: per layer `[kv_heads, capacity, head_dim]`."""
 
-    def __init__(self, num_layers: int) -> None:
-        super().__init__(layers=[_Layer(self) for _ in range(num_layers)])
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        # Zeros, not empty: masked slots still enter attention's weighted sum (with weight 0),
+        # and 0 * NaN from uninitialised memory would poison it.
+        # One buffer per layer (not views of one): compiled steps then mutate whole inputs in place.
+        shape = (kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.start = torch.zeros((), dtype=torch.long, device=device)
         self.length = 0
-        self.capacity = 0
-        self.write_at: torch.Tensor | None = None  # set during fixed-shape steps: where they write
 
-    def reset(self, capacity: int) -> None:
-        """Forget everything; grow the buffers (lazily, on the next write) if `capacity` needs it."""
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[1]
+
+    def reset(self) -> None:
+        """Start a new sequence (the buffers are kept; old KV is overwritten as it goes)."""
         self.length = 0
-        self.capacity = max(self.capacity, capacity)
+        self.start.zero_()
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store a step's `[kv_heads, S, head_dim]` keys/values at slots `start .. start+S-1`."""
+        slots = self.start + torch.arange(k.shape[1], device=k.device)
+        self.k[layer].index_copy_(1, slots, k)
+        self.v[layer].index_copy_(1, slots, v)
 
     def commit(self, n: int) -> None:
         """Keep the KV of the first `n` tokens written by the last forward."""
         if self.length + n > self.capacity:
-            raise RuntimeError("commit past the KV capacity")
+            raise LPError(f"KV cache overflow: {self.length + n} tokens > max_seq_len {self.capacity}")
         self.length += n
+        self.start.add_(n)
+
+    def as_transformers_cache(self) -> Cache:
+        """A transformers `Cache` over these buffers, for models run through their own modules."""
+        return _TransformersCache(self)
+
+
+class _Layer(CacheLayerMixin):
+    """One layer's view for transformers' attention modules: write at `start`, return every slot
+    (the step's mask hides the unwritten and speculative ones)."""
+
+    is_sliding = False
+    is_compileable = True
+
+    def __init__(self, kv: KVCache, index: int) -> None:
+        super().__init__()
+        self.kv, self.index = kv, index
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass  # the buffers exist from the start
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.kv.write(self.index, key_states[0], value_states[0])
+        return self.kv.k[self.index][None], self.kv.v[self.index][None]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.kv.capacity, 0
+
+    def get_seq_length(self) -> int:
+        return self.kv.length
+
+    def get_max_length(self) -> int:
+        return self.kv.capacity
+
+
+class _TransformersCache(Cache):
+    def __init__(self, kv: KVCache) -> None:
+        super().__init__(layers=[_Layer(kv, i) for i in range(len(kv.k))])

@@ -97,32 +97,16 @@ def resolve(name_or_path: str) -> str:
     raise LPError(f"unknown model '{name_or_path}'; known: {', '.join(sorted(MODELS))}, or a local path / hub id")
 
 
-ATTENTION = ("auto", "sdpa", "split")
-
-
-def attention_backend(choice: str, device: torch.device) -> str:
-    """transformers attn_implementation for lp's `attention` setting: `split` (lp's flash-attn
-    backend, lp/attention.py) or `sdpa`; `auto` takes split where CUDA and flash-attn exist."""
-    if choice not in ATTENTION:
-        raise LPError(f"attention must be one of {ATTENTION}, got {choice!r}")
-    from lp import attention
-
-    if choice == "auto":
-        choice = "split" if device.type == "cuda" and attention.flash_available() else "sdpa"
-    return attention.NAME if choice == "split" else "sdpa"
-
-
-def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-         attention: str = "auto"):
-    """Load (model, tokenizer) for decoding: eval mode, on `device`, with lp's attention."""
+def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """Load (model, tokenizer) for decoding: eval mode, on `device`. transformers' sdpa attention
+    serves models that lp runs through their own modules (lp/forward.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = torch.device(device)
     path = resolve(name_or_path)
-    impl = attention_backend(attention, device)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=impl)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     except OSError as e:
         raise LPError(f"cannot load model '{name_or_path}': {str(e).splitlines()[0]}") from None
     return model.to(device).eval(), tok

@@ -55,19 +55,17 @@ class LP:
     """A model replica on this rank, its tokenizer, and the decoder around them."""
 
     def __init__(self, model: str = "smollm2-135m", *, dtype: str = "float32", device: str = "auto",
-                 timeout_s: float = 300.0, attention: str = "auto", graphs: bool = False) -> None:
-        """`graphs`: run steps at fixed shapes, captured as CUDA graphs on a GPU (lp/graph.py);
-        they attend through sdpa over the whole cache, so they exclude `attention="split"`."""
+                 timeout_s: float = 300.0, attention: str = "auto", graphs: bool | str = "auto",
+                 compile: bool | str = "auto", max_seq_len: int | None = None) -> None:
+        """`graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (lp/graph.py);
+        `compile`: torch.compile them; `attention`: auto | sdpa | flex | split
+        (lp/attention.py); `max_seq_len`: KV cache slots, allocated once (lp/worker.py)."""
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        if graphs and attention == "split":
-            raise LPError("graphs=true needs attention=sdpa (split attention depends on the cache length)")
         self.comm = Collective.from_env(device, timeout_s)
-        attention = "sdpa" if graphs else attention
-        self.model, self.tokenizer = models.load(model, DTYPES[dtype], self.comm.device, attention)
-        config = self.model.config.get_text_config()
-        self.decoder = Decoder(Worker(self.model, graphs), self.comm, self._eos_ids(),
-                               config.max_position_embeddings)
+        self.model, self.tokenizer = models.load(model, DTYPES[dtype], self.comm.device)
+        worker = Worker(self.model, max_seq_len=max_seq_len, attention=attention, graphs=graphs, compile=compile)
+        self.decoder = Decoder(worker, self.comm, self._eos_ids(), worker.max_seq_len)
         self._tuner: AutoTuner | None = None
 
     def _eos_ids(self) -> set[int]:

@@ -1,88 +1,145 @@
-"""One model replica and its committed KV cache. It runs its rank's share of a step: one
-masked forward, with no communication, returning logits for the rows the step uses."""
+"""One model replica and its KV cache: runs its rank's share of a step, one masked forward with
+no communication, and returns logits for the rows the step uses.
+
+The cache is allocated once, when the worker is built: `max_seq_len` committed tokens plus
+room for one step's speculative tokens after them. Steps run
+eagerly at their exact size (the CPU default: a few-token forward costs in proportion to its
+tokens there) or at fixed shapes, compiled and captured as CUDA graphs (the CUDA default;
+lp/graph.py).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import numpy as np
 import torch
 
-from lp import kernels
-from lp.graph import PaddedLayout, StaticSteps, pad_layout
-from lp.kv import CommittedKV
+from lp import attention, llama
+from lp.errors import LPError
+from lp.forward import Forward, StepInputs, TransformersForward, kv_shape
+from lp.graph import DeviceLayout, FixedSteps, bucket, device_layout
+from lp.kv import KVCache
 from lp.lookahead.mask import StepLayout
 
+DEFAULT_MAX_SEQ_LEN = 8192  # committed tokens when neither the user nor a shorter context says less
+STEP_ROOM = 512  # cache slots past max_seq_len for one step's speculative tokens (W=60 N=5 G=60 fits)
 
-@dataclass
-class _DeviceLayout:
-    mask: torch.Tensor  # [T, T] bool
-    depth: torch.Tensor  # [T] long
-    rows: torch.Tensor  # [R] long
+
+def context_length(model: torch.nn.Module) -> int:
+    """The longest sequence the model attends over exactly (Mistral: its sliding window)."""
+    cfg = model.config.get_text_config()
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+    return min(cfg.max_position_embeddings, window or cfg.max_position_embeddings)
+
+
+def _choose(flag: bool | str, default: bool, key: str) -> bool:
+    if flag == "auto":
+        return default
+    if not isinstance(flag, bool):
+        raise LPError(f"{key} must be true, false or auto, got {flag!r}")
+    return flag
+
+
+def _backend(choice: str, device: torch.device, lean: bool, fixed: bool) -> str:
+    """The attention backend for `choice` (lp/attention.py), or a one-line reason it cannot run."""
+    if choice not in attention.BACKENDS:
+        raise LPError(f"attention must be one of {', '.join(attention.BACKENDS)}, got {choice!r}")
+    if choice == "auto":
+        if lean and device.type == "cuda":
+            return "flex" if fixed else "split" if attention.flash_available() else "sdpa"
+        return "sdpa"
+    if choice != "sdpa" and not lean:
+        raise LPError(f"attention={choice} needs a Llama-family model ({', '.join(llama.FAMILY)})")
+    if choice == "flex" and not fixed:
+        raise LPError("attention=flex needs fixed-shape steps (graphs=true)")
+    if choice == "split" and fixed:
+        raise LPError("attention=split needs graphs=false (it reads the committed length on the host)")
+    return choice
 
 
 class Worker:
-    """Runs forwards of a transformers causal LM over lp's step layouts. With `graphs`, steps
-    run at fixed shapes (lp/graph.py), captured as CUDA graphs on a GPU."""
+    """Runs forwards of a transformers causal LM over lp's step layouts.
 
-    def __init__(self, model: torch.nn.Module, graphs: bool = False) -> None:
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.body = model.get_decoder()
-        self.head = model.get_output_embeddings()
-        self.kv = CommittedKV(model.config.get_text_config().num_hidden_layers)
-        self.static = StaticSteps(self.body, self.head, self.kv, self.device) if graphs else None
-        if self.device.type == "cpu":
-            kernels.install(model)  # faster few-token matmuls for lp's steps (lp/kernels.py)
-        self._layouts: dict[StepLayout, _DeviceLayout | PaddedLayout] = {}
+    `graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (`auto`: on CUDA).
+    `compile`: torch.compile the fixed-shape forward (`auto`: with graphs on CUDA).
+    `attention`: `auto`, `sdpa`, `flex` or `split` (lp/attention.py).
+    `max_seq_len`: the longest sequence, prompt included (default: the model's context, at
+    most 8192); the cache holds that many tokens plus `STEP_ROOM` slots for a step."""
 
-    def reset(self, capacity: int) -> None:
-        """Start a new sequence with room for `capacity` tokens of KV."""
-        if self.static is not None:  # room for a padded step, in units that keep the graphs
-            capacity = self.static.reserve(capacity + StaticSteps.slack)
-        self.kv.reset(capacity)
+    def __init__(self, model: torch.nn.Module, *, max_seq_len: int | None = None, attention: str = "auto",
+                 graphs: bool | str = "auto", compile: bool | str = "auto") -> None:
+        param = next(model.parameters())
+        self.model, self.device = model, param.device
+        if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 2):
+            raise LPError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
+        self.max_seq_len = min(context_length(model), max_seq_len or DEFAULT_MAX_SEQ_LEN)
+        capacity = self.max_seq_len + STEP_ROOM
+        cuda = self.device.type == "cuda"
+        fixed = _choose(graphs, cuda, "graphs")
+        compiled = _choose(compile, cuda and fixed, "compile")
+        lean = llama.supports(model)
+        self.attention = _backend(attention, self.device, lean, fixed)
+        self.kv = KVCache(*kv_shape(model), capacity, param.dtype, self.device)
+        self.forward: Forward = (llama.LlamaForward(model, self.kv, self.attention) if lean
+                                 else TransformersForward(model, self.kv))
+        self.fixed = FixedSteps(self.forward, self.kv, self.device, self.attention == "flex", compiled) \
+            if fixed else None
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        # Step ids go to the device from pinned memory without blocking the host (CUDA only).
+        self._staging = torch.empty(capacity, dtype=torch.long, pin_memory=True) if cuda else None
+        self._layouts: dict[StepLayout, DeviceLayout] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.capacity
+
+    def step_slots(self, tokens: int) -> int:
+        """Cache slots a step of `tokens` tokens writes (its padded size at fixed shapes)."""
+        return bucket(tokens) if self.fixed is not None else tokens
+
+    def reset(self, tokens: int, step_tokens: int) -> None:
+        """Start a new sequence that commits at most `tokens` and runs steps of at most
+        `step_tokens` tokens; refuse it if the cache cannot hold that."""
+        if tokens > self.max_seq_len:
+            raise LPError(f"the sequence needs {tokens} tokens (prompt + max_new_tokens), "
+                          f"more than max_seq_len={self.max_seq_len}")
+        if tokens + self.step_slots(step_tokens) > self.capacity:
+            raise LPError(f"a step of {step_tokens} tokens does not fit in the KV cache after {tokens} tokens: "
+                          f"lower W or G (at most {STEP_ROOM} step tokens past max_seq_len)")
+        self.kv.reset()
 
     def commit(self, n: int) -> None:
         self.kv.commit(n)
 
-    def _on_device(self, layout: StepLayout) -> _DeviceLayout | PaddedLayout:
-        dev = self._layouts.get(layout)
-        if dev is None:
-            if self.static is not None:
-                dev = pad_layout(layout, self.device)
-            else:
-                to = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-                dev = _DeviceLayout(to(layout.mask), to(layout.depth), to(layout.logit_rows))
-            self._layouts[layout] = dev
-        return dev
-
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-        """Forward T tokens after the committed prefix; `block` is their [T, T] mask."""
-        T, c = ids.shape[0], self.kv.length
-        mask = torch.ones((1, 1, T, c + T), dtype=torch.bool, device=self.device)
-        mask[0, 0, :, c:] = block
-        out = self.body(
-            input_ids=ids[None], position_ids=positions[None], attention_mask=mask,
-            past_key_values=self.kv, use_cache=True,
-        )
-        return out.last_hidden_state[0]
+    def upload(self, ids: np.ndarray) -> torch.Tensor:
+        """A step's token ids on the device."""
+        host = torch.from_numpy(ids)
+        if self._staging is None:
+            return host.to(self.device)
+        # The previous step's copy has finished: its all-gather was read before this step began.
+        staged = self._staging[:len(ids)]
+        staged.copy_(host)
+        return staged.to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
         """Commit the KV of a prompt prefix (causal), without computing any logits."""
-        T = ids.shape[0]
+        T, c = ids.shape[0], self.kv.length
         if T == 0:
             return
         block = torch.ones((T, T), dtype=torch.bool, device=self.device).tril_()
-        positions = torch.arange(self.kv.length, self.kv.length + T, device=self.device)
-        self._run(ids, positions, block)
+        positions = torch.arange(c, c + T, device=self.device)
+        rows = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.forward(StepInputs(ids, positions, block, rows, extent=c + T, committed=c))
         self.kv.commit(T)
 
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, layout: StepLayout, x0_position: int) -> torch.Tensor:
         """One step's forward: logits `[R, vocab]` for `layout.logit_rows`. The KV of all T
         tokens is written but not committed; call `commit(layout.m)` to keep the pending ones."""
-        dev = self._on_device(layout)
-        with kernels.small_m():
-            if self.static is not None:
-                return self.static.step(ids, dev, x0_position)
-            hidden = self._run(ids, dev.depth + x0_position, dev.mask)
-            return self.head(hidden.index_select(0, dev.rows))
+        dev = self._layouts.get(layout)
+        if dev is None:
+            dev = self._layouts[layout] = device_layout(layout, self.device, self.fixed is not None)
+        if self.fixed is not None:
+            return self.fixed.step(ids, dev, x0_position)
+        c = self.kv.length
+        return self.forward(StepInputs(ids, dev.depth + x0_position, dev.block, dev.rows,
+                                       extent=c + layout.size, committed=c))

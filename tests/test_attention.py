@@ -1,9 +1,11 @@
-"""lp's split attention (committed KV + in-step block merged by log-sum-exp) equals sdpa."""
+"""The attention backends (lp/attention.py): masks built on the device from the committed
+length, split attention (committed KV + in-step block merged by log-sum-exp) equal to sdpa, and
+the backend choice with its one-line errors."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from lp import attention, models
+from unit_helpers import build_tiny
+from lp import attention
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder
@@ -12,39 +14,47 @@ from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
 
-def _model(impl: str) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    cfg._attn_implementation = impl
-    return LlamaForCausalLM(cfg).eval()
+def test_dense_mask():
+    block = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    for start in (0, 4):
+        m = attention.dense_mask(torch.tensor(start), block, start + 3 + 2)[0, 0]
+        assert m[:, :start].all()  # every step token sees the committed slots
+        assert torch.equal(m[:, start:start + 3], block)  # and its chain within the step
+        assert not m[:, start + 3:].any()  # never the tail
 
 
-def test_step_logits_match_sdpa():
+def test_split_step_logits_match_sdpa():
     prompt = torch.tensor([5, 6, 7, 8, 5, 6, 7, 8, 9, 10, 5, 6])
     layout = step_layout(2, 4, 4, range(4), 3)
     ids = torch.randint(0, 200, (layout.size,), generator=torch.Generator().manual_seed(1))
+    model = build_tiny("llama")
     logits = {}
-    for impl in ("sdpa", attention.NAME):
-        w = Worker(_model(impl))
-        w.reset(64)
+    for impl in ("sdpa", "split"):
+        w = Worker(model, attention=impl, graphs=False)
+        w.reset(64, layout.size)
         w.prefill(prompt)
         logits[impl] = w.step(ids, layout, len(prompt) + 1)
-    torch.testing.assert_close(logits[attention.NAME], logits["sdpa"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits["split"], logits["sdpa"], rtol=1e-5, atol=1e-5)
 
 
 def test_decoding_with_split_attention_is_exact():
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 9, 10, 5, 6, 7]
+    model = build_tiny("qwen2")
     outs = {}
-    for impl in ("sdpa", attention.NAME):
-        dec = Decoder(Worker(_model(impl)), Collective(), set(), 512)
+    for impl in ("sdpa", "split"):
+        dec = Decoder(Worker(model, attention=impl, graphs=False), Collective(), set(), 512)
         outs[impl] = [dec.generate(prompt, DecodeConfig(W, N, G, 40)).output_ids for W, N, G in [(5, 3, 5), (7, 5, 7)]]
-    assert outs[attention.NAME] == outs["sdpa"]
+    assert outs["split"] == outs["sdpa"]
 
 
-def test_backend_choice_falls_back_without_cuda_or_flash():
-    cpu = torch.device("cpu")
-    assert models.attention_backend("auto", cpu) == "sdpa"
-    assert models.attention_backend("split", cpu) == attention.NAME
-    with pytest.raises(LPError):
-        models.attention_backend("flash3", cpu)
+def test_backend_choice():
+    model = build_tiny("llama")
+    assert Worker(model).attention == "sdpa"  # CPU, auto
+    assert Worker(model, graphs=True).attention == "sdpa"
+    for kw, fragment in ((dict(attention="flex", graphs=False), "attention=flex needs fixed-shape steps"),
+                         (dict(attention="split", graphs=True), "attention=split needs graphs=false"),
+                         (dict(attention="flash3"), "attention must be one of"),
+                         (dict(graphs="yes"), "graphs must be true, false or auto"),
+                         (dict(max_seq_len=1), "max_seq_len must be an integer >= 2")):
+        with pytest.raises(LPError, match=fragment):
+            Worker(model, **kw)

@@ -1,6 +1,7 @@
-"""Fixed-shape steps (lp/graph.py), the form a step takes to be captured as a CUDA graph. On CPU
-they run eagerly, which checks everything but the capture: padding, the scattered KV writes,
-the whole-buffer mask, bucket reuse across steps and prompts."""
+"""Fixed-shape steps (lp/graph.py), the form a step takes to be compiled and captured as a CUDA
+graph. On CPU they run eagerly, which checks everything but the capture: padding, the KV writes
+at the device-held committed length, the whole-cache masks (sdpa and FlexAttention), bucket
+reuse across steps and prompts, and a cache that never moves."""
 from __future__ import annotations
 
 import pytest
@@ -10,67 +11,91 @@ from unit_helpers import ARCHS, reference_greedy
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder
-from lp.graph import BUCKET, CAPACITY_QUANTUM, bucket, pad_layout
+from lp.graph import BUCKETS, bucket, device_layout
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 from test_decoder import make_prompt
 
 
-def test_bucket_and_padding():
-    assert [bucket(t) for t in (1, BUCKET, BUCKET + 1)] == [BUCKET, BUCKET, 2 * BUCKET]
+def test_bucket_sizes():
+    assert [bucket(t) for t in (1, 2, 16, 17, 120, 481, 512, 513, 700)] == [1, 16, 16, 32, 128, 512, 512, 768, 768]
+    assert all(bucket(b) == b for b in BUCKETS)
+
+
+def test_padded_layout():
     layout = step_layout(2, 5, 3, range(1, 4), 3)
-    p = pad_layout(layout, torch.device("cpu"))
+    p = device_layout(layout, torch.device("cpu"), fixed=True)
     T, S = layout.size, bucket(layout.size)
     assert p.block.shape == (S, S) and p.size == T and p.n_rows == len(layout.logit_rows)
     assert torch.equal(p.block[:T, :T], torch.from_numpy(layout.mask))
     # pad tokens see only themselves, and nothing real sees them
     assert torch.equal(p.block[T:, T:], torch.eye(S - T, dtype=torch.bool))
     assert not p.block[T:, :T].any() and not p.block[:T, T:].any()
-    assert p.rows[:p.n_rows].tolist() == layout.logit_rows.tolist()
+    assert p.rows.shape == (S,) and p.rows[:p.n_rows].tolist() == layout.logit_rows.tolist()
+    exact = device_layout(layout, torch.device("cpu"), fixed=False)
+    assert exact.block.shape == (T, T) and exact.rows.tolist() == layout.logit_rows.tolist()
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_fixed_shape_step_equals_dynamic_step(arch, tiny_models):
+def test_fixed_shape_step_equals_eager_step(arch, attention, tiny_models):
     """Same logits from both forms of the same step, after the same committed prefix."""
     model = tiny_models[arch]
     prompt = torch.tensor(make_prompt(3, 10, 2))
     layout = step_layout(3, 5, 4, range(0, 5), 4)
     ids = torch.randint(3, 256, (layout.size,), generator=torch.Generator().manual_seed(0))
     out = []
-    for graphs in (False, True):
-        w = Worker(model, graphs=graphs)
-        w.reset(len(prompt) + 2 * layout.size)
+    for kw in (dict(graphs=False), dict(graphs=True, attention=attention)):
+        w = Worker(model, **kw)
+        w.reset(len(prompt) + layout.size, layout.size)
         w.prefill(prompt)
         first = w.step(ids, layout, len(prompt) + 2)
         w.commit(layout.m)  # a second step on top of a committed one, as in decoding
-        out.append((first, w.step(ids, layout, len(prompt) + 5), w.kv.capacity))
-    (a1, a2, cap_dynamic), (b1, b2, cap_static) = out
+        out.append((first, w.step(ids, layout, len(prompt) + 5)))
+    (a1, a2), (b1, b2) = out
     torch.testing.assert_close(b1, a1, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(b2, a2, rtol=1e-5, atol=1e-5)
-    assert cap_static % CAPACITY_QUANTUM == 0 and cap_static >= cap_dynamic
 
 
 @pytest.mark.parametrize("N,W,G", [(3, 3, 3), (5, 7, 7), (2, 5, 5), (4, 4, 0)])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fixed_shape_decoding_equals_greedy(arch, N, W, G, tiny_models):
-    """Whole generations, several prompts on one decoder (buckets reused, capacity kept)."""
+    """Whole generations, several prompts on one decoder: buckets reused, cache never moved."""
     model = tiny_models[arch]
-    worker = Worker(model, graphs=True)
+    worker = Worker(model, graphs=True, attention="flex" if N == 5 else "sdpa")
     dec = Decoder(worker, Collective(), set(), 512)
     cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=40)
-    for prompt in (make_prompt(1, 8, 3), make_prompt(2, 5, 2)):
+    buffers = [t.data_ptr() for t in worker.kv.k]
+    for prompt in (make_prompt(1, 8, 3), make_prompt(2, 5, 2), make_prompt(4, 30, 2)):
         assert dec.generate(prompt, cfg).output_ids == reference_greedy(model, prompt, 40)
-    assert len(worker.static._buckets) >= 1
-    assert all(S % BUCKET == 0 for S in worker.static._buckets)
+    assert worker.fixed._buckets and all(S in BUCKETS for S in worker.fixed._buckets)
+    assert [t.data_ptr() for t in worker.kv.k] == buffers
 
 
 def test_api_switch(tiny_model_dir):
     from lp import LP
-    from lp.errors import LPError
 
-    with pytest.raises(LPError, match="graphs=true needs attention=sdpa"):
-        LP(str(tiny_model_dir), device="cpu", graphs=True, attention="split")
-    fixed, dynamic = LP(str(tiny_model_dir), device="cpu", graphs=True), LP(str(tiny_model_dir), device="cpu")
-    assert fixed.decoder.worker.static is not None and dynamic.decoder.worker.static is None
+    fixed, eager = LP(str(tiny_model_dir), device="cpu", graphs=True), LP(str(tiny_model_dir), device="cpu")
+    assert fixed.decoder.worker.fixed is not None and eager.decoder.worker.fixed is None  # auto: off on CPU
     kw = dict(W=4, N=3, G=4, max_new_tokens=12)
-    assert fixed.generate("w1 w2 w3 w1 w2", **kw).output_ids == dynamic.generate("w1 w2 w3 w1 w2", **kw).output_ids
+    assert fixed.generate("w1 w2 w3 w1 w2", **kw).output_ids == eager.generate("w1 w2 w3 w1 w2", **kw).output_ids
+
+
+def test_compiled_step_equals_eager(tiny_models):
+    """torch.compile of the fixed-shape FlexAttention step (the CUDA default), run on CPU: the
+    same tokens as transformers' greedy decoding, and the same logits as the eager step."""
+    model = tiny_models["qwen2"]
+    prompt = make_prompt(5, 10, 2)
+    compiled = Worker(model, graphs=True, compile=True, attention="flex")
+    dec = Decoder(compiled, Collective(), set(), 512)
+    assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=30)).output_ids == \
+        reference_greedy(model, prompt, 30)
+    eager = Worker(model, graphs=True, attention="flex")
+    layout = step_layout(2, 5, 3, range(5), 5)
+    ids = torch.randint(3, 256, (layout.size,), generator=torch.Generator().manual_seed(0))
+    logits = []
+    for w in (compiled, eager):
+        w.reset(len(prompt) + 1, layout.size)
+        w.prefill(torch.tensor(prompt))
+        logits.append(w.step(ids, layout, len(prompt) + 1))
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)

@@ -6,6 +6,7 @@ with `lp.decoder.Decoder`, lp's own decode loop, which `LPDecoder` drives).
 | `lp`               | lp lookahead decoding at (W, N, G), Lookahead Parallelism        | all (P)     |
 | `lp-ar`            | lp `mode=ar`: the same runtime, one token per step               | all (P)     |
 | `hf-greedy`        | transformers `generate(do_sample=False)`                         | rank 0 only |
+| `hf-static`        | the same with `cache_implementation="static"` (compiled on CUDA) | rank 0 only |
 | `hf-prompt-lookup` | transformers prompt lookup decoding (`prompt_lookup_num_tokens`) | rank 0 only |
 | `tp`               | tensor parallelism over P ranks, greedy `generate`               | all (P)     |
 | `pp`               | pipeline parallelism: layers split over P ranks, batch-1 latency | all (P)     |
@@ -42,7 +43,7 @@ from lp.bench.metrics import intervals
 
 log = logging.getLogger(__name__)
 
-KINDS = ("lp", "lp-ar", "hf-greedy", "hf-prompt-lookup", "tp", "pp")
+KINDS = ("lp", "lp-ar", "hf-greedy", "hf-static", "hf-prompt-lookup", "tp", "pp")
 PP_MODEL_TYPES = ("llama", "mistral", "qwen2")  # embed -> layers -> norm, rotary at model.model
 
 
@@ -198,9 +199,11 @@ class HFGenerate(BenchDecoder):
                             [b - a for a, b in zip(times[:-1], times[1:])], counts)
 
 
-def hf_greedy(model, eos_ids, pad_id) -> HFGenerate:
-    d = HFGenerate(model, eos_ids, pad_id, label="hf-greedy")
-    d.name = "hf-greedy"
+def hf_greedy(model, eos_ids, pad_id, static: bool = False) -> HFGenerate:
+    """Greedy `generate`; `static`: transformers' static KV cache, which it compiles on CUDA."""
+    name = "hf-static" if static else "hf-greedy"
+    d = HFGenerate(model, eos_ids, pad_id, label=name, **({"cache_implementation": "static"} if static else {}))
+    d.name = name
     return d
 
 
@@ -483,8 +486,8 @@ def build(kinds: list[str], ctx: Context, *, lookahead: list[tuple], seed: int =
                     for W, N, G in lookahead]
         elif kind == "lp-ar":
             out.append(LPDecoder(lm, mode="ar", seed=seed))
-        elif kind == "hf-greedy":
-            out.append(hf_greedy(lm.model, ctx.eos_ids, ctx.pad_id))
+        elif kind in ("hf-greedy", "hf-static"):
+            out.append(hf_greedy(lm.model, ctx.eos_ids, ctx.pad_id, static=kind == "hf-static"))
         elif kind == "hf-prompt-lookup":
             out.append(hf_prompt_lookup(lm.model, ctx.eos_ids, ctx.pad_id, pld_tokens, pld_ngram))
         elif kind == "tp":

@@ -55,7 +55,10 @@ class Settings:
     threads: int | None = None
     local_threads: int | None = None
     device: str = "auto"
-    graphs: bool = False
+    graphs: bool | str = "auto"
+    compile: bool | str = "auto"
+    attention: str = "auto"
+    max_seq_len: int | None = None
     timeout_s: float = 600.0
     out_dir: str = "results/bench/latest"
     tag: str | None = None
@@ -158,7 +161,8 @@ def run(cfg: Mapping | Settings) -> dict | None:
     _set_threads(s.threads)
     if s.dtype not in DTYPES:
         raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
-    lm = LP(s.model, dtype=s.dtype, device=s.device, timeout_s=s.timeout_s, graphs=s.graphs)
+    lm = LP(s.model, dtype=s.dtype, device=s.device, timeout_s=s.timeout_s, graphs=s.graphs, compile=s.compile,
+            attention=s.attention, max_seq_len=s.max_seq_len)
     try:
         return _run(s, prompts, lm, Context(lm, models.resolve(s.model), DTYPES[s.dtype]), tqdm)
     finally:

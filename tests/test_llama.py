@@ -1,0 +1,77 @@
+"""lp's lean Llama-family forward (lp/llama.py) against transformers' own logits, and the
+transformers-modules forward (lp/forward.py) for a model outside the family."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unit_helpers import TINY, build_tiny, reference_greedy
+from lp.collective import Collective
+from lp.config import DecodeConfig
+from lp.decoder import Decoder
+from lp.forward import TransformersForward
+from lp.llama import LlamaForward
+from lp.lookahead.mask import step_layout
+from lp.worker import STEP_ROOM, Worker
+from test_decoder import make_prompt
+
+VARIANTS = {
+    "llama": ("llama", {}),
+    "llama-bias-mha": ("llama", dict(attention_bias=True, num_key_value_heads=4)),
+    "llama3-rope": ("llama", dict(rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                                                       low_freq_factor=1.0, high_freq_factor=4.0,
+                                                       original_max_position_embeddings=64))),
+    "qwen2": ("qwen2", {}),
+    "mistral": ("mistral", {}),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_lean_forward_logits_match_transformers(variant):
+    arch, overrides = VARIANTS[variant]
+    model = build_tiny(arch, seed=3, **overrides)
+    ids = torch.tensor(make_prompt(5, 40, 1))
+    with torch.inference_mode():
+        want = model(ids[None]).logits[0]
+    w = Worker(model, graphs=False)
+    assert isinstance(w.forward, LlamaForward)
+    w.reset(len(ids), 8)
+    w.prefill(ids[:32])
+    layout = step_layout(8, 1, 2, range(0), 0)  # 8 causal tokens; logits at the last
+    got = w.step(ids[32:], layout, 39)
+    torch.testing.assert_close(got[0], want[39], rtol=1e-4, atol=1e-4)
+
+
+def _gemma():
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = GemmaConfig(**{**TINY, "head_dim": 16}, attn_implementation="sdpa")
+    model = GemmaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_other_architectures_run_through_their_own_modules(graphs):
+    model = _gemma()
+    worker = Worker(model, graphs=graphs)
+    assert isinstance(worker.forward, TransformersForward)
+    dec = Decoder(worker, Collective(), set(), 512)
+    for prompt in (make_prompt(1, 8, 3), make_prompt(2, 6, 2)):
+        assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=24)).output_ids == \
+            reference_greedy(model, prompt, 24)
+
+
+def test_cache_is_sized_once():
+    model = build_tiny("llama")
+    assert Worker(model).max_seq_len == TINY["max_position_embeddings"]
+    w = Worker(model, max_seq_len=40)
+    assert w.max_seq_len == 40 and w.capacity == 40 + STEP_ROOM
+    dec = Decoder(w, Collective(), set(), 512)
+    from lp.errors import LPError
+
+    with pytest.raises(LPError, match="more than max_seq_len=40"):
+        dec.generate(make_prompt(1, 8, 3), DecodeConfig(W=5, N=3, G=5, max_new_tokens=24))
+    short = dec.generate(make_prompt(1, 4, 2), DecodeConfig(W=2, N=3, G=2, max_new_tokens=8))
+    assert short.output_ids == reference_greedy(model, make_prompt(1, 4, 2), 8)
