@@ -76,6 +76,10 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """q `[H, S, D]`, k/v `[Hkv, extent, D]`, mask `[1, 1, S, extent]` -> `[H, S, D]`."""
     groups = q.shape[0] // k.shape[0]
+    if q.is_cuda:  # the kernel shares kv heads itself: no copy of the whole cache per layer
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale,
+                                              enable_gqa=groups > 1)[0]
+    # On CPU, as transformers does with a mask: repeated kv heads (the same numerics as its path).
     out = F.scaled_dot_product_attention(q[None], _repeat_kv(k, groups)[None], _repeat_kv(v, groups)[None],
                                          attn_mask=mask, scale=scale)
     return out[0]

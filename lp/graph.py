@@ -14,6 +14,9 @@ Without CUDA the same fixed-shape steps run eagerly, which is how they are teste
 """
 from __future__ import annotations
 
+import logging
+import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +26,9 @@ from lp.attention import FlexMask
 from lp.forward import Forward, StepInputs
 from lp.kv import KVCache
 from lp.lookahead.mask import StepLayout
+from lp.models import cache_dir
+
+log = logging.getLogger(__name__)
 
 BUCKETS = (1, 16, 32, 64, 128, 256, 512)  # few graphs, little padding; plain decoding stays at 1
 LARGE = 256  # beyond the last bucket, steps round up to a multiple of this
@@ -87,12 +93,16 @@ class FixedSteps:
         if compile:
             # One compiled graph per bucket (and per worker): more than dynamo's default allows.
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            # Inductor's on-disk cache, kept with lp's models: later processes compile much faster.
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         self.run = torch.compile(forward, fullgraph=True, dynamic=False) if compile else forward
         self._buckets: dict[int, _Bucket] = {}
+        self.capture_seconds: dict[int, float] = {}  # per bucket: compile (if any) + warm-up + capture
 
     def _capture(self, b: _Bucket) -> None:
         """Warm up (and compile) on a side stream, as torch requires, then record the forward
         into a private memory pool: no other graph shares or frees its memory."""
+        t0 = time.perf_counter()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -102,6 +112,9 @@ class FixedSteps:
         b.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(b.graph):
             b.logits = self.run(b.inputs)
+        S = b.inputs.ids.shape[0]
+        self.capture_seconds[S] = time.perf_counter() - t0
+        log.info("lp: step size %d compiled and captured in %.1f s (once per process)", S, self.capture_seconds[S])
 
     def step(self, ids: torch.Tensor, layout: DeviceLayout, x0_position: int) -> torch.Tensor:
         """Logits `[R, vocab]` of the step; valid until the next step of the same bucket."""

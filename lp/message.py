@@ -29,7 +29,8 @@ def pack(y1: torch.Tensor, acc: Acceptance, first_candidate: int, new: torch.Ten
          length: int, checksum: int, W: int) -> torch.Tensor:
     """Build the message on the device from the rank's step results (no host sync)."""
     best = torch.where(acc.best >= 0, acc.best + first_candidate, acc.best)
-    head = torch.stack([y1, best, acc.accepted, y1.new_tensor(length), y1.new_tensor(checksum)])
+    # new_full, not new_tensor: a fill kernel instead of a host-to-device copy, which syncs on CUDA
+    head = torch.stack([y1, best, acc.accepted, y1.new_full((), length), y1.new_full((), checksum)])
     pad = new.new_full((W - new.numel(),), -1)
     return torch.cat([head, acc.tokens, new, pad])
 

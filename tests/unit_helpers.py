@@ -62,7 +62,7 @@ def tiny_models() -> dict[str, torch.nn.Module]:
 @torch.inference_mode()
 def reference_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Plain transformers greedy decoding: the ground truth lookahead decoding must equal."""
-    ids = torch.tensor([prompt], dtype=torch.long)
+    ids = torch.tensor([prompt], dtype=torch.long, device=next(model.parameters()).device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                          max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
