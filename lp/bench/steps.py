@@ -248,6 +248,11 @@ def copy_bandwidth(device: torch.device, mib: int, reps: int) -> float:
     return 2 * src.numel() / seconds
 
 
+def _progress(message: str) -> None:
+    """One line per measurement on stderr: a run cut off by a time limit still leaves them."""
+    print(f"lp.bench.steps: {message}", file=sys.stderr, flush=True)
+
+
 def _percentiles(seconds: list[float]) -> dict:
     p10, p50, p90 = np.percentile(seconds, [10, 50, 90]).tolist()
     return {"median_ms": 1e3 * p50, "p10_ms": 1e3 * p10, "p90_ms": 1e3 * p90}
@@ -277,6 +282,7 @@ def step_latencies(worker, prompt: torch.Tensor, cfg: Settings, vocab: int) -> l
         x0 = len(prompt) + layout.m - 1  # the last pending token's position
         seconds = timed(lambda: worker.step(ids, layout, x0).argmax().item(), worker.device, cfg.reps, cfg.warmup)
         rows.append({**label, "tokens": layout.size, **_percentiles(seconds)})
+        _progress(f"{label['kind']} step, {layout.size} tokens: {rows[-1]['median_ms']:.3f} ms")
     one = next((r["median_ms"] for r in rows if r["tokens"] == 1), None)
     for r in rows:  # cost relative to a one-token step, as W=auto sees it
         r["relative"] = r["median_ms"] / one if one else None
@@ -319,6 +325,7 @@ def decode_rates(model: torch.nn.Module, worker, prompt: list[int], cfg: Setting
         for name, go in runners.items():
             outputs[name], rate = go()
             rates[name].append(rate)
+            _progress(f"{name}: {rate:.1f} tok/s")
     return {name: {"tok_s": statistics.median(r), "tok_s_runs": r, "new_tokens": len(outputs[name])}
             for name, r in rates.items()} | {
         "outputs_identical": {"lp_ar_vs_hf_eager": outputs["lp_ar"] == outputs["hf_eager"],
@@ -331,7 +338,10 @@ def run(cfg: Settings) -> dict:
     device, dtype = cfg.torch_device, cfg.torch_dtype
     copy_mib = cfg.copy_mib or (2048 if device.type == "cuda" else 256)
     bandwidth = copy_bandwidth(device, copy_mib, cfg.reps)  # before the model takes the memory
+    _progress(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s on {device_name(device)}")
+    t0 = time.perf_counter()
     model = build(cfg.arch, device, dtype, cfg.seed)
+    _progress(f"built {cfg.arch} ({dtype}) with random weights in {time.perf_counter() - t0:.1f} s")
     params, read = weight_bytes(model)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(cfg.seed)
