@@ -317,8 +317,8 @@ def decode_rates(model: torch.nn.Module, worker, prompt: list[int], cfg: Setting
         return go
 
     runners = {"lp_ar": run_lp, "hf_eager": run_hf(eager), "hf_static": run_hf(static)}
-    for go in runners.values():  # warm-up: kernels, CUDA graphs, static generate's compilation
-        go()
+    for name, go in runners.items():  # warm-up: kernels, CUDA graphs, static generate's compilation
+        _progress(f"{name} warm-up: {go()[1]:.1f} tok/s")
     rates: dict[str, list[float]] = {k: [] for k in runners}
     outputs: dict[str, list[int]] = {}
     for _ in range(cfg.runs):  # interleaved, so drift (clocks, heat) hits every decoder alike
