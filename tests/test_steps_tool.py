@@ -77,7 +77,7 @@ def test_help_names_every_key(capsys):
     assert set(steps.HELP) == {f.name for f in dataclasses.fields(steps.Settings)}
 
 
-@pytest.mark.parametrize("arg", ["bogus=1", "tokens=1,x", "arch=gpt5"])
+@pytest.mark.parametrize("arg", ["bogus=1", "tokens=1,x", "arch=gpt5", "reps=0", "graphs=maybe"])
 def test_bad_arguments_are_refused(arg, capsys):
     with pytest.raises(SystemExit) as e:
         steps.main([*ARGS, arg])

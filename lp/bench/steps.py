@@ -107,6 +107,8 @@ class Settings:
                          ("copy_mib", 0)):
             if getattr(self, key) < low:
                 raise LPError(f"{key} must be >= {low}, got {getattr(self, key)}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise LPError("device=cuda, but torch sees no CUDA device")
         if not self.tokens or min(self.tokens) < 1:
             raise LPError(f"tokens must be step sizes >= 1, got {self.tokens}")
         if self.prompt_len + self.new_tokens > ARCHS[self.arch].max_context:
