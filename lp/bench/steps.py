@@ -1,0 +1,495 @@
+"""Step cost of a named architecture with random weights, built on the device (no download).
+
+Step latency against step tokens, lp `mode=ar` against transformers `generate`, and the
+weight-read floor.
+
+    python -m lp.bench.steps arch=llama-7b [key=value ...]      (--help lists every key)
+
+Weights are random, so every number here is a timing and nothing else: the outputs of a random
+model mean nothing, and S (tokens per step) never comes from this tool; it depends on a trained
+model and real text, not on the hardware. What it measures:
+
+- step latency (median, p10, p90 over `reps`) of one lp forward of a causal block of T tokens
+  after a `prompt_len`-token prefill, for every T of `tokens`, and of the lookahead step shapes
+  of `W=auto`'s ladder (lp/auto.py), labelled with their (W, N, G);
+- decoding tokens/s of lp `mode=ar`, transformers' eager `generate(do_sample=False)` and
+  `generate(cache_implementation="static")` on the same model and prompt, `new_tokens` each
+  (eos never stops them), medians of `runs` runs after one warm-up of each, interleaved;
+- copy bandwidth (one large device buffer copied, bytes read + written / seconds, median of
+  `reps`), and from it the weight-read floor: the weights one token's forward must read
+  (every parameter except an untied input embedding, of which a token reads one row) divided
+  by that bandwidth. lp's tokens/s is reported as a fraction of the floor's, and against
+  static `generate`.
+
+Writes OUT/steps.json, OUT/steps.md and OUT/steps.png, and prints the markdown.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lp.auto import LADDER, step_tokens
+from lp.bench import metrics
+from lp.bench.report import clean
+from lp.errors import LPError
+from lp.lookahead.mask import StepLayout, step_layout
+from lp.models import cache_dir
+
+RANDOM_WEIGHTS = "random (timing only: outputs mean nothing; S never comes from this tool)"
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A real model's shape: its transformers config family and fields, and the longest
+    sequence (prompt + new tokens) this tool gives lp's decoder."""
+
+    family: str  # "llama" (LlamaConfig) or "qwen2" (Qwen2Config)
+    config: dict
+    max_context: int
+
+
+ARCHS: dict[str, Arch] = {
+    "tiny": Arch("llama", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               intermediate_size=128, vocab_size=256, max_position_embeddings=512,
+                               initializer_range=0.05), 512),
+    "llama-7b": Arch("llama", dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                                   num_key_value_heads=32, intermediate_size=11008, vocab_size=32000,
+                                   max_position_embeddings=4096, rms_norm_eps=1e-5), 4096),
+    "llama3-8b": Arch("llama", dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                                    num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+                                    max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5), 8192),
+    # Context 32768, but lp's cache here holds 4096 tokens at most (plenty for a timing run).
+    "qwen2.5-7b": Arch("qwen2", dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                                     num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,
+                                     max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6), 4096),
+}
+
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 120, 128, 240, 256, 480, 512)
+
+
+@dataclass
+class Settings:
+    """The tool's keys (`key=value` on the command line; lists as `1,2,4` or `[1,2,4]`)."""
+
+    arch: str = "llama-7b"
+    device: str = "auto"
+    dtype: str = "auto"
+    prompt_len: int = 200
+    tokens: list[int] = field(default_factory=lambda: list(DEFAULT_TOKENS))
+    reps: int = 20
+    warmup: int = 3
+    new_tokens: int = 128
+    runs: int = 3
+    graphs: str = "auto"
+    copy_mib: int = 0
+    seed: int = 0
+    out: str = ""
+
+    def validate(self) -> "Settings":
+        if self.arch not in ARCHS:
+            raise LPError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        for key, allowed in (("device", ("auto", "cpu", "cuda")), ("dtype", ("auto", "float32", "bfloat16", "float16")),
+                             ("graphs", ("auto", "true", "false"))):
+            if getattr(self, key) not in allowed:
+                raise LPError(f"{key} must be one of {'|'.join(allowed)}, got {getattr(self, key)!r}")
+        for key, low in (("prompt_len", 1), ("reps", 1), ("warmup", 0), ("new_tokens", 2), ("runs", 1),
+                         ("copy_mib", 0)):
+            if getattr(self, key) < low:
+                raise LPError(f"{key} must be >= {low}, got {getattr(self, key)}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise LPError("device=cuda, but torch sees no CUDA device")
+        if not self.tokens or min(self.tokens) < 1:
+            raise LPError(f"tokens must be step sizes >= 1, got {self.tokens}")
+        if self.prompt_len + self.new_tokens > ARCHS[self.arch].max_context:
+            raise LPError(f"prompt_len + new_tokens exceeds {self.arch}'s context here ({ARCHS[self.arch].max_context})")
+        return self
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        from lp.runtime import DTYPES
+
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return DTYPES[self.dtype]
+
+    @property
+    def use_graphs(self) -> bool:
+        return self.torch_device.type == "cuda" if self.graphs == "auto" else self.graphs == "true"
+
+
+HELP = {
+    "arch": f"architecture, random weights: {', '.join(ARCHS)} (default llama-7b)",
+    "device": "auto | cpu | cuda (auto: cuda when available)",
+    "dtype": "auto | float32 | bfloat16 | float16 (auto: bfloat16 on cuda, float32 on cpu)",
+    "prompt_len": "prefill tokens before every timed step and prompt length of the decode comparison (200)",
+    "tokens": f"causal step sizes T to time (default {','.join(map(str, DEFAULT_TOKENS))})",
+    "reps": "timed repetitions of each step and of the bandwidth copy (20)",
+    "warmup": "untimed repetitions of each step first; the first one captures its CUDA graph (3)",
+    "new_tokens": "tokens each decoder generates in the tokens/s comparison (128)",
+    "runs": "timed runs of each decoder in that comparison, after one warm-up each (3)",
+    "graphs": "auto | true | false: lp's fixed-shape steps, CUDA graphs on a GPU (auto: on cuda)",
+    "copy_mib": "MiB copied per bandwidth repetition (0: 2048 on cuda, 256 on cpu)",
+    "seed": "seed of the random weights and token ids (0)",
+    "out": "results directory (default $LP_CACHE/bench/steps/ARCH-DEVICE-DTYPE-TIME, $LP_CACHE = ~/.cache/lp)",
+}
+
+
+def parse(argv: list[str]) -> Settings:
+    """Settings from `key=value` arguments (`--help` prints every key)."""
+    epilog = "keys:\n" + "\n".join(f"  {k:<11} {HELP[k]}" for k in (f.name for f in dataclasses.fields(Settings)))
+    ap = argparse.ArgumentParser(prog="python -m lp.bench.steps", description=__doc__.splitlines()[0],
+                                 epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("settings", nargs="*", metavar="key=value")
+    types = {f.name: f.type for f in dataclasses.fields(Settings)}
+    values: dict = {}
+    for item in ap.parse_args(argv).settings:
+        key, eq, value = item.partition("=")
+        if not eq or key not in types:
+            ap.error(f"expected key=value with a key among {', '.join(types)}, got {item!r}")
+        try:
+            if types[key] == "int":
+                values[key] = int(value)
+            elif types[key].startswith("list"):
+                values[key] = [int(v) for v in value.strip("[]").split(",") if v.strip()]
+            else:
+                values[key] = value
+        except ValueError:
+            ap.error(f"{key} needs integers, got {value!r}")
+    return Settings(**values).validate()
+
+
+# ----------------------------------------------------------------------------------- model
+def build(arch: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    """A causal LM of `arch` with random weights, created directly on `device` (eval, sdpa)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    spec = ARCHS[arch]
+    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[spec.family]
+    config = config_cls(**spec.config, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    with device:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.eval()
+    # Every decoder must produce all its new tokens: a random model may emit eos anywhere.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _worker(model: torch.nn.Module, cfg: Settings):
+    """lp's Worker for `model`: the one place it is built, as its keyword arguments change."""
+    from lp.worker import Worker
+
+    return Worker(model, graphs=cfg.use_graphs)
+
+
+def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
+    """(parameter bytes, bytes a one-token forward reads): all parameters, less an input
+    embedding that is not also the output head (a token reads one row of it)."""
+    params = {p.data_ptr(): p for p in model.parameters()}.values()  # tied weights once
+    total = sum(p.numel() * p.element_size() for p in params)
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    skipped = 0 if emb.data_ptr() == head.data_ptr() else emb.numel() * emb.element_size()
+    return total, total - skipped
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ----------------------------------------------------------------------------------- timing
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, reps: int, warmup: int) -> list[float]:
+    """Seconds of each of `reps` calls of `fn` (after `warmup` untimed ones), device work included."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def copy_bandwidth(device: torch.device, mib: int, reps: int) -> float:
+    """Bytes per second of a device-to-device copy, counting bytes read and written (median)."""
+    src = torch.ones(mib << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = statistics.median(timed(lambda: dst.copy_(src), device, reps, warmup=2))
+    return 2 * src.numel() / seconds
+
+
+def _progress(message: str) -> None:
+    """One line per measurement on stderr: a run cut off by a time limit still leaves them."""
+    print(f"lp.bench.steps: {message}", file=sys.stderr, flush=True)
+
+
+def _percentiles(seconds: list[float]) -> dict:
+    p10, p50, p90 = np.percentile(seconds, [10, 50, 90]).tolist()
+    return {"median_ms": 1e3 * p50, "p10_ms": 1e3 * p10, "p90_ms": 1e3 * p90}
+
+
+def step_shapes(tokens: list[int]) -> list[tuple[dict, StepLayout]]:
+    """(label, layout) of every timed step: causal blocks of T tokens (logits for one row, as
+    W=auto's calibration), then the real lookahead steps of the ladder (all G candidates)."""
+    shapes = [({"kind": "causal", "W": None, "N": None, "G": None}, step_layout(T, 1, 2, range(0), 0))
+              for T in tokens]
+    shapes += [({"kind": "ladder", "W": W, "N": N, "G": G}, step_layout(1, W, N, range(W), G))
+               for W, N, G in LADDER]
+    return shapes
+
+
+@torch.inference_mode()
+def step_latencies(worker, prompt: torch.Tensor, cfg: Settings, vocab: int) -> list[dict]:
+    """Latency of each step shape after a prefill of `prompt` (steps write KV but never commit,
+    so every repetition runs at the same position)."""
+    shapes = step_shapes(cfg.tokens)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    worker.reset(len(prompt) + max(layout.size for _, layout in shapes))
+    worker.prefill(prompt)
+    rows = []
+    for label, layout in shapes:
+        ids = torch.randint(0, vocab, (layout.size,), generator=gen).to(worker.device)
+        x0 = len(prompt) + layout.m - 1  # the last pending token's position
+        seconds = timed(lambda: worker.step(ids, layout, x0).argmax().item(), worker.device, cfg.reps, cfg.warmup)
+        rows.append({**label, "tokens": layout.size, **_percentiles(seconds)})
+        _progress(f"{label['kind']} step, {layout.size} tokens: {rows[-1]['median_ms']:.3f} ms")
+    one = next((r["median_ms"] for r in rows if r["tokens"] == 1), None)
+    for r in rows:  # cost relative to a one-token step, as W=auto sees it
+        r["relative"] = r["median_ms"] / one if one else None
+    return rows
+
+
+def decode_rates(model: torch.nn.Module, worker, prompt: list[int], cfg: Settings) -> dict:
+    """Decoding tokens/s of lp `mode=ar`, eager and static-cache `generate` (medians of `runs`).
+
+    Decode time only: lp's clock starts after its prefill (the prompt minus its last token),
+    so all `new_tokens` come from decode steps; transformers' first forward (prompt -> first
+    token) is its prefill, so its rate counts the other new_tokens - 1 over the time after it."""
+    from lp.bench.decoders import HFGenerate
+    from lp.collective import Collective
+    from lp.config import DecodeConfig
+    from lp.decoder import Decoder
+
+    n = cfg.new_tokens
+    lp = Decoder(worker, Collective(device=worker.device), set(), ARCHS[cfg.arch].max_context)
+    ar = DecodeConfig(mode="ar", max_new_tokens=n)
+    eager = HFGenerate(model, [], 0, label="hf-eager")
+    static = HFGenerate(model, [], 0, label="hf-static", cache_implementation="static")
+
+    def run_lp() -> tuple[list[int], float]:
+        g = lp.generate(prompt, ar)
+        return g.output_ids, metrics.tokens_per_s(g.new_tokens, g.seconds)
+
+    def run_hf(d: HFGenerate) -> Callable[[], tuple[list[int], float]]:
+        def go() -> tuple[list[int], float]:
+            o = d.generate(prompt, n)
+            return o.output_ids, metrics.tokens_per_s(len(o.output_ids) - 1, o.decode_seconds)
+        return go
+
+    runners = {"lp_ar": run_lp, "hf_eager": run_hf(eager), "hf_static": run_hf(static)}
+    for name, go in runners.items():  # warm-up: kernels, CUDA graphs, static generate's compilation
+        _progress(f"{name} warm-up: {go()[1]:.1f} tok/s")
+    rates: dict[str, list[float]] = {k: [] for k in runners}
+    outputs: dict[str, list[int]] = {}
+    for _ in range(cfg.runs):  # interleaved, so drift (clocks, heat) hits every decoder alike
+        for name, go in runners.items():
+            outputs[name], rate = go()
+            rates[name].append(rate)
+            _progress(f"{name}: {rate:.1f} tok/s")
+    return {name: {"tok_s": statistics.median(r), "tok_s_runs": r, "new_tokens": len(outputs[name])}
+            for name, r in rates.items()} | {
+        "outputs_identical": {"lp_ar_vs_hf_eager": outputs["lp_ar"] == outputs["hf_eager"],
+                              "hf_static_vs_hf_eager": outputs["hf_static"] == outputs["hf_eager"]}}
+
+
+# ----------------------------------------------------------------------------------- run
+def run(cfg: Settings) -> dict:
+    """Measure everything and return the result document (not yet written)."""
+    device, dtype = cfg.torch_device, cfg.torch_dtype
+    copy_mib = cfg.copy_mib or (2048 if device.type == "cuda" else 256)
+    bandwidth = copy_bandwidth(device, copy_mib, cfg.reps)  # before the model takes the memory
+    _progress(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s on {device_name(device)}")
+    t0 = time.perf_counter()
+    model = build(cfg.arch, device, dtype, cfg.seed)
+    _progress(f"built {cfg.arch} ({dtype}) with random weights in {time.perf_counter() - t0:.1f} s")
+    params, read = weight_bytes(model)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(cfg.seed)
+    prompt = torch.randint(0, vocab, (cfg.prompt_len,), generator=gen)
+    worker = _worker(model, cfg)
+    steps = step_latencies(worker, prompt.to(device), cfg, vocab)
+    decode = decode_rates(model, worker, prompt.tolist(), cfg)
+    floor_tok_s = bandwidth / read
+    lp_tok_s = decode["lp_ar"]["tok_s"]
+    return {
+        "tool": "lp.bench.steps",
+        "weights": RANDOM_WEIGHTS,
+        "arch": cfg.arch,
+        "config": ARCHS[cfg.arch].config | {"family": ARCHS[cfg.arch].family},
+        "device": str(device),
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "graphs": cfg.use_graphs,
+        "settings": dataclasses.asdict(cfg),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "parameters": sum(p.numel() for p in {p.data_ptr(): p for p in model.parameters()}.values()),
+        "parameter_bytes": params,
+        "steps": steps,
+        "decode": decode,
+        "floor": {
+            "copy_mib": copy_mib,
+            "copy_bandwidth_bytes_per_s": bandwidth,
+            "weight_bytes_per_token": read,
+            "seconds_per_token": read / bandwidth,
+            "tok_s": floor_tok_s,
+        },
+        "ratios": {
+            "lp_ar_over_hf_static": lp_tok_s / decode["hf_static"]["tok_s"],
+            "lp_ar_over_hf_eager": lp_tok_s / decode["hf_eager"]["tok_s"],
+            "lp_ar_fraction_of_floor": lp_tok_s / floor_tok_s,
+        },
+    }
+
+
+def _opt(v: float | None, fmt: str) -> str:
+    return "" if v is None else format(v, fmt)
+
+
+def markdown(r: dict) -> str:
+    """The result as markdown: who and what measured, the step latency table, the decode rates."""
+    f, d = r["floor"], r["decode"]
+    lines = [
+        f"# lp step cost: {r['arch']} ({r['dtype']}) on {r['device_name']}",
+        "",
+        f"- weights: **{r['weights']}**",
+        f"- device: {r['device']} ({r['device_name']}); torch {r['torch']}; transformers {r['transformers']}; "
+        f"dtype {r['dtype']}; lp CUDA graphs: {str(r['graphs']).lower()}; {r['started']}",
+        f"- {r['parameters']:,} parameters, {r['parameter_bytes'] / 1e9:.3f} GB; a token's forward reads "
+        f"{f['weight_bytes_per_token'] / 1e9:.3f} GB of them",
+        f"- steps after a {r['settings']['prompt_len']}-token prefill; median, p10, p90 of "
+        f"{r['settings']['reps']} repetitions after {r['settings']['warmup']} warm-up(s)",
+        "",
+        "| step | W,N,G | tokens | median ms | p10 ms | p90 ms | x 1-token step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in r["steps"]:
+        shape = f"{s['W']},{s['N']},{s['G']}" if s["kind"] == "ladder" else ""
+        lines.append(f"| {s['kind']} | {shape} | {s['tokens']} | {s['median_ms']:.3f} | {s['p10_ms']:.3f} | "
+                     f"{s['p90_ms']:.3f} | {_opt(s['relative'], '.2f')} |")
+    n = r["settings"]["new_tokens"]
+    lines += [
+        "",
+        f"Decoding, {n} new tokens after the {r['settings']['prompt_len']}-token prompt (decode time only; median "
+        f"of {r['settings']['runs']} runs after a warm-up):",
+        "",
+        "| decoder | tok/s | runs |",
+        "|---|---|---|",
+    ]
+    names = {"lp_ar": "lp `mode=ar`", "hf_eager": "transformers `generate` (eager)",
+             "hf_static": "transformers `generate` (static cache)"}
+    for key, name in names.items():
+        lines.append(f"| {name} | {d[key]['tok_s']:.1f} | {', '.join(f'{x:.1f}' for x in d[key]['tok_s_runs'])} |")
+    ratios = r["ratios"]
+    lines += [
+        "",
+        f"- copy bandwidth: {f['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (bytes read + written, {f['copy_mib']} "
+        f"MiB buffer, median)",
+        f"- weight-read floor: {1e3 * f['seconds_per_token']:.3f} ms per token = {f['tok_s']:.1f} tok/s",
+        f"- lp `mode=ar`: {ratios['lp_ar_fraction_of_floor']:.1%} of the floor's tok/s; "
+        f"{ratios['lp_ar_over_hf_static']:.2f}x static-cache `generate`, {ratios['lp_ar_over_hf_eager']:.2f}x eager",
+        f"- outputs identical (informative only, random weights): lp vs eager "
+        f"{str(d['outputs_identical']['lp_ar_vs_hf_eager']).lower()}, static vs eager "
+        f"{str(d['outputs_identical']['hf_static_vs_hf_eager']).lower()}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict, path: Path) -> Path:
+    """Step latency (median, p10-p90 band) against step tokens, the ladder's shapes labelled,
+    and the weight-read floor as a line."""
+    from lp.bench.plots import _plt, _save
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    causal = [s for s in r["steps"] if s["kind"] == "causal"]
+    ladder = [s for s in r["steps"] if s["kind"] == "ladder"]
+    xs = [s["tokens"] for s in causal]
+    ax.plot(xs, [s["median_ms"] for s in causal], marker="o", label="causal block of T tokens (median)")
+    ax.fill_between(xs, [s["p10_ms"] for s in causal], [s["p90_ms"] for s in causal], alpha=0.25, label="p10-p90")
+    ax.scatter([s["tokens"] for s in ladder], [s["median_ms"] for s in ladder], marker="D", color="C3",
+               label="W=auto ladder step (W,N,G)", zorder=3)
+    for s in ladder:
+        ax.annotate(f"{s['W']},{s['N']},{s['G']}", (s["tokens"], s["median_ms"]), fontsize=7,
+                    xytext=(3, -9), textcoords="offset points")
+    ax.axhline(1e3 * r["floor"]["seconds_per_token"], color="grey", ls="--", lw=0.8,
+               label="weight-read floor (weights / copy bandwidth)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("step tokens")
+    ax.set_ylabel("step latency (ms)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{r['arch']} {r['dtype']} on {r['device_name']}\nrandom weights, timing only; "
+                 f"torch {r['torch']}, transformers {r['transformers']}", fontsize=9)
+    return _save(plt, fig, path)
+
+
+def write(r: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "steps.json").write_text(json.dumps(clean(r), indent=1, allow_nan=False) + "\n")
+    (out / "steps.md").write_text(markdown(r))
+    return [out / "steps.json", out / "steps.md", plot(r, out / "steps.png")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        cfg = parse(sys.argv[1:] if argv is None else argv)
+        r = run(cfg)
+    except LPError as e:
+        sys.exit(f"lp: error: {e}")
+    out = Path(cfg.out) if cfg.out else cache_dir() / "bench" / "steps" / (
+        f"{cfg.arch}-{r['device']}-{r['dtype']}-{time.strftime('%Y%m%d-%H%M%S')}")
+    paths = write(r, out)
+    print(markdown(r))
+    print(f"lp.bench.steps: results in {', '.join(map(str, paths))}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
