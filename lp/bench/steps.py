@@ -92,6 +92,7 @@ class Settings:
     new_tokens: int = 128
     runs: int = 3
     graphs: str = "auto"
+    attention: str = "auto"
     copy_mib: int = 0
     seed: int = 0
     out: str = ""
@@ -145,6 +146,7 @@ HELP = {
     "new_tokens": "tokens each decoder generates in the tokens/s comparison (128)",
     "runs": "timed runs of each decoder in that comparison, after one warm-up each (3)",
     "graphs": "auto | true | false: lp's fixed-shape steps, CUDA graphs on a GPU (auto: on cuda)",
+    "attention": "auto | sdpa | flex | split: lp's attention backend (auto: flex with graphs on cuda)",
     "copy_mib": "MiB copied per bandwidth repetition (0: 2048 on cuda, 256 on cpu)",
     "seed": "seed of the random weights and token ids (0)",
     "out": "results directory (default $LP_CACHE/bench/steps/ARCH-DEVICE-DTYPE-TIME, $LP_CACHE = ~/.cache/lp)",
@@ -197,7 +199,7 @@ def _worker(model: torch.nn.Module, cfg: Settings):
     """lp's Worker for `model`: the one place it is built, as its keyword arguments change."""
     from lp.worker import Worker
 
-    return Worker(model, graphs=cfg.use_graphs)
+    return Worker(model, graphs=cfg.use_graphs, attention=cfg.attention, max_seq_len=ARCHS[cfg.arch].max_context)
 
 
 def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
@@ -276,7 +278,7 @@ def step_latencies(worker, prompt: torch.Tensor, cfg: Settings, vocab: int) -> l
     so every repetition runs at the same position)."""
     shapes = step_shapes(cfg.tokens)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    worker.reset(len(prompt) + max(layout.size for _, layout in shapes))
+    worker.reset(len(prompt), max(layout.size for _, layout in shapes))
     worker.prefill(prompt)
     rows = []
     for label, layout in shapes:
@@ -364,6 +366,9 @@ def run(cfg: Settings) -> dict:
         "transformers": __import__("transformers").__version__,
         "dtype": str(dtype).removeprefix("torch."),
         "graphs": cfg.use_graphs,
+        "attention": worker.attention,
+        # per step size: compile + warm-up + CUDA graph capture, paid once per process
+        "capture_seconds": dict(worker.fixed.capture_seconds) if worker.fixed is not None else {},
         "settings": dataclasses.asdict(cfg),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "parameters": sum(p.numel() for p in {p.data_ptr(): p for p in model.parameters()}.values()),
