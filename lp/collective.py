@@ -1,9 +1,14 @@
 """The only communication of Lookahead Parallelism: one all-gather of a fixed-size integer
 tensor per step. A no-op for one rank; NCCL on GPUs, gloo on CPU; every collective has a
-timeout so a dead or hung rank never hangs the others forever."""
+timeout so a dead or hung rank never hangs the others forever.
+
+Ranks may outnumber the GPUs (one GPU, or CUDA_VISIBLE_DEVICES limiting them): NCCL refuses two
+ranks on one device, so they then share the GPUs round-robin and gather over gloo, the message
+(a few hundred bytes) staged through host memory."""
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -15,34 +20,62 @@ from lp.errors import LPError
 # torch >= 2.10 renamed all_gather_into_tensor; both gather into one flat buffer.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
+BACKENDS = ("auto", "nccl", "gloo")
+
+
+def plan_backend(backend: str, use_cuda: bool, local_rank: int, local_world: int, gpus: int) -> tuple[str, int | None]:
+    """The process-group backend and this rank's GPU index (None on CPU) for `backend`.
+
+    auto: NCCL with one GPU per rank, gloo when ranks share GPUs or run on CPU."""
+    if backend not in BACKENDS:
+        raise LPError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if not use_cuda:
+        if backend == "nccl":
+            raise LPError("backend=nccl needs CUDA; on CPU use backend=gloo (or auto)")
+        return "gloo", None
+    shared = local_world > gpus
+    if backend == "nccl" and shared:
+        raise LPError(f"backend=nccl needs one GPU per rank, but {local_world} ranks share {gpus} visible GPU(s): "
+                      f"use backend=auto or gloo, or fewer ranks")
+    return (("gloo" if shared else "nccl") if backend == "auto" else backend), local_rank % gpus
+
 
 class Collective:
     """Rank, world size, device, and the per-step all-gather. `calls` counts all-gathers."""
 
-    def __init__(self, rank: int = 0, world_size: int = 1, device: torch.device | None = None) -> None:
+    def __init__(self, rank: int = 0, world_size: int = 1, device: torch.device | None = None,
+                 staged: bool = False) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device or torch.device("cpu")
+        self.staged = staged  # gather on the host: gloo for messages that live on a GPU
         self.calls = 0
 
     @classmethod
-    def from_env(cls, device: str = "auto", timeout_s: float = 300.0) -> "Collective":
-        """Join the process group that torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK), or
-        run alone when it describes none."""
+    def from_env(cls, device: str = "auto", timeout_s: float = 300.0, backend: str = "auto") -> "Collective":
+        """Join the process group that torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK,
+        LOCAL_WORLD_SIZE), or run alone when it describes none."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
         use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
-        dev = torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
+        gpus = torch.cuda.device_count() if use_cuda else 0
+        kind, gpu = plan_backend(backend, use_cuda, local, local_world if world > 1 else 1, gpus)
+        dev = torch.device(f"cuda:{gpu}") if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(dev)
+        staged = use_cuda and kind == "gloo"
         if world > 1 and not dist.is_initialized():
+            if staged and rank == 0:
+                print(f"lp: {local_world} ranks share {gpus} GPU(s): the step's all-gather goes over gloo, "
+                      f"staged through host memory", file=sys.stderr)
             dist.init_process_group(
-                backend="nccl" if use_cuda else "gloo",
+                backend=kind,
                 timeout=timedelta(seconds=timeout_s),
-                device_id=dev if use_cuda else None,
+                device_id=dev if kind == "nccl" else None,
             )
-        return cls(rank, world, dev)
+        return cls(rank, world, dev, staged and world > 1)
 
     @property
     def is_main(self) -> bool:
@@ -53,6 +86,8 @@ class Collective:
         self.calls += 1
         if self.world_size == 1:
             return message[None]
+        if self.staged:  # the result stays on the host, where the caller reads it anyway
+            message = message.cpu()
         out = torch.empty(self.world_size * message.numel(), dtype=message.dtype, device=message.device)
         try:
             _all_gather(out, message.contiguous())

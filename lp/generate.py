@@ -29,7 +29,8 @@ def _prompts(cfg: DictConfig) -> list[Prompt]:
 def run(cfg: DictConfig) -> None:
     prompts = _prompts(cfg)  # validated on every rank before any collective
     lm = LP(cfg.model.name, dtype=cfg.model.dtype, device=cfg.device, timeout_s=cfg.timeout_s,
-            attention=cfg.attention, graphs=cfg.graphs, compile=cfg.compile, max_seq_len=cfg.max_seq_len)
+            attention=cfg.attention, graphs=cfg.graphs, compile=cfg.compile, max_seq_len=cfg.max_seq_len,
+            backend=cfg.backend)
     main = lm.comm.is_main
     settings = dict(W=cfg.W, N=cfg.N, G=cfg.G, max_new_tokens=cfg.max_new_tokens, mode=cfg.mode,
                     seed=cfg.seed, pool_from_prompt=cfg.pool_from_prompt,

@@ -56,13 +56,14 @@ class LP:
 
     def __init__(self, model: str = "smollm2-135m", *, dtype: str = "float32", device: str = "auto",
                  timeout_s: float = 300.0, attention: str = "auto", graphs: bool | str = "auto",
-                 compile: bool | str = "auto", max_seq_len: int | None = None) -> None:
+                 compile: bool | str = "auto", max_seq_len: int | None = None, backend: str = "auto") -> None:
         """`graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (lp/graph.py);
         `compile`: torch.compile them; `attention`: auto | sdpa | flex | split
-        (lp/attention.py); `max_seq_len`: KV cache slots, allocated once (lp/worker.py)."""
+        (lp/attention.py); `max_seq_len`: KV cache slots, allocated once (lp/worker.py);
+        `backend`: auto | nccl | gloo for the all-gather (lp/collective.py)."""
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        self.comm = Collective.from_env(device, timeout_s)
+        self.comm = Collective.from_env(device, timeout_s, backend)
         self.model, self.tokenizer = models.load(model, DTYPES[dtype], self.comm.device)
         worker = Worker(self.model, max_seq_len=max_seq_len, attention=attention, graphs=graphs, compile=compile)
         self.decoder = Decoder(worker, self.comm, self._eos_ids(), worker.max_seq_len)

@@ -182,7 +182,7 @@ def run_spec(spec_path: str) -> int:
     t0 = time.time()
     try:
         for name, path in spec["models"].items():
-            models[name] = LP(path, device="cpu", timeout_s=spec.get("timeout_s", 60))
+            models[name] = LP(path, device=spec.get("device", "cpu"), timeout_s=spec.get("timeout_s", 60))
         doc["load_seconds"] = time.time() - t0
         for task in spec["tasks"]:
             mine = dict(task, **task.get("per_rank", {}).get(str(rank), {}))

@@ -59,6 +59,7 @@ class Settings:
     compile: bool | str = "auto"
     attention: str = "auto"
     max_seq_len: int | None = None
+    backend: str = "auto"
     timeout_s: float = 600.0
     out_dir: str = "results/bench/latest"
     tag: str | None = None
@@ -162,7 +163,7 @@ def run(cfg: Mapping | Settings) -> dict | None:
     if s.dtype not in DTYPES:
         raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
     lm = LP(s.model, dtype=s.dtype, device=s.device, timeout_s=s.timeout_s, graphs=s.graphs, compile=s.compile,
-            attention=s.attention, max_seq_len=s.max_seq_len)
+            attention=s.attention, max_seq_len=s.max_seq_len, backend=s.backend)
     try:
         return _run(s, prompts, lm, Context(lm, models.resolve(s.model), DTYPES[s.dtype]), tqdm)
     finally:
