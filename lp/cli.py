@@ -15,12 +15,13 @@ from pathlib import Path
 import hydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from lp.errors import LPError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 ERROR_EXIT = 2  # lp rejected the input or the run (Python's own crashes exit 1)
+HELP_WIDTH = 24  # the KEY=DEFAULT column of --help
 RANK_GRACE_S = 3.0  # a non-zero rank waits this long before exiting on an error (see fail())
 
 _KEY = re.compile(r"^(?P<key>[A-Za-z_]\w*):\s*(?P<value>[^#]*?)\s*(?:#\s?(?P<doc>.*))?$")
@@ -44,7 +45,7 @@ def help_text(name: str) -> str:
     lines = (CONFIGS / f"{name}.yaml").read_text(encoding="utf-8").splitlines()
     out: list[str] = []
     body = False
-    width = max(len(f"{k}={v}") for k, v, _ in keys(name))
+    width = min(max(len(f"{k}={v}") for k, v, _ in keys(name)), HELP_WIDTH)
     for line in lines:
         if line.startswith("hydra:"):
             break
@@ -54,10 +55,15 @@ def help_text(name: str) -> str:
             continue
         m = _GROUP.match(line) or _KEY.match(line)
         if m and not line.lstrip().startswith("- override"):
-            out.append(f"  {m['key'] + '=' + m['value']:<{width}}  {m['doc'] or ''}".rstrip())
+            docs = [m["doc"] or ""]
             if m["key"] == "model":
                 names = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
-                out.append(f"  {'':<{width}}  named: {', '.join(names)}; model.dtype=float32 | bfloat16 | float16")
+                docs.append(f"named: {', '.join(names)}; model.dtype=float32 | bfloat16 | float16")
+            setting = f"{m['key']}={m['value']}"
+            if len(setting) > width:  # a long default gets a line of its own
+                out.append(f"  {setting}")
+                setting = ""
+            out += [f"  {setting if i == 0 else '':<{width}}  {doc}".rstrip() for i, doc in enumerate(docs)]
         elif line.startswith("# --- "):
             out += ["", line[6:].capitalize() + ":"]
         elif line.startswith("#"):
@@ -90,11 +96,9 @@ def fail(message: str) -> None:
 
 def _one_line(e: BaseException) -> str:
     """hydra's and omegaconf's messages span lines (with hints about HYDRA_FULL_ERROR)."""
-    text = " ".join(str(e).split("\n")[0].split())
-    cause = e.__cause__
-    if isinstance(cause, OmegaConfBaseException):
-        text += f" ({' '.join(str(cause).splitlines()[0].split())})"
-    return text
+    if isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)):
+        return f"unknown key '{e.__cause__.full_key}'"
+    return " ".join(str(e).split("\n")[0].split())
 
 
 def _model_override(argv: list[str]) -> list[str]:

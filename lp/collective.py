@@ -22,8 +22,7 @@ def check_device(device: str) -> None:
     if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", str(device)):
         raise LPError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise LPError(f"device={device} but torch {torch.__version__} sees no CUDA device on this machine; "
-                      "use device=cpu or device=auto")
+        raise LPError(f"device={device} but torch sees no CUDA device on this machine; use device=cpu or device=auto")
 
 
 class Collective:

@@ -57,7 +57,7 @@ class Settings:
     device: str = "auto"
     graphs: bool = False
     timeout_s: float = 600.0
-    out_dir: str = "results/bench/latest"
+    out_dir: str = "bench-results/latest"
     tag: str | None = None
     plots: bool = True
     progress: bool = True
