@@ -28,6 +28,11 @@ _KEY = re.compile(r"^(?P<key>[A-Za-z_]\w*):\s*(?P<value>[^#]*?)\s*(?:#\s?(?P<doc
 _GROUP = re.compile(r"^\s+-\s+(?P<key>[A-Za-z_]\w*):\s*(?P<value>[^#\s]+)\s*(?:#\s?(?P<doc>.*))?$")
 
 
+def model_names() -> list[str]:
+    """The named models of the `model` config group (configs/model/NAME.yaml)."""
+    return sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
+
+
 def keys(name: str) -> list[tuple[str, str, str | None]]:
     """(key, default as written, comment) for every key of configs/NAME.yaml, in file order,
     including config groups from its `defaults` list (not hydra's own)."""
@@ -57,8 +62,7 @@ def help_text(name: str) -> str:
         if m and not line.lstrip().startswith("- override"):
             docs = [m["doc"] or ""]
             if m["key"] == "model":
-                names = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
-                docs.append(f"named: {', '.join(names)}; model.dtype=float32 | bfloat16 | float16")
+                docs.append(f"named: {', '.join(model_names())}; model.dtype=float32 | bfloat16 | float16")
             setting = f"{m['key']}={m['value']}"
             if len(setting) > width:  # a long default gets a line of its own
                 out.append(f"  {setting}")
@@ -104,7 +108,7 @@ def _one_line(e: BaseException) -> str:
 def _model_override(argv: list[str]) -> list[str]:
     """`model=NAME` where NAME has no yaml in configs/model/ means `model.name=NAME`: a path or
     hub id, or an unknown name that lp.models then reports in one line."""
-    groups = {p.stem for p in (CONFIGS / "model").glob("*.yaml")}
+    groups = model_names()
     return [f"model.name={a[6:]}" if a.startswith("model=") and a[6:] not in groups else a for a in argv]
 
 

@@ -63,7 +63,7 @@ def summary(pid: object, r: Result) -> str:
     line = (f"[{pid}] {r.new_tokens} tokens in {r.steps} steps, S={r.compression:.2f}, "
             f"{r.tokens_per_s:.1f} tokens/s; {shape}, {ranks}")
     if r.predicted:
-        line += (f"; auto predicted S={r.predicted['S']:.2f}, {r.predicted['tokens_per_s']:.1f} tokens/s")
+        line += f"; auto predicted S={r.predicted['S']:.2f}, {r.predicted['tokens_per_s']:.1f} tokens/s"
     return line
 
 
