@@ -8,6 +8,7 @@ ranks on one device, so they then share the GPUs round-robin and gather over glo
 from __future__ import annotations
 
 import os
+import re
 import sys
 from datetime import timedelta
 
@@ -23,12 +24,16 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 BACKENDS = ("auto", "nccl", "gloo")
 
 
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise LPError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
 def plan_backend(backend: str, use_cuda: bool, local_rank: int, local_world: int, gpus: int) -> tuple[str, int | None]:
     """The process-group backend and this rank's GPU index (None on CPU) for `backend`.
 
     auto: NCCL with one GPU per rank, gloo when ranks share GPUs or run on CPU."""
-    if backend not in BACKENDS:
-        raise LPError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    check_backend(backend)
     if not use_cuda:
         if backend == "nccl":
             raise LPError("backend=nccl needs CUDA; on CPU use backend=gloo (or auto)")
@@ -38,6 +43,14 @@ def plan_backend(backend: str, use_cuda: bool, local_rank: int, local_world: int
         raise LPError(f"backend=nccl needs one GPU per rank, but {local_world} ranks share {gpus} visible GPU(s): "
                       f"use backend=auto or gloo, or fewer ranks")
     return (("gloo" if shared else "nccl") if backend == "auto" else backend), local_rank % gpus
+
+
+def check_device(device: str) -> None:
+    """Refuse a device this machine cannot use, before anything is loaded onto it."""
+    if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", str(device)):
+        raise LPError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise LPError(f"device={device} but torch sees no CUDA device on this machine; use device=cpu or device=auto")
 
 
 class Collective:
@@ -55,6 +68,7 @@ class Collective:
     def from_env(cls, device: str = "auto", timeout_s: float = 300.0, backend: str = "auto") -> "Collective":
         """Join the process group that torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK,
         LOCAL_WORLD_SIZE), or run alone when it describes none."""
+        check_device(device)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))

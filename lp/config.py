@@ -1,12 +1,14 @@
 """Decoding settings and their validation (one clear error per bad value)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lp.errors import LPError
 from lp.sampling import validate_sampling
 
 MODES = ("lookahead", "ar")
+AUTO_KEYS = ("W", "N", "G")  # may be "auto": lp/auto.py chooses them
 
 
 @dataclass(frozen=True)
@@ -44,3 +46,13 @@ class DecodeConfig:
     @property
     def lookahead(self) -> bool:
         return self.mode == "lookahead"
+
+
+def check_settings(settings: Mapping[str, object]) -> None:
+    """Validate `DecodeConfig` settings given by name, where W, N and G may be "auto"; an
+    unknown name is an LPError too."""
+    given = {k: v for k, v in settings.items() if not (k in AUTO_KEYS and v == "auto")}
+    try:
+        DecodeConfig(**given).validate()
+    except TypeError as e:
+        raise LPError(str(e)) from None

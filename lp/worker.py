@@ -30,18 +30,19 @@ def context_length(model: torch.nn.Module) -> int:
     return min(cfg.max_position_embeddings, window or cfg.max_position_embeddings)
 
 
-def _choose(flag: bool | str, default: bool, key: str) -> bool:
-    if flag == "auto":
-        return default
-    if not isinstance(flag, bool):
-        raise LPError(f"{key} must be true, false or auto, got {flag!r}")
-    return flag
+def check_options(attention_choice: str, graphs: bool | str, compile: bool | str, max_seq_len: int | None) -> None:
+    """Refuse engine settings that no model could take (checked before any model loads)."""
+    if attention_choice not in attention.BACKENDS:
+        raise LPError(f"attention must be one of {', '.join(attention.BACKENDS)}, got {attention_choice!r}")
+    for key, flag in (("graphs", graphs), ("compile", compile)):
+        if flag != "auto" and not isinstance(flag, bool):
+            raise LPError(f"{key} must be true, false or auto, got {flag!r}")
+    if max_seq_len is not None and (not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 2):
+        raise LPError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
 
 
 def _backend(choice: str, device: torch.device, lean: bool, fixed: bool) -> str:
     """The attention backend for `choice` (lp/attention.py), or a one-line reason it cannot run."""
-    if choice not in attention.BACKENDS:
-        raise LPError(f"attention must be one of {', '.join(attention.BACKENDS)}, got {choice!r}")
     if choice == "auto":
         if lean and device.type == "cuda":
             return "flex" if fixed else "split" if attention.flash_available() else "sdpa"
@@ -66,15 +67,14 @@ class Worker:
 
     def __init__(self, model: torch.nn.Module, *, max_seq_len: int | None = None, attention: str = "auto",
                  graphs: bool | str = "auto", compile: bool | str = "auto") -> None:
+        check_options(attention, graphs, compile, max_seq_len)
         param = next(model.parameters())
         self.model, self.device = model, param.device
-        if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 2):
-            raise LPError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
         self.max_seq_len = min(context_length(model), max_seq_len or DEFAULT_MAX_SEQ_LEN)
         capacity = self.max_seq_len + STEP_ROOM
         cuda = self.device.type == "cuda"
-        fixed = _choose(graphs, cuda, "graphs")
-        compiled = _choose(compile, cuda and fixed, "compile")
+        fixed = cuda if graphs == "auto" else graphs
+        compiled = cuda and fixed if compile == "auto" else compile
         lean = llama.supports(model)
         self.attention = _backend(attention, self.device, lean, fixed)
         self.kv = KVCache(*kv_shape(model), capacity, param.dtype, self.device)

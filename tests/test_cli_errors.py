@@ -113,17 +113,17 @@ def test_cli_success_writes_the_contract(cli_runs):
 # The same entry point in-process.
 
 
-def run_main(monkeypatch, *args: str) -> str:
-    """Run `python -m lp.generate chat=false ARGS` in-process; return its SystemExit message."""
+def run_main(monkeypatch, capsys, *args: str) -> str:
+    """Run `python -m lp.generate chat=false ARGS` in-process; return its one error line."""
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(sys, "argv", ["lp.generate", "chat=false", *args])
     with pytest.raises(SystemExit) as exc:
         lp.generate.main()
-    code = exc.value.code
-    assert isinstance(code, str), f"expected an error message, got exit code {code!r}"
-    assert code.startswith("lp: error: ") and "\n" not in code, code
-    return code
+    assert exc.value.code == 2, exc.value.code
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("lp: error: "), err
+    return err.strip()
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -133,34 +133,48 @@ def run_main(monkeypatch, *args: str) -> str:
     (["mode=beam"], "mode must be"),
     (["W=2.5"], "W must be"),
 ])
-def test_main_bad_settings(monkeypatch, tiny_model_dir, args, fragment):
-    msg = run_main(monkeypatch, f"model.name={tiny_model_dir}", f"prompt={SHORT}", *args)
+def test_main_bad_settings(monkeypatch, capsys, tiny_model_dir, args, fragment):
+    msg = run_main(monkeypatch, capsys, f"model.name={tiny_model_dir}", f"prompt={SHORT}", *args)
     assert fragment in msg
 
 
-def test_main_empty_prompt(monkeypatch, tiny_model_dir):
-    assert "empty prompt" in run_main(monkeypatch, f"model.name={tiny_model_dir}", "prompt=")
+@pytest.mark.parametrize("args,fragment", [
+    (["out=/nonexistent/dir/x.jsonl"], "the directory /nonexistent/dir does not exist"),
+    (["device=cuda:0"], "sees no CUDA device"),
+    (["device=tpu"], "device must be"),
+    (["attention=flash"], "attention must be"),
+    (["timeout_s=0"], "timeout_s must be"),
+    (["Wx=3"], "unknown key 'Wx'"),
+    (["W=[1"], "see --help"),
+    (["model=no-such-model"], "unknown model 'no-such-model'"),
+])
+def test_main_refuses_before_the_model_loads(monkeypatch, capsys, args, fragment):
+    """The default model is never needed: its cache points at an empty folder."""
+    monkeypatch.setenv("LP_CACHE", "/nonexistent/lp-cache")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert fragment in run_main(monkeypatch, capsys, f"prompt={SHORT}", *args)
 
 
-def test_main_missing_prompts_file(monkeypatch, tmp_path):
+def test_main_empty_prompt(monkeypatch, capsys, tiny_model_dir):
+    assert "empty prompt" in run_main(monkeypatch, capsys, f"model.name={tiny_model_dir}", "prompt=")
+
+
+def test_main_missing_prompts_file(monkeypatch, capsys, tmp_path):
     missing = tmp_path / "nope.jsonl"
-    msg = run_main(monkeypatch, f"prompts={missing}")
+    msg = run_main(monkeypatch, capsys, f"prompts={missing}")
     assert "not found" in msg and str(missing) in msg
 
 
-def test_main_prompt_and_prompts_both_or_neither(monkeypatch, tmp_path):
+def test_main_prompt_and_prompts_both_or_neither(monkeypatch, capsys, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "w1"}\n')
-    assert "exactly one" in run_main(monkeypatch, "prompt=w1", f"prompts={f}")
-    assert "exactly one" in run_main(monkeypatch)
+    assert "exactly one" in run_main(monkeypatch, capsys, "prompt=w1", f"prompts={f}")
+    assert "exactly one" in run_main(monkeypatch, capsys)
 
 
-def test_main_chat_without_template(monkeypatch, tiny_model_dir):
-    monkeypatch.setattr(sys, "argv", ["lp.generate", f"model.name={tiny_model_dir}", "chat=true",
-                                      f"prompt={SHORT}"])
-    with pytest.raises(SystemExit) as exc:
-        lp.generate.main()
-    assert "chat template" in str(exc.value.code)
+def test_main_chat_without_template(monkeypatch, capsys, tiny_model_dir):
+    msg = run_main(monkeypatch, capsys, f"model.name={tiny_model_dir}", "chat=true", f"prompt={SHORT}")
+    assert "chat template" in msg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +286,8 @@ def test_limit_zero_reads_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("bad_line,fragment", [
-    ('{"prompt": "x", oops}', "malformed"),
+    ('{"prompt": "x", oops}', "malformed JSON at column 17: Expecting property name"),
+    ('{"prompt": "a\tb"}', "malformed JSON at column 14: Invalid control character"),
     ('{"text": "no prompt key"}', "'prompt' or 'turns'"),
     ('{"turns": []}', "'prompt' or 'turns'"),
     ('{"prompt": ""}', "'prompt' or 'turns'"),

@@ -111,63 +111,83 @@ class Launch:
         return "\n".join(parts)
 
 
+def _ranks(case_dir: Path, nproc: int, exits: dict[int, tuple[int, float]]) -> list[RankRun]:
+    read = lambda name: (case_dir / name).read_text(errors="replace") if (case_dir / name).exists() else ""  # noqa: E731
+    return [RankRun(r, exits[r][0] if r in exits else None, read(f"{r}.out"), read(f"{r}.err"),
+                    exits[r][1] if r in exits else None) for r in range(nproc)]
+
+
+def _launch(ranks: list[RankRun], start: float, stdout: str = "", stderr: str = "") -> Launch:
+    done = [r for r in ranks if r.returncode is not None]
+    rc = None if len(done) < len(ranks) else next((r.returncode for r in ranks if r.returncode != 0), 0)
+    end = max(r.exit_time for r in ranks) if len(done) == len(ranks) else time.time()
+    return Launch(rc, start, end, stdout, stderr, ranks=ranks)
+
+
+def spawn_batch(cases: dict[str, list[str]], nproc: int, *, timeout: float, env: dict[str, str] | None = None,
+                cwd: str | Path = ROOT) -> dict[str, Launch]:
+    """Run several jobs at once, each `python ARGS` as `nproc` ranks forked from one `_zygote.py`
+    (so the imports are paid once for all of them); wait at most `timeout` seconds in all."""
+    base_env = child_env(env)
+    base_env.update(MASTER_ADDR="127.0.0.1")
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="lp-ranks-") as tmp:
+        tmp_path = Path(tmp)
+        spec = tmp_path / "cases.json"
+        spec.write_text(json.dumps({name: {"argv": argv, "port": free_port()} for name, argv in cases.items()}))
+        with open(tmp_path / "zygote.out", "w+") as zout, open(tmp_path / "zygote.err", "w+") as zerr:
+            proc = subprocess.Popen([PYTHON, ZYGOTE, tmp, str(nproc), "--batch", str(spec)], cwd=cwd,
+                                    env=base_env, stdout=zout, stderr=zerr, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                _kill_tree(proc)  # the zygote's session: it and the ranks it forked
+            zout.seek(0)
+            zerr.seek(0)
+            zygote_out, zygote_err = zout.read(), zerr.read()
+        launches = {}
+        for name in cases:
+            f = tmp_path / name / "exits.json"
+            exits = {int(r): (rc, t) for r, (rc, t) in json.loads(f.read_text()).items()} if f.exists() else {}
+            launches[name] = _launch(_ranks(tmp_path / name, nproc, exits), start, zygote_out, zygote_err)
+    return launches
+
+
 def spawn_ranks(args: list[str], nproc: int, *, timeout: float, env: dict[str, str] | None = None,
                 cwd: str | Path = ROOT, fork: bool = True) -> Launch:
     """Run `python ARGS` as `nproc` ranks of one job; wait at most `timeout` seconds.
 
     fork=True (default): one `_zygote.py` process imports torch/transformers/lp once and forks
     the ranks (saves seconds of CPU per rank); fork=False: one fresh interpreter per rank."""
-    port = str(free_port())
+    if fork:
+        return spawn_batch({"job": args}, nproc, timeout=timeout, env=env, cwd=cwd)["job"]
     base_env = child_env(env)
-    base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     start = time.time()
     deadline = start + timeout
     with tempfile.TemporaryDirectory(prefix="lp-ranks-") as tmp:
         tmp_path = Path(tmp)
         exits: dict[int, tuple[int, float]] = {}
-        if fork:
-            with open(tmp_path / "zygote.out", "w+") as zout, open(tmp_path / "zygote.err", "w+") as zerr:
-                proc = subprocess.Popen([PYTHON, ZYGOTE, tmp, str(nproc), *args], cwd=cwd, env=base_env,
-                                        stdout=zout, stderr=zerr, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
-                try:
-                    proc.wait(timeout=max(deadline - time.time(), 0))
-                except subprocess.TimeoutExpired:
-                    pass
-                finally:
-                    _kill_tree(proc)  # the zygote's session: it and the ranks it forked
-                zout.seek(0)
-                zerr.seek(0)
-                zygote_out, zygote_err = zout.read(), zerr.read()
-            if (tmp_path / "exits.json").exists():
-                exits = {int(r): (rc, t) for r, (rc, t) in json.loads((tmp_path / "exits.json").read_text()).items()}
-        else:
-            zygote_out = zygote_err = ""
-            procs = []
-            for r in range(nproc):
-                rank_env = dict(base_env, RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_RANK=str(r),
-                                LOCAL_WORLD_SIZE=str(nproc))
-                with open(tmp_path / f"{r}.out", "w") as out, open(tmp_path / f"{r}.err", "w") as err:
-                    procs.append(subprocess.Popen([PYTHON, *args], cwd=cwd, env=rank_env, stdout=out, stderr=err,
-                                                  stdin=subprocess.DEVNULL, start_new_session=True))
-            try:
-                while time.time() < deadline and len(exits) < nproc:
-                    for r, p in enumerate(procs):
-                        if r not in exits and p.poll() is not None:
-                            exits[r] = (p.returncode, time.time())
-                    time.sleep(0.05)
-            finally:
-                for p in procs:
-                    _kill_tree(p)  # only our own children; a no-op for those that exited
-        read = lambda name: (tmp_path / name).read_text(errors="replace") if (tmp_path / name).exists() else ""  # noqa: E731
-        ranks = [RankRun(r, exits[r][0] if r in exits else None, read(f"{r}.out"), read(f"{r}.err"),
-                         exits[r][1] if r in exits else None) for r in range(nproc)]
-    if len(exits) < nproc:
-        rc = None
-    else:
-        rc = next((r.returncode for r in ranks if r.returncode != 0), 0)
-    end = max(t for _, t in exits.values()) if len(exits) == nproc else time.time()
-    return Launch(rc, start, end, zygote_out, zygote_err, ranks=ranks)
+        procs = []
+        for r in range(nproc):
+            rank_env = dict(base_env, RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_RANK=str(r),
+                            LOCAL_WORLD_SIZE=str(nproc))
+            with open(tmp_path / f"{r}.out", "w") as out, open(tmp_path / f"{r}.err", "w") as err:
+                procs.append(subprocess.Popen([PYTHON, *args], cwd=cwd, env=rank_env, stdout=out, stderr=err,
+                                              stdin=subprocess.DEVNULL, start_new_session=True))
+        try:
+            while time.time() < deadline and len(exits) < nproc:
+                for r, p in enumerate(procs):
+                    if r not in exits and p.poll() is not None:
+                        exits[r] = (p.returncode, time.time())
+                time.sleep(0.05)
+        finally:
+            for p in procs:
+                _kill_tree(p)  # only our own children; a no-op for those that exited
+        return _launch(_ranks(tmp_path, nproc, exits), start)
 
 
 def torchrun(args: list[str], nproc: int, *, timeout: float, env: dict[str, str] | None = None,

@@ -1,6 +1,8 @@
 """Start P ranks by fork from one process that has already imported torch, transformers and lp.
 
     python _zygote.py OUT_DIR NPROC python-args...    (MASTER_ADDR / MASTER_PORT in the env)
+    python _zygote.py OUT_DIR NPROC --batch CASES.json
+
 
 Importing torch + transformers costs each fresh process seconds of CPU, which on a shared
 2-core machine dominates the suite; forked ranks share those imports (as with
@@ -8,6 +10,9 @@ torch.multiprocessing's "fork" start method). Each rank gets RANK / WORLD_SIZE /
 writes its stdout and stderr to OUT_DIR/{rank}.out|.err, and runs `python-args` as the
 interpreter would (`SCRIPT ARGS...` or `-m MODULE ARGS...`). The zygote reaps the ranks as they
 exit and records each one's exit code and exit time in OUT_DIR/exits.json.
+
+`--batch`: CASES.json maps case names to {"argv": python-args, "port": MASTER_PORT}; every
+case's NPROC ranks are forked at once, with OUT_DIR/CASE/ as that case's OUT_DIR.
 """
 from __future__ import annotations
 
@@ -69,28 +74,37 @@ def _run_rank(rank: int, nproc: int, out_dir: Path, argv: list[str]) -> int:
 
 def main() -> None:
     out_dir, nproc, argv = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    if argv[0] == "--batch":
+        cases = {Path(out_dir, name): case for name, case in json.loads(Path(argv[1]).read_text()).items()}
+    else:
+        cases = {out_dir: {"argv": argv}}
     sys.stdout.flush()
     sys.stderr.flush()
     pids = {}
-    for rank in range(nproc):
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = _run_rank(rank, nproc, out_dir, argv)
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        pids[pid] = rank
-    exits: dict[int, list] = {}
+    for case_dir, case in cases.items():
+        case_dir.mkdir(exist_ok=True)
+        if "port" in case:
+            os.environ["MASTER_PORT"] = str(case["port"])
+        for rank in range(nproc):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    code = _run_rank(rank, nproc, case_dir, case["argv"])
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            pids[pid] = (case_dir, rank)
+    exits: dict[Path, dict[int, list]] = {case_dir: {} for case_dir in cases}
     while pids:
         pid, status = os.waitpid(-1, 0)
         if pid in pids:
-            exits[pids.pop(pid)] = [os.waitstatus_to_exitcode(status), time.time()]
-            tmp = out_dir / "exits.json.tmp"
-            tmp.write_text(json.dumps(exits))
-            tmp.replace(out_dir / "exits.json")
+            case_dir, rank = pids.pop(pid)
+            exits[case_dir][rank] = [os.waitstatus_to_exitcode(status), time.time()]
+            tmp = case_dir / "exits.json.tmp"
+            tmp.write_text(json.dumps(exits[case_dir]))
+            tmp.replace(case_dir / "exits.json")
 
 
 if __name__ == "__main__":

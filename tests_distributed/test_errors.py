@@ -2,10 +2,13 @@
 mid-generation, a rank that hangs. Every launch has a hard time limit, so a hang fails here."""
 from __future__ import annotations
 
+import re
+import shlex
+
 import pytest
 
 from _cases import MISMATCH_IDS, WORLD_SIZES, completed
-from _launch import WORKER, spawn_ranks, torchrun
+from _launch import ROOT, WORKER, spawn_batch, spawn_ranks, torchrun
 
 FAULT_TIMEOUT_S = 10  # lp's collective timeout in the fault tests
 SLACK_S = 30  # scheduling slack on a shared 2-core machine
@@ -21,45 +24,67 @@ def _one_error_line(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("lp: error:")]
 
 
-@pytest.mark.parametrize("overrides,tuner", [(("W=0", "N=3", "G=3"), None), (("W=0",), "ar")],
-                         ids=["W=0-N=3-G=3", "W=0-auto-N-G-tuner-picks-ar"])
-def test_bad_input_every_rank_exits_with_one_error_line(tiny_text_model, overrides, tuner):
-    """W=0 reaches every rank after it joined the process group and loaded the model. Run as 2
-    plain ranks (no agent to kill the survivors): each rank must itself exit non-zero, quickly,
-    with one `lp: error:` line and no traceback.
+def readme_errors() -> dict[str, tuple[list[str], str]]:
+    """The README's list of bad inputs: {command: (python args, the error line it shows)}."""
+    block = re.search(r"```console\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)[1]
+    lines = block.splitlines()
+    cases = {}
+    for cmd, expected in zip(lines[::2], lines[1::2]):
+        assert cmd.startswith("$ python ") and expected.startswith("lp: error: "), (cmd, expected)
+        cases[cmd[2:]] = (shlex.split(cmd, comments=True)[2:], expected)  # after "$ python"
+    return cases
 
-    `W=0` alone leaves N and G at their default "auto"; an explicit bad W must still be an
-    error whatever the auto-tuner picks. The second case makes the tuner pick plain decoding
-    (which it does by timing on a loaded CPU; forced here so the test does not depend on load)."""
-    if tuner is None:
-        args, env = _cli(tiny_text_model, *overrides), None
-    else:
-        args, env = [WORKER, "--cli", *_cli(tiny_text_model, *overrides)[2:]], {"LP_TEST_TUNER": tuner}
-    launch = spawn_ranks(args, 2, timeout=HARD_LIMIT_S, env=env)
+
+README_ERRORS = readme_errors()
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tiny_text_model, tmp_path_factory):
+    """Every README bad input, plus a prompt beyond the context (known only after the model and
+    tokenizer load), as real CLI runs on 1 and 2 ranks, all at once. The README's files are in
+    the working directory; the model cache is empty, so a check after the model would fail."""
+    cwd = tmp_path_factory.mktemp("bad_input")
+    (cwd / "bad.jsonl").write_text('{"prompt": "ok"}\n{"prompt": "a\tb"}\n')
+    cases = {cmd: args for cmd, (args, _) in README_ERRORS.items()}
+    cases["too long"] = _cli(tiny_text_model, "max_new_tokens=1100")
+    env = {"LP_CACHE": str(cwd / "empty-cache"), "CUDA_VISIBLE_DEVICES": ""}
+    names = {f"case{i}": cmd for i, cmd in enumerate(cases)}
+    runs = {}
+    for P in (1, 2):
+        launches = spawn_batch({n: cases[cmd] for n, cmd in names.items()}, P, timeout=HARD_LIMIT_S, env=env,
+                               cwd=cwd)
+        runs.update({(names[n], P): launch for n, launch in launches.items()})
+    return runs
+
+
+@pytest.mark.parametrize("P", [1, 2])
+@pytest.mark.parametrize("cmd", [*README_ERRORS, "too long"])
+def test_bad_input_ends_with_one_line_from_rank_0(bad_input_runs, cmd, P):
+    """Each rank exits with code 2, quickly and without a traceback; rank 0 printed exactly the
+    README's error line, the other ranks nothing (under torchrun they would repeat it)."""
+    launch = bad_input_runs[cmd, P]
     assert not launch.timed_out, f"a rank hung on bad input:\n{launch.describe()}"
     assert launch.elapsed < 60, launch.describe()
+    expected = README_ERRORS[cmd][1] if cmd in README_ERRORS else "lp: error: prompt ("
     for r in launch.ranks:
-        assert r.returncode not in (0, None), launch.describe()
-        errors = _one_error_line(r.stderr)
-        assert len(errors) == 1 and "W must be an integer >= 1" in errors[0], f"rank {r.rank}:\n{r.stderr}"
+        assert r.returncode == 2, launch.describe()
         assert "Traceback" not in r.stderr, f"rank {r.rank}:\n{r.stderr}"
+        errors = _one_error_line(r.stderr)
+        if r.rank == 0:
+            assert len(errors) == 1 and errors[0].startswith(expected), f"{errors} != {expected}\n{r.stderr}"
+            assert r.stderr.strip().splitlines()[-1] == errors[0], r.stderr
+        else:
+            assert not errors, f"rank {r.rank}:\n{r.stderr}"
 
 
-def test_bad_input_under_torchrun_fails_fast(tiny_text_model):
-    """A missing prompts file, under torchrun: the job exits non-zero quickly. torchrun terminates
-    the other ranks as soon as one fails, so only the first failing rank is sure to have printed
-    its error: some rank printed exactly one `lp: error:` line, and no rank a traceback. (W=0 is
-    checked rank by rank above, without an agent in the way.)"""
-    expect = "prompts file not found"
-    args = [a for a in _cli(tiny_text_model, "prompts=/nonexistent/prompts.jsonl")[1:]
-            if not a.startswith("prompt=")]
-    launch = torchrun(args, 2, module=True, timeout=HARD_LIMIT_S)
-    assert launch.returncode not in (0, None), launch.describe()
-    assert launch.elapsed < 60, launch.describe()
-    printed = [_one_error_line(r.stderr) for r in launch.ranks]
-    assert any(len(e) == 1 and expect in e[0] for e in printed), launch.describe()
-    assert all(len(e) <= 1 for e in printed), launch.describe()
-    assert not any("Traceback" in r.stderr for r in launch.ranks), launch.describe()
+def test_bad_value_after_the_tuner_is_still_an_error(tiny_text_model):
+    """`W=0` alone leaves N and G to auto; an explicit bad W is an error whatever the tuner
+    would pick (forced to plain decoding here, as it picks by timing on a loaded CPU)."""
+    args, env = [WORKER, "--cli", *_cli(tiny_text_model, "W=0")[2:]], {"LP_TEST_TUNER": "ar"}
+    launch = spawn_ranks(args, 2, timeout=HARD_LIMIT_S, env=env)
+    assert [r.returncode for r in launch.ranks] == [2, 2], launch.describe()
+    assert _one_error_line(launch.ranks[0].stderr) == ["lp: error: W must be an integer >= 1, got 0"], launch.describe()
+    assert not _one_error_line(launch.ranks[1].stderr), launch.describe()
 
 
 @pytest.mark.parametrize("world_size", [p for p in WORLD_SIZES if p > 1])

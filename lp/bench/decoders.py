@@ -135,7 +135,8 @@ class LPDecoder(BenchDecoder):
         # lp's decode clock starts right after the prefill and runs r.seconds (same perf_counter clock).
         end = prefill_end[0] + r.seconds if prefill_end else time.perf_counter()
         lat = intervals(starts, max(end, starts[-1])) if starts else []
-        chosen = {"mode": r.mode, "W": r.W, "N": r.N, "G": r.G, "auto": r.auto} if r.auto else {}
+        chosen = {"mode": r.mode, "W": r.W, "N": r.N, "G": r.G, "auto": r.auto, "predicted": r.predicted} \
+            if r.auto else {}
         return DecodeOutput(list(r.output_ids), r.steps, r.prefill_seconds, r.seconds, lat,
                             list(r.accepted_per_step), sum(forward), chosen)
 

@@ -61,7 +61,7 @@ class Settings:
     max_seq_len: int | None = None
     backend: str = "auto"
     timeout_s: float = 600.0
-    out_dir: str = "results/bench/latest"
+    out_dir: str = "bench-results/latest"
     tag: str | None = None
     plots: bool = True
     progress: bool = True
@@ -143,7 +143,8 @@ def _row(p: datasets.BenchPrompt, ids: list[int], d: BenchDecoder, o: DecodeOutp
                        outside_forward=metrics.outside_forward(o.forward_seconds, o.decode_seconds))
         if o.chosen:  # W/N/G auto: the shape this prompt used
             row.update(W=o.chosen["W"], N=o.chosen["N"], G=o.chosen["G"], lp_mode=o.chosen["mode"],
-                       auto=o.chosen["auto"])
+                       auto=o.chosen["auto"], predicted_S=o.chosen["predicted"]["S"],
+                       predicted_tokens_per_s=o.chosen["predicted"]["tokens_per_s"])
     row["note"] = d.note
     row["status"] = status
     return row
