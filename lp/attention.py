@@ -30,6 +30,7 @@ FLEX_BLOCK = 128  # FlexAttention's tile; blocks past start + S are skipped whol
 
 
 def flash_available() -> bool:
+    """Whether the split backend can use flash-attn here."""
     return flash_attn_func is not None and torch.cuda.is_available()
 
 
@@ -73,12 +74,21 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, None].expand(Hkv, groups, K, D).reshape(Hkv * groups, K, D)
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q `[H, S, D]`, k/v `[Hkv, extent, D]`, mask `[1, 1, S, extent]` -> `[H, S, D]`."""
-    groups = q.shape[0] // k.shape[0]
-    if q.is_cuda:  # the kernel shares kv heads itself: no copy of the whole cache per layer
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale,
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """q `[H, S, D]`, k/v `[Hkv, extent, D]`, mask `[1, 1, S, extent]` (None: causal, with
+    extent == S) -> `[H, S, D]`."""
+    H, S, D = q.shape
+    groups = H // k.shape[0]
+    if mask is None:  # flash kernels take causal attention with shared kv heads as they are
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale,
                                               enable_gqa=groups > 1)[0]
+    if q.is_cuda:
+        # A bool mask with enable_gqa falls back to the math kernel (quadratic memory, kv heads
+        # copied). Folding each kv head's query group into the length keeps the memory-efficient
+        # kernel: [Hkv, groups * S] queries against [Hkv, extent] keys.
+        out = F.scaled_dot_product_attention(q.reshape(H // groups, groups * S, D)[None], k[None], v[None],
+                                             attn_mask=mask.repeat(1, 1, groups, 1), scale=scale)
+        return out.view(H, S, D)
     # On CPU, as transformers does with a mask: repeated kv heads (the same numerics as its path).
     out = F.scaled_dot_product_attention(q[None], _repeat_kv(k, groups)[None], _repeat_kv(v, groups)[None],
                                          attn_mask=mask, scale=scale)

@@ -27,9 +27,10 @@ class StepInputs:
     extent: int  # cache slots the attention reads: committed + S, or the whole cache at fixed shapes
     committed: int | None = None  # the committed length on the host (eager steps only)
     flex: FlexMask | None = None  # FlexAttention's block mask, at fixed shapes
+    causal: bool = False  # a prefill from an empty cache: `block` is causal and nothing is committed
 
 
-Forward = Callable[[StepInputs], torch.Tensor]
+Forward = Callable[[StepInputs], torch.Tensor]  # and `compiled()`: the same forward, compiled
 
 
 class TransformersForward:
@@ -38,6 +39,10 @@ class TransformersForward:
     def __init__(self, model: torch.nn.Module, kv: KVCache) -> None:
         self.body, self.head, self.kv = model.get_decoder(), model.get_output_embeddings(), kv
         self.cache = kv.as_transformers_cache()
+
+    def compiled(self) -> Forward:
+        """This forward compiled whole (transformers' modules have no per-layer entry of lp's)."""
+        return torch.compile(self, fullgraph=True, dynamic=False)
 
     def __call__(self, x: StepInputs) -> torch.Tensor:
         mask = dense_mask(self.kv.start, x.block, self.kv.capacity)  # the cache returns every slot

@@ -64,7 +64,12 @@ def device_layout(layout: StepLayout, device: torch.device, fixed: bool) -> Devi
     depth[:T] = layout.depth
     rows = np.zeros(S if fixed else R, dtype=np.int64)
     rows[:R] = layout.logit_rows
-    to = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    pinned = device.type == "cuda"  # a pageable host-to-device copy would wait for the device
+
+    def to(a: np.ndarray) -> torch.Tensor:
+        host = torch.from_numpy(a)
+        return (host.pin_memory() if pinned else host).to(device, non_blocking=pinned)
+
     return DeviceLayout(to(block), to(depth), to(rows), T, R)
 
 
@@ -88,6 +93,7 @@ class FixedSteps:
     """Runs steps through fixed-shape buckets of one forward and its KV cache."""
 
     def __init__(self, forward: Forward, kv: KVCache, device: torch.device, flex: bool, compile: bool) -> None:
+        """`compile`: run `forward.compiled()`, compiled once per bucket (and per worker)."""
         self.kv, self.device, self.flex = kv, device, flex
         self.capture = device.type == "cuda"
         if compile:
@@ -95,7 +101,7 @@ class FixedSteps:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             # Inductor's on-disk cache, kept with lp's models: later processes compile much faster.
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
-        self.run = torch.compile(forward, fullgraph=True, dynamic=False) if compile else forward
+        self.run = forward.compiled() if compile else forward
         self._buckets: dict[int, _Bucket] = {}
         self.capture_seconds: dict[int, float] = {}  # per bucket: compile (if any) + warm-up + capture
 

@@ -41,11 +41,12 @@ class KVCache:
         self.length = 0
         self.start.zero_()
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store a step's `[kv_heads, S, head_dim]` keys/values at slots `start .. start+S-1`."""
+    def write(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store a step's `[kv_heads, S, head_dim]` keys/values at slots `start .. start+S-1` of
+        one layer's buffers (passed in, so a compiled layer receives them as inputs)."""
         slots = self.start + torch.arange(k.shape[1], device=k.device)
-        self.k[layer].index_copy_(1, slots, k)
-        self.v[layer].index_copy_(1, slots, v)
+        k_cache.index_copy_(1, slots, k)
+        v_cache.index_copy_(1, slots, v)
 
     def commit(self, n: int) -> None:
         """Keep the KV of the first `n` tokens written by the last forward."""
@@ -75,7 +76,7 @@ class _Layer(CacheLayerMixin):
         pass  # the buffers exist from the start
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        self.kv.write(self.index, key_states[0], value_states[0])
+        self.kv.write(self.kv.k[self.index], self.kv.v[self.index], key_states[0], value_states[0])
         return self.kv.k[self.index][None], self.kv.v[self.index][None]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

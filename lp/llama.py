@@ -1,37 +1,76 @@
 """A lean forward for the Llama family (Llama, Mistral, Qwen2, SmolLM), in the manner of
-gpt-fast: one function over the layers, batch 1, the KV cache indexed by position, attention
+gpt-fast: one function per decoder layer, batch 1, the KV cache indexed by position, attention
 chosen per step. It reads the weights of the transformers model it is given (nothing is copied
 or patched), and its logits are checked against transformers' in the tests.
 
 Why not transformers' modules: their per-call bookkeeping (cache objects, mask preparation,
 generic kwargs) is host work on every layer, and the attention backends lp needs (a block mask
 that skips the unwritten cache, split attention) do not fit their interfaces at fixed shapes.
+
+Compiled, it is compiled per layer, not as a whole (regional compilation): every layer has the
+same shapes, so one compiled graph serves them all and compile time does not grow with depth;
+the CUDA graph around the whole step still removes the launches between layers.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from transformers.activations import ACT2FN
 
 from lp import attention
-from lp.forward import StepInputs
+from lp.forward import StepInputs, kv_shape
 from lp.kernels import linear
 from lp.kv import KVCache
 
 FAMILY = ("llama", "mistral", "qwen2")
+# RoPE types whose frequencies change with the sequence length: lp precomputes one table.
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
 def supports(model: torch.nn.Module) -> bool:
     """Whether `model` is a transformers model this forward reproduces exactly."""
     cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     return (cfg.model_type in FAMILY and getattr(cfg, "pretraining_tp", 1) == 1
-            and cfg.hidden_act in ACT2FN and hasattr(model, "model") and hasattr(model.model, "rotary_emb"))
+            and cfg.hidden_act in ACT2FN and rope.get("rope_type", "default") not in LENGTH_DEPENDENT_ROPE
+            and hasattr(model, "model") and hasattr(model.model, "rotary_emb"))
 
 
-def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+class _Layer(NamedTuple):
+    """One decoder layer's weights (biases may be None), read from the transformers modules."""
+
+    norm1: torch.Tensor
+    q: torch.Tensor
+    q_bias: torch.Tensor | None
+    k: torch.Tensor
+    k_bias: torch.Tensor | None
+    v: torch.Tensor
+    v_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    norm2: torch.Tensor
+    gate: torch.Tensor
+    gate_bias: torch.Tensor | None
+    up: torch.Tensor
+    up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+def _weights(layer: torch.nn.Module) -> _Layer:
+    a, m = layer.self_attn, layer.mlp
+    return _Layer(layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
+                  a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, a.o_proj.bias,
+                  layer.post_attention_layernorm.weight, m.gate_proj.weight, m.gate_proj.bias,
+                  m.up_proj.weight, m.up_proj.bias, m.down_proj.weight, m.down_proj.bias)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' RMSNorm, op for op (fp32 statistics, weight applied in the input dtype)."""
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -46,44 +85,58 @@ class LlamaForward:
     def __init__(self, model: torch.nn.Module, kv: KVCache, backend: str) -> None:
         cfg = model.config
         self.model, self.kv, self.backend = model, kv, backend
+        _, self.kv_heads, self.head_dim = kv_shape(model)
         self.heads = cfg.num_attention_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self.kv_heads = cfg.num_key_value_heads
         self.scale = self.head_dim ** -0.5
+        self.eps = cfg.rms_norm_eps
         self.act = ACT2FN[cfg.hidden_act]
-        # RoPE tables for every slot, from the model's own rotary module (all its scaling types).
         body = model.model
+        self.layers = [_weights(layer) for layer in body.layers]
+        # RoPE tables for every slot, from the model's own rotary module (all its fixed scalings).
         probe = body.embed_tokens.weight[:1]
         cos, sin = body.rotary_emb(probe, torch.arange(kv.capacity, device=probe.device)[None])
         self.cos, self.sin = cos[0], sin[0]
+        self.layer = self._layer
 
-    def _attend(self, q: torch.Tensor, layer: int, x: StepInputs, mask: torch.Tensor | None) -> torch.Tensor:
-        k, v = self.kv.k[layer], self.kv.v[layer]
+    def compiled(self) -> "LlamaForward":
+        """The same forward with each layer compiled (one graph for all layers per step size)."""
+        twin = LlamaForward.__new__(LlamaForward)
+        twin.__dict__.update(self.__dict__)
+        twin.layer = torch.compile(self._layer, fullgraph=True, dynamic=False)
+        return twin
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: StepInputs,
+                mask: torch.Tensor | None) -> torch.Tensor:
         if x.flex is not None:
             return attention.flex(q, k, v, x.flex, self.scale)
+        if x.causal:  # a prefill from an empty cache: plain causal attention over its own tokens
+            S = q.shape[1]
+            return attention.sdpa(q, k[:, :S], v[:, :S], None, self.scale)
         if self.backend == "split":
             return attention.split(q, k, v, x.committed, x.block, self.scale)
         return attention.sdpa(q, k[:, :x.extent], v[:, :x.extent], mask, self.scale)
 
+    def _layer(self, h: torch.Tensor, w: _Layer, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor, x: StepInputs, mask: torch.Tensor | None) -> torch.Tensor:
+        S, H, Hkv, D = h.shape[0], self.heads, self.kv_heads, self.head_dim
+        y = _rms_norm(h, w.norm1, self.eps)
+        q = linear(y, w.q, w.q_bias).view(S, H, D).transpose(0, 1)
+        k = linear(y, w.k, w.k_bias).view(S, Hkv, D).transpose(0, 1)
+        v = linear(y, w.v, w.v_bias).view(S, Hkv, D).transpose(0, 1)
+        self.kv.write(k_cache, v_cache, _rotate(k, cos, sin), v)
+        o = self._attend(_rotate(q, cos, sin), k_cache, v_cache, x, mask)
+        h = h + linear(o.transpose(0, 1).reshape(S, H * D), w.o, w.o_bias)
+        y = _rms_norm(h, w.norm2, self.eps)
+        return h + linear(self.act(linear(y, w.gate, w.gate_bias)) * linear(y, w.up, w.up_bias), w.down, w.down_bias)
+
     def __call__(self, x: StepInputs) -> torch.Tensor:
-        body, S = self.model.model, x.ids.shape[0]
-        H, Hkv, D = self.heads, self.kv_heads, self.head_dim
+        body = self.model.model
         mask = None
-        if x.flex is None and self.backend != "split":
+        if x.flex is None and not x.causal and self.backend != "split":
             mask = attention.dense_mask(self.kv.start, x.block, x.extent)
         cos, sin = self.cos[x.positions], self.sin[x.positions]
         h = body.embed_tokens.weight[x.ids]
-        for i, layer in enumerate(body.layers):
-            a, mlp = layer.self_attn, layer.mlp
-            y = _rms_norm(h, layer.input_layernorm)
-            q = linear(y, a.q_proj.weight, a.q_proj.bias).view(S, H, D).transpose(0, 1)
-            k = linear(y, a.k_proj.weight, a.k_proj.bias).view(S, Hkv, D).transpose(0, 1)
-            v = linear(y, a.v_proj.weight, a.v_proj.bias).view(S, Hkv, D).transpose(0, 1)
-            self.kv.write(i, _rotate(k, cos, sin), v)
-            o = self._attend(_rotate(q, cos, sin), i, x, mask)
-            h = h + linear(o.transpose(0, 1).reshape(S, H * D), a.o_proj.weight, a.o_proj.bias)
-            y = _rms_norm(h, layer.post_attention_layernorm)
-            h = h + linear(self.act(linear(y, mlp.gate_proj.weight, mlp.gate_proj.bias))
-                           * linear(y, mlp.up_proj.weight, mlp.up_proj.bias), mlp.down_proj.weight, mlp.down_proj.bias)
+        for w, k_cache, v_cache in zip(self.layers, self.kv.k, self.kv.v):
+            h = self.layer(h, w, k_cache, v_cache, cos, sin, x, mask)
         head = self.model.get_output_embeddings()
-        return linear(_rms_norm(h.index_select(0, x.rows), body.norm), head.weight, head.bias)
+        return linear(_rms_norm(h.index_select(0, x.rows), body.norm.weight, self.eps), head.weight, head.bias)

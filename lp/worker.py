@@ -3,8 +3,8 @@ no communication, and returns logits for the rows the step uses.
 
 The cache is allocated once, when the worker is built: `max_seq_len` committed tokens plus
 room for one step's speculative tokens after them. Steps run
-eagerly at their exact size (the CPU default: a few-token forward costs in proportion to its
-tokens there) or at fixed shapes, compiled and captured as CUDA graphs (the CUDA default;
+eagerly at their exact size (the CPU default: a few-token forward costs in proportion to its tokens
+there) or at fixed shapes, compiled and captured as CUDA graphs (the CUDA default;
 lp/graph.py).
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from lp import attention, llama
+from lp.attention import FLEX_BLOCK
 from lp.errors import LPError
 from lp.forward import Forward, StepInputs, TransformersForward, kv_shape
 from lp.graph import DeviceLayout, FixedSteps, bucket, device_layout
@@ -41,11 +42,12 @@ def check_options(attention_choice: str, graphs: bool | str, compile: bool | str
         raise LPError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
 
 
-def _backend(choice: str, device: torch.device, lean: bool, fixed: bool) -> str:
-    """The attention backend for `choice` (lp/attention.py), or a one-line reason it cannot run."""
+def _backend(choice: str, device: torch.device, lean: bool, fixed: bool, compiled: bool) -> str:
+    """The attention backend for `choice` (lp/attention.py); an LPError says why one cannot run."""
     if choice == "auto":
         if lean and device.type == "cuda":
-            return "flex" if fixed else "split" if attention.flash_available() else "sdpa"
+            # flex only compiled: uncompiled, it materialises scores over the whole cache
+            return "flex" if fixed and compiled else "split" if not fixed and attention.flash_available() else "sdpa"
         return "sdpa"
     if choice != "sdpa" and not lean:
         raise LPError(f"attention={choice} needs a Llama-family model ({', '.join(llama.FAMILY)})")
@@ -71,12 +73,13 @@ class Worker:
         param = next(model.parameters())
         self.model, self.device = model, param.device
         self.max_seq_len = min(context_length(model), max_seq_len or DEFAULT_MAX_SEQ_LEN)
-        capacity = self.max_seq_len + STEP_ROOM
+        # whole FlexAttention blocks: no partial block at the cache's end
+        capacity = -(-(self.max_seq_len + STEP_ROOM) // FLEX_BLOCK) * FLEX_BLOCK
         cuda = self.device.type == "cuda"
         fixed = cuda if graphs == "auto" else graphs
         compiled = cuda and fixed if compile == "auto" else compile
         lean = llama.supports(model)
-        self.attention = _backend(attention, self.device, lean, fixed)
+        self.attention = _backend(attention, self.device, lean, fixed, compiled)
         self.kv = KVCache(*kv_shape(model), capacity, param.dtype, self.device)
         self.forward: Forward = (llama.LlamaForward(model, self.kv, self.attention) if lean
                                  else TransformersForward(model, self.kv))
@@ -85,6 +88,7 @@ class Worker:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         # Step ids go to the device from pinned memory without blocking the host (CUDA only).
         self._staging = torch.empty(capacity, dtype=torch.long, pin_memory=True) if cuda else None
+        self._staged: torch.cuda.Event | None = None  # the last copy out of the staging buffer
         self._layouts: dict[StepLayout, DeviceLayout] = {}
 
     @property
@@ -114,10 +118,14 @@ class Worker:
         host = torch.from_numpy(ids)
         if self._staging is None:
             return host.to(self.device)
-        # The previous step's copy has finished: its all-gather was read before this step began.
+        if self._staged is not None:  # done long ago in practice: the last step was read since
+            self._staged.synchronize()
         staged = self._staging[:len(ids)]
         staged.copy_(host)
-        return staged.to(self.device, non_blocking=True)
+        out = staged.to(self.device, non_blocking=True)
+        self._staged = torch.cuda.Event()
+        self._staged.record()
+        return out
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
@@ -128,7 +136,7 @@ class Worker:
         block = torch.ones((T, T), dtype=torch.bool, device=self.device).tril_()
         positions = torch.arange(c, c + T, device=self.device)
         rows = torch.zeros(0, dtype=torch.long, device=self.device)
-        self.forward(StepInputs(ids, positions, block, rows, extent=c + T, committed=c))
+        self.forward(StepInputs(ids, positions, block, rows, extent=c + T, committed=c, causal=c == 0))
         self.kv.commit(T)
 
     @torch.inference_mode()

@@ -26,7 +26,7 @@ def model():
 
 
 def _prompts(n: int) -> list[list[int]]:
-    """n prompts of 6 to 120 tokens, each repeating itself (the pool finds n-grams)."""
+    """n prompts of 6 to 126 tokens, each repeating itself (the pool finds n-grams)."""
     return [make_prompt(i, 3 + (i * 7) % 40, 2 + i % 2) for i in range(n)]
 
 
@@ -44,7 +44,7 @@ def test_graphs_survive_many_prompts(model):
 
 
 def test_workers_of_different_cache_sizes_and_two_decoders(model):
-    small, large = Worker(model, max_seq_len=128), Worker(model, max_seq_len=512)
+    small, large = Worker(model, max_seq_len=160), Worker(model, max_seq_len=512)
     decoders = [Decoder(w, Collective(), set(), 512) for w in (small, large, Worker(model))]
     cfg = DecodeConfig(W=7, N=5, G=7, max_new_tokens=32)
     for prompt in _prompts(6):

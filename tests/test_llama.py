@@ -12,7 +12,7 @@ from lp.decoder import Decoder
 from lp.forward import TransformersForward
 from lp.llama import LlamaForward
 from lp.lookahead.mask import step_layout
-from lp.worker import STEP_ROOM, Worker
+from lp.worker import Worker
 from test_decoder import make_prompt
 
 VARIANTS = {
@@ -67,7 +67,7 @@ def test_cache_is_sized_once():
     model = build_tiny("llama")
     assert Worker(model).max_seq_len == TINY["max_position_embeddings"]
     w = Worker(model, max_seq_len=40)
-    assert w.max_seq_len == 40 and w.capacity == 40 + STEP_ROOM
+    assert w.max_seq_len == 40 and w.capacity == 640  # 40 + STEP_ROOM, in whole 128-slot blocks
     dec = Decoder(w, Collective(), set(), 512)
     from lp.errors import LPError
 

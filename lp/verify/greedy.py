@@ -33,4 +33,6 @@ def greedy_accept(y1: torch.Tensor, drafts: torch.Tensor, preds: torch.Tensor) -
     expect = torch.cat([y1.reshape(1, 1).expand(G, 1), preds], dim=1)
     matched = (drafts == expect[:, :-1]).long().cumprod(dim=1).sum(dim=1)
     best = torch.argmax(matched)  # first maximum: lowest candidate index wins ties
-    return Acceptance(best, matched[best], expect[best])
+    # index_select, not [best]: indexing with a device scalar reads it on the host (a sync)
+    pick = best.view(1)
+    return Acceptance(best, matched.index_select(0, pick)[0], expect.index_select(0, pick)[0])
