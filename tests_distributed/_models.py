@@ -6,7 +6,9 @@ from pathlib import Path
 
 import torch
 
-REAL_MODEL = Path.home() / ".cache" / "lp" / "models" / "smollm2-135m"
+from lp.models import cache_dir
+
+REAL_MODEL = cache_dir() / "models" / "smollm2-135m"  # where `python -m lp.models fetch` puts it
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 ARCHS = ("llama", "qwen2", "mistral")
 
