@@ -10,15 +10,14 @@ on the tiny models."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from _cases import completed
 from _launch import run_api_worker
 from _models import REAL_MODEL, greedy, load
+from lp.bench.datasets import SPEC_BENCH
 
-SPEC_BENCH = Path("/work/shared/data/spec_bench/question.jsonl")
 WORLD_SIZES = (2,)
 CONFIGS = ((3, 3, 3), (5, 7, 7))
 N_PROMPTS = 2

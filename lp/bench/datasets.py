@@ -27,7 +27,8 @@ from lp.models import cache_dir
 from lp.prompts import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+# the project's copy beside the repository, or where LP_SPEC_BENCH points (machines without it)
+SPEC_BENCH = Path(os.environ.get("LP_SPEC_BENCH", ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"))
 SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
 
