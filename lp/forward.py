@@ -34,7 +34,8 @@ Forward = Callable[[StepInputs], torch.Tensor]  # and `compiled()`: the same for
 
 
 class TransformersForward:
-    """A step through a transformers model's own modules (any causal LM that takes 4D masks)."""
+    """A step through a transformers model's own modules (any causal LM that takes 4D masks),
+    attending over the step's `extent` of the cache."""
 
     def __init__(self, model: torch.nn.Module, kv: KVCache) -> None:
         self.body, self.head, self.kv = model.get_decoder(), model.get_output_embeddings(), kv
@@ -45,7 +46,8 @@ class TransformersForward:
         return torch.compile(self, fullgraph=True, dynamic=False)
 
     def __call__(self, x: StepInputs) -> torch.Tensor:
-        mask = dense_mask(self.kv.start, x.block, self.kv.capacity)  # the cache returns every slot
+        self.cache.extent = x.extent
+        mask = dense_mask(self.kv.start, x.block, x.extent)
         out = self.body(input_ids=x.ids[None], position_ids=x.positions[None], attention_mask=mask,
                         past_key_values=self.cache, use_cache=True)
         return self.head(out.last_hidden_state[0].index_select(0, x.rows))

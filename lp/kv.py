@@ -61,26 +61,27 @@ class KVCache:
 
 
 class _Layer(CacheLayerMixin):
-    """One layer's view for transformers' attention modules: write at `start`, return every slot
-    (the step's mask hides the unwritten and speculative ones)."""
+    """One layer's view for transformers' attention modules: write at `start`, return the first
+    `extent` slots (the step's mask hides the unwritten and speculative ones among them)."""
 
     is_sliding = False
     is_compileable = True
 
-    def __init__(self, kv: KVCache, index: int) -> None:
+    def __init__(self, owner: "_TransformersCache", index: int) -> None:
         super().__init__()
-        self.kv, self.index = kv, index
+        self.owner, self.kv, self.index = owner, owner.kv, index
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         pass  # the buffers exist from the start
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        self.kv.write(self.kv.k[self.index], self.kv.v[self.index], key_states[0], value_states[0])
-        return self.kv.k[self.index][None], self.kv.v[self.index][None]
+        k, v = self.kv.k[self.index], self.kv.v[self.index]
+        self.kv.write(k, v, key_states[0], value_states[0])
+        return k[None, :, :self.owner.extent], v[None, :, :self.owner.extent]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.kv.capacity, 0
+        return self.owner.extent, 0
 
     def get_seq_length(self) -> int:
         return self.kv.length
@@ -91,4 +92,6 @@ class _Layer(CacheLayerMixin):
 
 class _TransformersCache(Cache):
     def __init__(self, kv: KVCache) -> None:
-        super().__init__(layers=[_Layer(kv, i) for i in range(len(kv.k))])
+        self.kv = kv
+        self.extent = kv.capacity  # slots the next forward attends over; its caller sets it
+        super().__init__(layers=[_Layer(self, i) for i in range(len(kv.k))])
