@@ -27,7 +27,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(frozen=True)
 class Result:
-    """One prompt's generation, as written to the output JSONL (DESIGN.md section 5)."""
+    """One prompt's generation, as written to the output JSONL (docs/design.md section 5)."""
 
     prompt_ids: list[int]
     output_ids: list[int]

@@ -1,5 +1,5 @@
 """`torchrun --nproc_per_node P -m lp.generate ... out=FILE`: rank 0 alone writes the JSONL,
-one line per prompt with the contract fields (DESIGN.md section 5), world_size == P, and the
+one line per prompt with the contract fields (docs/design.md section 5), world_size == P, and the
 output is transformers' greedy output."""
 from __future__ import annotations
 

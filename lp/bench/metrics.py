@@ -3,7 +3,7 @@ of tokens accepted per step, step-latency statistics, speedup against the autore
 baseline of the same run, exactness against the greedy reference, and per-group aggregation of
 result rows.
 
-Conventions (DESIGN.md section 1):
+Conventions (docs/design.md section 1):
 - S = generated tokens / decoding steps. For lp a step is one forward of the step layout (its
   prefill is separate and not a step); for transformers decoders a step is one model forward,
   the first of which (prompt -> first token) is also timed as their prefill.
