@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -126,6 +127,40 @@ def quiet_third_party() -> None:
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)
 
 
+def _nproc(argv: list[str]) -> int:
+    """The `nproc=P` of the command line (1 when absent; checked by the config otherwise)."""
+    for a in argv:
+        if a.startswith("nproc="):
+            try:
+                return int(a[6:])
+            except ValueError:
+                fail(f"nproc must be an integer >= 1, got {a[6:]!r}")
+    return 1
+
+
+def launch(module: str, nproc: int, argv: list[str]) -> int:
+    """Run `module` on `nproc` local ranks under torchrun and return its exit status. When a
+    rank refuses with lp's error line, what torchrun prints after it (its report of the failed
+    ranks, a traceback of its own) says nothing more, so it is dropped and lp's line is the
+    last one; a crash keeps torchrun's whole report."""
+    if nproc < 1:
+        fail(f"nproc must be an integer >= 1, got {nproc}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", module, *argv]
+    env = {"OMP_NUM_THREADS": "1", **os.environ}  # torchrun's own default, without its banner
+    error = None
+    with subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, bufsize=1, env=env) as p:
+        for line in p.stderr:
+            if error is None and line.startswith("lp: error:"):
+                error = line
+            elif error is None:
+                sys.stderr.write(line)
+    if error is not None:
+        sys.stderr.write(error)
+        return ERROR_EXIT
+    return p.returncode
+
+
 def entry(config_name: str, task: Callable[[DictConfig], None]) -> Callable[[], None]:
     """The `main()` of a CLI: hydra composes configs/CONFIG_NAME.yaml with the command line
     and calls `task`; an LPError from it, or a hydra or omegaconf error about the command line,
@@ -139,6 +174,9 @@ def entry(config_name: str, task: Callable[[DictConfig], None]) -> Callable[[], 
     hydra_main = hydra.main(config_path=str(CONFIGS), config_name=config_name, version_base=None)(job)
 
     def main() -> None:
+        nproc = _nproc(sys.argv[1:])
+        if nproc != 1 and "RANK" not in os.environ:  # lp starts the ranks itself
+            sys.exit(launch(f"lp.{config_name}", nproc, sys.argv[1:]))
         # hydra then raises its errors to us instead of printing them with a hint.
         os.environ["HYDRA_FULL_ERROR"] = "1"
         sys.argv[1:] = _model_override(sys.argv[1:])

@@ -140,3 +140,20 @@ def test_hung_rank_fails_the_job_within_the_timeout(tiny_text_model, tmp_path):
     waited = launch.end - hung
     assert FAULT_TIMEOUT_S - 1 < waited < FAULT_TIMEOUT_S + SLACK_S, \
         f"the job ended {waited:.1f}s after rank 1 hung (timeout_s={FAULT_TIMEOUT_S})\n{launch.describe()}"
+
+
+def test_lp_started_ranks_end_with_lps_error_line(tmp_path):
+    """`nproc=2`: lp runs torchrun itself, and its one error line comes last, after torchrun's
+    report of the failed ranks."""
+    import subprocess
+
+    from _launch import PYTHON, child_env
+
+    proc = subprocess.run([PYTHON, "-m", "lp.generate", "nproc=2", "prompt=Hi", "W=0"], cwd=tmp_path,
+                          env=child_env({"CUDA_VISIBLE_DEVICES": ""}), capture_output=True, text=True,
+                          timeout=HARD_LIMIT_S)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert _one_error_line(proc.stderr) == ["lp: error: W must be an integer >= 1, got 0"], proc.stderr
+    assert lines[-1] == "lp: error: W must be an integer >= 1, got 0", proc.stderr
+    assert "Traceback" not in proc.stderr
