@@ -16,7 +16,7 @@ from transformers.generation.logits_process import (TemperatureLogitsWarper, Top
 
 from lp.errors import LPError
 from lp.sampling import uniforms, validate_sampling, warp
-from lp.lookahead.tree import chains
+from lp.lookahead.tree import build_tree, chains
 from lp.verify.sampling import FirstLevel, Sampled, alive_after, sample_accept, sample_first_level, uniforms_needed
 from unit_helpers import chain_accept, chain_continue, chain_sample
 
@@ -459,6 +459,28 @@ def _lookahead_step(k):
     return step_fn
 
 
+def tree_inputs(ctx: tuple):
+    """The same drafts as one trie, plus a 1-token draft and a 3-token one (mixed lengths)."""
+    p_x0, d, _ = step_inputs(ctx)
+    drafts = [tuple(r) for r in d.tolist()]
+    if drafts:
+        drafts = [drafts[0][:1], drafts[-1] + (ranked(ctx + drafts[-1])[0],)] + drafts
+    tree = build_tree(drafts, budget=100)
+    paths: list[tuple] = []
+    for i, p in enumerate(tree.parents):
+        paths.append((paths[p] if p >= 0 else ()) + (int(tree.tokens[i]),))
+    p_nodes = torch.stack([model(ctx + q) for q in paths]) if paths else torch.zeros(0, V_STAT, dtype=torch.float64)
+    return p_x0, tree, p_nodes
+
+
+def _tree_step(k):
+    def step_fn(ctx, step):
+        p_x0, tree, p_nodes = tree_inputs(ctx)
+        res = sample_accept(p_x0, tree, p_nodes, uniforms(SEED, k, step, uniforms_needed(3)))
+        return res.tokens[:res.n].tolist()
+    return step_fn
+
+
 def _literal_step(rng, **wrong):
     draw, sample = fresh(rng)
 
@@ -481,6 +503,9 @@ def test_distribution_exact_chi_square():
     # (b) repeated sample_accept steps with fixed adversarial drafts, stream k per sample
     ours = histogram(first3(_lookahead_step(k)) for k in range(n))
     assert chi2_pvalue(ours, expected, n) > ALPHA
+    # the same walk on a trie of drafts of mixed lengths (shared prefixes verified once)
+    tree = histogram(first3(_tree_step(k)) for k in range(n))
+    assert chi2_pvalue(tree, expected, n) > ALPHA
     # the paper's pseudocode with a fresh uniform per acceptance test passes too
     rng = random.Random(2)
     literal = histogram(first3(_literal_step(rng)) for _ in range(n))
