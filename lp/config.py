@@ -9,6 +9,7 @@ from lp.sampling import validate_sampling
 
 MODES = ("lookahead", "ar")
 AUTO_KEYS = ("W", "N", "G")  # may be "auto": lp/auto.py chooses them
+DRAFTS = ("pool", "pool+text")
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,13 @@ class DecodeConfig:
     `pool_from_prompt` seeds the n-gram pool with the prompt's own n-grams and
     `pool_from_output` adds those of the generated text as it grows. `temperature` 0 is greedy;
     above 0, tokens are sampled from the model's distribution (after `top_k`, `top_p`) exactly,
-    by the paper's Algorithm 4; the lookahead branch and the pool stay greedy."""
+    by the paper's Algorithm 4; the lookahead branch and the pool stay greedy.
+
+    `drafts`: where verification candidates come from: `pool` (the n-gram pool, N-1 tokens
+    each) or `pool+text` (also continuations of the text's longest suffix matches, up to
+    `draft_len` tokens). `tree`: verify candidates that share a prefix once (a token tree);
+    false: G-style unshared chains. `budget`: verification tokens per step (None: G*(N-1), the
+    classic branch's size, so a shape keeps its cost)."""
 
     W: int = 5
     N: int = 3
@@ -32,6 +39,10 @@ class DecodeConfig:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    drafts: str = "pool+text"
+    tree: bool = True
+    budget: int | None = None
+    draft_len: int = 10
 
     def validate(self) -> "DecodeConfig":
         if self.mode not in MODES:
@@ -41,7 +52,25 @@ class DecodeConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise LPError(f"{key} must be an integer >= {low}, got {value!r}")
         validate_sampling(self.temperature, self.top_k, self.top_p)
+        if self.drafts not in DRAFTS:
+            raise LPError(f"drafts must be one of {DRAFTS}, got {self.drafts!r}")
+        if not isinstance(self.tree, bool):
+            raise LPError(f"tree must be true or false, got {self.tree!r}")
+        for key in ("budget", "draft_len"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise LPError(f"{key} must be an integer >= 0, got {value!r}")
         return self
+
+    @property
+    def verify_budget(self) -> int:
+        """Verification tokens per step."""
+        return self.G * (self.N - 1) if self.budget is None else self.budget
+
+    @property
+    def max_draft(self) -> int:
+        """The longest draft a step verifies (N-1 from the pool, `draft_len` from the text)."""
+        return max(self.N - 1, self.draft_len if self.drafts == "pool+text" else 0)
 
     @property
     def lookahead(self) -> bool:

@@ -15,24 +15,30 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool, step_layout
+from lp.lookahead.drafts import text_drafts
+from lp.lookahead.tree import DraftTree, build_tree
 from lp.message import merge, pack
 from lp.partition import partition
 from lp.sampling import uniforms, warp
 from lp.verify import Acceptance, greedy_accept, sample_continue, sample_first_level
+from lp.verify.sampling import uniforms_needed
 from lp.worker import Worker
 
 _CHECK_MOD = 2**31 - 1
+TEXT_DRAFTS = 4  # text continuations per step (the budget decides how many fit)
 
 
 @dataclass
 class Generation:
-    """One sequence's result. `accepted` holds the tokens committed by each step."""
+    """One sequence's result. `accepted` holds the tokens committed by each step,
+    `step_tokens` the tokens of this rank's forward in each step."""
 
     output_ids: list[int]
     steps: int
     prefill_seconds: float
     seconds: float
     accepted: list[int] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -52,23 +58,35 @@ def _fingerprint(*parts: object) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-def _sampled_accept(cfg: DecodeConfig, x0_logits: torch.Tensor, first_tokens: np.ndarray, mine: range,
-                    cand_tokens: torch.Tensor, cand_logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, Acceptance]:
+def _drafts(cfg: DecodeConfig, pool: NGramPool, out: np.ndarray) -> list[tuple[int, ...]]:
+    """The step's candidates, best first: the text's longest-suffix continuations, then the
+    pool's n-grams under x0, newest first (duplicates dropped)."""
+    ranked = text_drafts(out, cfg.draft_len, TEXT_DRAFTS) if cfg.drafts == "pool+text" else []
+    ranked += reversed(pool.lookup(int(out[-1])))
+    return list(dict.fromkeys(ranked))
+
+
+def _sampled_accept(cfg: DecodeConfig, x0_logits: torch.Tensor, tree: DraftTree, mine: range,
+                    node_logits: torch.Tensor, u: torch.Tensor, width: int) -> tuple[torch.Tensor, Acceptance]:
     """Sampling verification (Algorithm 4) on one rank. Every rank decides the first token from
-    all candidates' first draft tokens (the pool is replicated); the rank holding the accepted
-    group walks on. Returns (first token, acceptance) shaped like the greedy result for `pack`."""
+    the tree's root tokens (the drafts are replicated); the rank holding the accepted roots'
+    subtrees walks on. Returns (first token, acceptance) shaped like the greedy result for `pack`."""
     warp_ = lambda x: warp(x, cfg.temperature, cfg.top_k, cfg.top_p)  # noqa: E731
-    first = sample_first_level(warp_(x0_logits), torch.from_numpy(first_tokens), u)
+    roots = tree.roots
+    first = sample_first_level(warp_(x0_logits), torch.from_numpy(tree.tokens[roots]), u)
     token = x0_logits.new_tensor(first.token, dtype=torch.long)
-    N = cand_tokens.shape[1] + 1
-    local = np.flatnonzero(first_tokens[mine.start:mine.stop] == first.token) if first.accepted else []
-    if len(local) == 0:  # the step commits the first token alone: the no-candidate result
-        return token, greedy_accept(token, cand_tokens[:0], cand_tokens[:0])
-    alive = torch.from_numpy(local).to(cand_tokens.device)
-    p_cand = warp_(cand_logits.view(-1, N - 1, cand_logits.shape[-1]).index_select(0, alive))
-    result = sample_continue(first.token, cand_tokens.index_select(0, alive), p_cand, u)
-    # The lowest alive candidate stands for the group: a rule fixed before the outcome is seen.
-    return token, Acceptance(alive[0], token.new_tensor(result.n - 1), result.tokens)
+    alive = roots[(tree.tokens[roots] == first.token) & (roots >= mine.start) & (roots < mine.stop)] \
+        if first.accepted else roots[:0]
+    if len(alive) == 0:  # the step commits the first token alone: the no-candidate result
+        none = token.new_zeros(0)
+        return token, greedy_accept(token, none, none, none, none.bool().view(0, 0), none, width)
+    # the alive roots are adjacent (build_tree groups them) and their subtrees whole on this rank
+    start = int(alive[0])
+    stop = int(roots[roots > alive[-1]][0]) if (roots > alive[-1]).any() else tree.size
+    p_nodes = warp_(node_logits[start - mine.start:stop - mine.start])
+    result = sample_continue(first.token, tree.slice(start, stop), p_nodes, u, width)
+    # The lowest alive root stands for the group: a rule fixed before the outcome is seen.
+    return token, Acceptance(token.new_tensor(start - mine.start), token.new_tensor(result.n - 1), result.tokens)
 
 
 class Decoder:
@@ -102,8 +120,10 @@ class Decoder:
                           f"{self.max_context} tokens this model decodes (its context, or max_seq_len)")
         self._handshake(prompt_ids, cfg)
         W, N, G = (cfg.W, cfg.N, cfg.G) if cfg.lookahead else (0, 2, 0)
+        budget = cfg.verify_budget if cfg.lookahead else 0
+        width = min(cfg.max_draft, budget) + 1  # the most tokens a step commits
         P, rank, dev = self.comm.world_size, self.comm.rank, self.worker.device
-        max_step = N + W + W * (N - 1) + G * (N - 1)  # pending + prefix + levels + candidates
+        max_step = N + W + W * (N - 1) + budget  # pending + prefix + levels + tree
         self.worker.reset(L + cfg.max_new_tokens, max_step)
 
         t0 = time.perf_counter()
@@ -113,46 +133,42 @@ class Decoder:
         t1 = time.perf_counter()
 
         out = list(prompt_ids)
+        text = np.asarray(prompt_ids, dtype=np.int64)  # `out` as an array, for text drafts
         pending = [prompt_ids[-1]]
         checksum = _fingerprint(prompt_ids)
         window = JacobiWindow(W, N, prompt_ids, cfg.seed) if W else None
         pool = NGramPool(N, G)
         if G and cfg.pool_from_prompt:
             pool.add_sequence(prompt_ids)
-        empty_rows = np.zeros((0, N - 1), dtype=np.int64)
         sampled = cfg.temperature > 0
         accepted: list[int] = []
+        step_tokens: list[int] = []
         while len(out) - L < cfg.max_new_tokens:
             x0 = out[-1]
-            cands = pool.lookup(x0)
-            drafts = np.asarray(cands, dtype=np.int64).reshape(-1, N - 1) if cands else empty_rows
-            groups = None
-            if sampled and len(drafts):
-                # candidates sharing a first draft token stay together: one rank finishes their walk
-                drafts = drafts[np.argsort(drafts[:, 0], kind="stable")]
-                groups = tuple(np.unique(drafts[:, 0], return_counts=True)[1].tolist())
-            plans = partition(W, N, len(drafts), P, groups)
+            tree = build_tree(_drafts(cfg, pool, text), budget, cfg.tree) if budget else build_tree([], 0)
+            plans = partition(W, N, tree.size, P, tree.groups(), width=1)
             plan = plans[rank]
-            layout = step_layout(len(pending), W, N, plan.columns, len(plan.candidates))
-            rows = window.rows.ravel() if window is not None else drafts[:0].ravel()
-            mine = drafts[plan.candidates.start:plan.candidates.stop]  # this rank's share
-            source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.ravel()])
+            mine = tree.slice(plan.candidates.start, plan.candidates.stop)  # this rank's subtrees
+            layout = step_layout(len(pending), W, N, plan.columns, mine.parents)
+            rows = window.rows.ravel() if window is not None else mine.tokens[:0]
+            source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.tokens])
             ids = self.worker.upload(source[layout.gather])
 
             logits = self.worker.step(ids, layout, len(out) - 1)
-            n_cols, n_cand = len(plan.columns), len(plan.candidates)
+            n_cols, n = len(plan.columns), mine.size
             argmax = logits.argmax(dim=-1)  # one pass over every used row
             new = argmax[1:1 + n_cols]  # the lookahead branch stays greedy
-            cand_tokens = ids[ids.numel() - n_cand * (N - 1):].view(n_cand, N - 1)
             if sampled:
-                u = uniforms(cfg.seed, stream, len(accepted), 2 * N)
-                y1, acc = _sampled_accept(cfg, logits[0], drafts[:, 0], plan.candidates, cand_tokens,
-                                          logits[1 + n_cols:], u)
+                u = uniforms(cfg.seed, stream, len(accepted), uniforms_needed(width - 1))
+                y1, acc = _sampled_accept(cfg, logits[0], tree, plan.candidates, logits[1 + n_cols:], u, width)
             else:
                 y1 = argmax[0]
-                acc = greedy_accept(y1, cand_tokens, argmax[1 + n_cols:].view(n_cand, N - 1))
+                T = layout.size
+                node = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
+                acc = greedy_accept(y1, ids[T - n:], node(np.asarray(mine.parents, dtype=np.int64)),
+                                    node(mine.depth), node(layout.mask[T - n:, T - n:]), argmax[1 + n_cols:], width)
             message = pack(y1, acc, plan.candidates.start, new, len(out), checksum, W)
-            outcome = merge(self.comm.all_gather(message).cpu().numpy(), plans, N)  # the step's one sync
+            outcome = merge(self.comm.all_gather(message).cpu().numpy(), plans, width)  # the step's one sync
 
             self.worker.commit(len(pending))
             tokens = outcome.tokens[:cfg.max_new_tokens - (len(out) - L)]
@@ -166,17 +182,19 @@ class Decoder:
             for t in tokens:
                 checksum = (checksum * 31 + t) % _CHECK_MOD
             out += tokens
+            text = np.concatenate([text, np.asarray(tokens, dtype=np.int64)])
             if G and cfg.pool_from_output:
                 # the n-grams that end in the new tokens: free candidates, as in prompt lookup
                 pool.add_sequence(out[-(len(tokens) + N - 1):])
             pending = tokens
             accepted.append(len(tokens))
+            step_tokens.append(layout.size)
             if stop is not None:
                 break
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t2 = time.perf_counter()
-        return Generation(out[L:], len(accepted), t1 - t0, t2 - t1, accepted)
+        return Generation(out[L:], len(accepted), t1 - t0, t2 - t1, accepted, step_tokens)
 
 
 __all__ = ["Decoder", "Generation"]

@@ -1,6 +1,9 @@
 """Lookahead Parallelism's partitioner: which window columns and verification n-grams each
 rank runs. Pure and deterministic, so every rank computes the same plan without talking.
 
+Candidates are counted in units of `width` tokens: N-1 for G unshared n-grams, 1 for the nodes
+of a verification tree (lp/lookahead/tree.py), whose root subtrees come as `groups`.
+
 Column j needs the row-0 prefix rows[0, 1..j], so a rank holding columns [a, b) also feeds
 rows[0, 1..b-1] (duplicating what lower ranks feed). Cost is counted in step tokens, the
 quantity a rank's forward time grows with.
@@ -19,50 +22,55 @@ class RankPlan:
     columns: range
     candidates: range
 
-    def cost(self, N: int, pending: int = 1) -> int:
-        """Tokens this rank feeds: pending tokens, the row-0 prefix, its levels, its candidates."""
+    def cost(self, N: int, pending: int = 1, width: int | None = None) -> int:
+        """Tokens this rank feeds: pending tokens, the row-0 prefix, its levels, its candidates
+        (`width` tokens each, default N-1)."""
         prefix = max(self.columns.stop - 1, 0) if len(self.columns) else 0
-        return pending + prefix + (N - 2) * len(self.columns) + (N - 1) * len(self.candidates)
+        width = N - 1 if width is None else width
+        return pending + prefix + (N - 2) * len(self.columns) + width * len(self.candidates)
 
 
-def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int) -> list[RankPlan] | None:
+def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int, width: int) -> list[RankPlan] | None:
     """Fill ranks in order up to `limit` tokens each: columns first, then whole candidate
     groups (`ends` are the groups' exclusive end indices)."""
     plans, col, g = [], 0, 0
     for _ in range(P):
         start_col = col
-        while col < W and RankPlan(range(start_col, col + 1), range(0)).cost(N) <= limit:
+        while col < W and RankPlan(range(start_col, col + 1), range(0)).cost(N, 1, width) <= limit:
             col += 1
         cols, start_cand = range(start_col, col), ends[g - 1] if g else 0
-        while g < len(ends) and RankPlan(cols, range(start_cand, ends[g])).cost(N) <= limit:
+        while g < len(ends) and RankPlan(cols, range(start_cand, ends[g])).cost(N, 1, width) <= limit:
             g += 1
         plans.append(RankPlan(cols, range(start_cand, ends[g - 1] if g else 0)))
     return plans if col == W and g == len(ends) else None
 
 
 @lru_cache(maxsize=4096)
-def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = None) -> tuple[RankPlan, ...]:
+def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = None,
+              width: int | None = None) -> tuple[RankPlan, ...]:
     """Split W columns and G candidates over P ranks, minimising the largest rank's cost.
 
     Columns are taken in order (so a rank's prefix is shared by its columns), then candidates;
     a binary search finds the smallest per-rank token limit the greedy fill can meet, which
     is optimal for contiguous splits of that order. `groups` (sizes summing to G) keeps
-    consecutive candidates together on one rank, as sampling needs for candidates that share
-    their first draft token. Ranks may end up empty (they still compute the next token and
+    consecutive candidates together on one rank: a tree's root subtrees, or the candidates
+    that share their first draft token, as sampling needs. `width`: tokens per candidate
+    (default N-1). Ranks may end up empty (they still compute the next token and
     keep their cache in step).
     """
     groups = groups if groups is not None else (1,) * G
-    if W < 0 or N < 2 or G < 0 or P < 1 or sum(groups) != G or min(groups, default=1) < 1:
-        raise ValueError(f"bad partition request W={W} N={N} G={G} P={P} groups={groups}")
+    width = N - 1 if width is None else width
+    if W < 0 or N < 2 or G < 0 or P < 1 or sum(groups) != G or min(groups, default=1) < 1 or width < 1:
+        raise ValueError(f"bad partition request W={W} N={N} G={G} P={P} groups={groups} width={width}")
     ends = tuple(itertools.accumulate(groups))
     lo = 1
-    hi = RankPlan(range(W), range(G)).cost(N)
+    hi = RankPlan(range(W), range(G)).cost(N, 1, width)
     while lo < hi:
         mid = (lo + hi) // 2
-        if _greedy(W, N, ends, P, mid) is None:
+        if _greedy(W, N, ends, P, mid, width) is None:
             lo = mid + 1
         else:
             hi = mid
-    plans = _greedy(W, N, ends, P, lo)
+    plans = _greedy(W, N, ends, P, lo, width)
     assert plans is not None
     return tuple(plans)

@@ -39,6 +39,7 @@ class Result:
     seconds: float
     tokens_per_s: float
     accepted_per_step: list[int]
+    step_tokens: list[int]  # tokens of this rank's forward in each step (what S costs)
     world_size: int
     W: int | None  # None with mode "ar": a plain decode uses no window
     N: int | None
@@ -140,7 +141,7 @@ class LP:
             text=self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
             new_tokens=g.new_tokens, steps=g.steps, compression=g.compression,
             prefill_seconds=g.prefill_seconds, seconds=g.seconds, tokens_per_s=g.tokens_per_s,
-            accepted_per_step=g.accepted, world_size=self.comm.world_size,
+            accepted_per_step=g.accepted, step_tokens=g.step_tokens, world_size=self.comm.world_size,
             W=cfg.W if shape else None, N=cfg.N if shape else None, G=cfg.G if shape else None, mode=cfg.mode,
             temperature=cfg.temperature, auto=reason, predicted=predicted,
         )

@@ -66,3 +66,21 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], expected: dict[tuple[int, 
 
 
 __all__ = ["chi_square_pvalue", "exact_distribution", "peaked_llama"]
+
+
+def follow_first_drafts(first_token: int, tree, p_nodes: torch.Tensor, width: int):
+    """A wrong sampling rule for the distribution tests' controls (same signature as
+    lp.verify.sample_continue): always accept the drafts, from the first root carrying
+    `first_token` down each node's first child, then the most likely next token."""
+    from lp.verify.sampling import Sampled
+
+    node = next(int(r) for r in tree.roots if tree.tokens[r] == first_token)
+    out = [first_token]
+    while True:
+        kids = [i for i, p in enumerate(tree.parents) if p == node]
+        if not kids:
+            break
+        node = kids[0]
+        out.append(int(tree.tokens[node]))
+    out.append(int(p_nodes[node].argmax()))
+    return Sampled(torch.tensor(out + [-1] * (width - len(out))), len(out))

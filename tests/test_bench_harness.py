@@ -17,6 +17,7 @@ import yaml
 from unit_helpers import PYTHON, REPO
 
 from lp.bench import datasets, plots, report
+from lp.config import DecodeConfig
 from lp.bench.decoders import parse_lookahead, split_layers, tp_plan, tp_support
 from lp.bench.runner import Settings, run
 from lp.errors import LPError
@@ -79,7 +80,9 @@ def test_smoke_rows(smoke):
             # lp's steps are timed one by one (prefill apart); transformers' decode steps exclude the prefill forward
             assert len(r["step_latencies"]) == r["steps"]
             assert sum(r["step_latencies"]) <= r["decode_seconds"] + 1e-6
-            assert max(r["accepted_per_step"]) <= (r["N"] or 1)
+            longest = DecodeConfig(W=r["W"], N=r["N"], G=r["G"]).max_draft + 1 if r["N"] else 1
+            assert max(r["accepted_per_step"]) <= longest
+            assert r["step_tokens"] >= 1
         if r["kind"] in ("hf-greedy", "hf-prompt-lookup", "tp", "pp"):
             assert len(r["step_latencies"]) == r["steps"] - 1
         if r["kind"] == "hf-greedy":
@@ -128,7 +131,7 @@ def test_settings_match_config_file():
     fields = set(Settings.__dataclass_fields__) - {"model", "dtype"}
     assert keys == fields
     s = Settings.from_mapping({**{k: v for k, v in cfg.items() if k in keys}, "model": {"name": "x", "dtype": "bfloat16"}})
-    assert s.model == "x" and s.dtype == "bfloat16" and s.lookahead_configs() == [(5, 3, 5)]
+    assert s.model == "x" and s.dtype == "bfloat16" and s.lookahead_configs() == [dict(W=5, N=3, G=5)]
     with pytest.raises(LPError):
         Settings(W=0).validate()
     with pytest.raises(LPError):
@@ -271,8 +274,13 @@ def test_tp_support_and_plan():
 
 
 def test_parse_lookahead():
-    assert parse_lookahead("W15N5G15") == (15, 5, 15)
-    assert parse_lookahead("w5n3g0") == (5, 3, 0)
-    assert parse_lookahead(" Auto") == ("auto", "auto", "auto")
+    assert parse_lookahead("W15N5G15") == dict(W=15, N=5, G=15)
+    assert parse_lookahead("w5n3g0") == dict(W=5, N=3, G=0)
+    assert parse_lookahead(" Auto") == dict(W="auto", N="auto", G="auto")
+    assert parse_lookahead("W15N5G15-pool-chains") == dict(W=15, N=5, G=15, drafts="pool", tree=False)
+    assert parse_lookahead("W7N5G7-text-tree-B40-D6") == dict(W=7, N=5, G=7, drafts="pool+text", tree=True,
+                                                              budget=40, draft_len=6)
+    with pytest.raises(ValueError):
+        parse_lookahead("W15N5G15-fast")
     with pytest.raises(ValueError):
         parse_lookahead("15:5:15")

@@ -52,7 +52,7 @@ def test_lookahead_equals_greedy(arch, N, W, G, tiny_models, refs):
     assert g.output_ids == refs[arch]
     assert g.new_tokens == MAX_NEW
     assert sum(g.accepted) == MAX_NEW and len(g.accepted) == g.steps
-    assert all(1 <= a <= N for a in g.accepted)
+    assert all(1 <= a <= DecodeConfig(W=W, N=N, G=G).max_draft + 1 for a in g.accepted)
     assert col.calls == g.steps + 1  # one handshake, then one all-gather per step
     assert g.compression == pytest.approx(MAX_NEW / g.steps)
     if G == 0:
@@ -62,8 +62,9 @@ def test_lookahead_equals_greedy(arch, N, W, G, tiny_models, refs):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_verification_accepts_drafts(arch, tiny_models, refs):
     """At least one configuration must accept several tokens in a step (S > 1), and some step
-    must accept a fully matched n-gram (N tokens, bonus included): otherwise the exactness
-    tests above would not exercise verification at all."""
+    must accept a fully matched n-gram (N tokens, bonus included), and with text drafts some
+    step must commit more than N: otherwise the exactness tests above would not exercise
+    verification at all."""
     longest = {}
     for N, W, G in CONFIGS:
         if G:
@@ -71,7 +72,25 @@ def test_verification_accepts_drafts(arch, tiny_models, refs):
             assert g.output_ids == refs[arch]
             longest[(N, W, G)] = max(g.accepted)
     assert any(a > 1 for a in longest.values()), longest
-    assert any(a == key[0] for key, a in longest.items()), longest
+    assert any(a > key[0] for key, a in longest.items()), longest
+    full = [max(decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW, drafts="pool").accepted) == N
+            for N, W, G in CONFIGS if G]
+    assert any(full), "no pool n-gram was ever fully matched"
+
+
+VARIANTS = [dict(drafts="pool", tree=False), dict(drafts="pool", tree=True), dict(drafts="pool+text", tree=False),
+            dict(drafts="pool+text", budget=7, draft_len=3), dict(drafts="pool+text", budget=40)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()))
+@pytest.mark.parametrize("N,W,G", [(2, 5, 5), (5, 7, 7)])
+def test_draft_and_tree_variants_equal_greedy(N, W, G, variant, tiny_models, refs):
+    """Every draft source, with and without shared prefixes, any budget: still greedy."""
+    for arch in ("llama", "qwen2"):
+        g = decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW, **variant)
+        assert g.output_ids == refs[arch], (arch, variant)
+        budget = variant.get("budget", G * (N - 1))
+        assert all(t <= 1 + (W - 1) + W * (N - 2) + budget + 4 for t in g.step_tokens)  # + pending
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -236,33 +255,32 @@ def test_parallel_split_does_not_change_acceptance(P, N, W, G, tiny_models):
 
 @pytest.mark.parametrize("P,W,N,G", [(2, 3, 3, 7), (3, 7, 5, 7)])
 def test_each_rank_verifies_its_own_candidates(P, W, N, G, tiny_models, monkeypatch):
-    """Rank r must verify the candidates `partition(...)[r].candidates` of the pool's list for
-    x0, in order: not the first len(...) candidates of that list."""
+    """Rank r must verify the tree nodes `partition(...)[r].candidates` of the step's tree,
+    with their parents: not the first len(...) nodes of it."""
     import lp.decoder as decoder_mod
-    from lp.lookahead import NGramPool
     from lp.partition import partition
 
-    last_lookup: dict[str, list] = {}
+    last_tree: dict[str, object] = {}
     checked, wrong = [], []
-    real_lookup, real_accept = NGramPool.lookup, decoder_mod.greedy_accept
+    real_build, real_accept = decoder_mod.build_tree, decoder_mod.greedy_accept
 
-    def lookup(self, key):
-        out = real_lookup(self, key)
-        last_lookup[threading.current_thread().name] = out
+    def build(*args):
+        out = real_build(*args)
+        last_tree[threading.current_thread().name] = out
         return out
 
-    def accept(y1, drafts, preds):
+    def accept(y1, tokens, parents, depth, ancestors, preds, width):
         name = threading.current_thread().name
         rank = int(name[4:])
-        cands = last_lookup[name]
-        plan = partition(W, N, len(cands), P)[rank]
-        want = [list(c) for c in cands[plan.candidates.start:plan.candidates.stop]]
-        checked.append(len(want))
-        if drafts.tolist() != want:
-            wrong.append((rank, plan.candidates, drafts.tolist(), want))
-        return real_accept(y1, drafts, preds)
+        tree = last_tree[name]
+        plan = partition(W, N, tree.size, P, tree.groups(), width=1)[rank]
+        want = tree.slice(plan.candidates.start, plan.candidates.stop)
+        checked.append(want.size)
+        if tokens.tolist() != want.tokens.tolist() or tuple(parents.tolist()) != want.parents:
+            wrong.append((rank, plan.candidates, tokens.tolist(), want.tokens.tolist()))
+        return real_accept(y1, tokens, parents, depth, ancestors, preds, width)
 
-    monkeypatch.setattr(NGramPool, "lookup", lookup)
+    monkeypatch.setattr(decoder_mod, "build_tree", build)
     monkeypatch.setattr(decoder_mod, "greedy_accept", accept)
     results, _ = run_ranks(tiny_models["llama"], P, [PROMPT] * P, DecodeConfig(W=W, N=N, G=G, max_new_tokens=24))
     assert not any(isinstance(g, BaseException) for g in results), results

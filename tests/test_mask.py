@@ -48,7 +48,7 @@ def chains(m: int, N: int, columns: range, n_cand: int) -> list[list[tuple]]:
         levels = [("w", lvl, j) for lvl in range(1, N - 1)]
         out.append(pending + row0 + levels)
     for c in range(n_cand):
-        out.append(pending + [("g", c, k) for k in range(1, N)])
+        out.append(pending + [("g", c * (N - 1) + k - 1) for k in range(1, N)])
     return out
 
 
@@ -63,14 +63,14 @@ def brute_force_allowed(m, N, columns, n_cand) -> tuple[set, set]:
     return tokens, allowed
 
 
-def expected_depth(tok, m: int) -> int:
+def expected_depth(tok, m: int, N: int) -> int:
     kind = tok[0]
     if kind == "p":
         return tok[1] - (m - 1)
     if kind == "w":
         lvl, j = tok[1], tok[2]
         return j if lvl == 0 else lvl + j
-    return tok[2]
+    return tok[1] % (N - 1) + 1  # G chains of N-1 tree nodes
 
 
 def expected_source(tok, m: int, W: int, N: int) -> int:
@@ -80,7 +80,7 @@ def expected_source(tok, m: int, W: int, N: int) -> int:
         return tok[1]
     if kind == "w":
         return m + tok[1] * W + tok[2]
-    return m + (N - 1) * W + tok[1] * (N - 1) + (tok[2] - 1)
+    return m + (N - 1) * W + tok[1]
 
 
 def shape_id(shape) -> str:
@@ -109,8 +109,8 @@ def test_mask_matches_chain_rules(m, N):
 def test_depth_gather_order(shape):
     m, W, N, cols, n_cand = shape
     layout = step_layout(m, W, N, cols, n_cand)
-    assert layout.m == m and layout.columns == cols and layout.n_cand == n_cand
-    assert layout.depth.tolist() == [expected_depth(t, m) for t in layout.tokens]
+    assert layout.m == m and layout.columns == cols and len(layout.tree) == n_cand * (N - 1)
+    assert layout.depth.tolist() == [expected_depth(t, m, N) for t in layout.tokens]
     assert layout.gather.tolist() == [expected_source(t, m, W, N) for t in layout.tokens]
     # Contracts the decoder relies on: the pending tokens come first, in order (commit(m)
     # keeps the first m KV entries), and the candidates come last, candidate-major (the
@@ -118,7 +118,7 @@ def test_depth_gather_order(shape):
     assert list(layout.tokens[:m]) == [("p", i) for i in range(m)]
     n_tail = n_cand * (N - 1)
     tail = list(layout.tokens[len(layout.tokens) - n_tail:]) if n_tail else []
-    assert tail == [("g", c, k) for c in range(n_cand) for k in range(1, N)]
+    assert tail == [("g", i) for i in range(n_tail)]
 
 
 @pytest.mark.parametrize("shape", SHAPES[::5], ids=shape_id)
@@ -133,7 +133,7 @@ def test_logit_rows(shape):
             return x0 if j == 0 else ("w", 0, j)
         return ("w", N - 2, j)
 
-    expect = [x0] + [last(j) for j in cols] + [("g", c, k) for c in range(n_cand) for k in range(1, N)]
+    expect = [x0] + [last(j) for j in cols] + [("g", i) for i in range(n_cand * (N - 1))]
     assert layout.logit_rows.tolist() == [index[t] for t in expect]
     assert len(layout.logit_rows) == 1 + len(cols) + n_cand * (N - 1)
 
@@ -153,7 +153,7 @@ def test_gather_reads_the_right_ids():
         elif tok[0] == "w":
             assert v == rows[tok[1], tok[2]]
         else:
-            assert v == cands[tok[1], tok[2] - 1]
+            assert v == cands.ravel()[tok[1]]
 
 
 def test_token_count_formula():
@@ -194,10 +194,44 @@ def test_empty_column_ranges_do_not_depend_on_cache_history():
 
 def test_bad_shapes_raise():
     for args in [(0, 5, 3, range(5), 0), (1, 5, 1, range(5), 0), (1, 5, 3, range(0, 6), 0),
-                 (1, 5, 3, range(5), -1)]:
+                 (1, 5, 3, range(5), -1), (1, 5, 3, range(5), (-1, 1)), (1, 5, 3, range(5), (0,))]:
         with pytest.raises(ValueError):
             step_layout(*args)
 
 
 def test_layout_is_cached_per_shape():
     assert step_layout(2, 5, 3, range(1, 4), 2) is step_layout(2, 5, 3, range(1, 4), 2)
+
+
+def random_tree(rng: np.random.Generator, n: int) -> tuple[int, ...]:
+    return tuple(int(rng.integers(-1, i)) for i in range(n))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tree_mask_depth_and_rows(seed):
+    """A verification tree: each node sees the pending tokens, its ancestors and itself, sits
+    one position below its parent, reads its own source slot and has its own logit row."""
+    rng = np.random.default_rng(seed)
+    m, W, N = 1 + seed % 3, 4, 3
+    tree = random_tree(rng, 2 + 3 * seed)
+    layout = step_layout(m, W, N, range(W), tree)
+    T, n = layout.size, len(tree)
+    first = T - n
+
+    def ancestors(i):
+        return set() if tree[i] < 0 else {tree[i]} | ancestors(tree[i])
+    for i in range(n):
+        row = layout.mask[first + i]
+        assert set(np.flatnonzero(row).tolist()) == set(range(m)) | {first + a for a in ancestors(i) | {i}}
+        assert layout.depth[first + i] == len(ancestors(i)) + 1
+        assert layout.gather[first + i] == m + (N - 1) * W + i
+    assert layout.logit_rows[-n:].tolist() == list(range(first, T))
+    assert step_layout(m, W, N, range(W), tree) is layout
+
+
+def test_chains_equal_the_classic_branch():
+    """An int G is G unshared chains of N-1 nodes: the same layout as their parent pointers."""
+    from lp.lookahead.tree import chain_parents
+
+    a, b = step_layout(2, 5, 4, range(5), 3), step_layout(2, 5, 4, range(5), chain_parents(3, 3))
+    assert a is b

@@ -8,7 +8,8 @@ import torch
 from lp.errors import LPError
 from lp.message import HEADER, merge, message_size, pack
 from lp.partition import RankPlan, partition
-from lp.verify import Acceptance, greedy_accept
+from lp.verify import Acceptance
+from unit_helpers import chain_accept
 
 W, N = 5, 3
 
@@ -73,10 +74,10 @@ def test_round_trip_from_real_verification(P):
     msgs = []
     for plan in plans:
         cs = plan.candidates
-        acc = greedy_accept(y1, drafts[cs.start:cs.stop], preds[cs.start:cs.stop])
+        acc = chain_accept(y1, drafts[cs.start:cs.stop], preds[cs.start:cs.stop])
         msgs.append(pack(y1, acc, cs.start, new_all[plan.columns.start:plan.columns.stop], 10, 77, W))
     out = merge(gather(*msgs), plans, N)
-    whole = greedy_accept(y1, drafts, preds)
+    whole = chain_accept(y1, drafts, preds)
     a = int(whole.accepted)
     assert out.accepted == a == N - 1
     assert out.tokens == whole.tokens[:a + 1].tolist()
@@ -165,7 +166,7 @@ def test_ar_mode_message():
     """mode=ar: W=0, N=2, no candidates: the message is the header and two token slots."""
     plans = partition(0, 2, 0, 2)
     empty = torch.zeros(0, dtype=torch.long)
-    acc = greedy_accept(t(7), torch.zeros((0, 1), dtype=torch.long), torch.zeros((0, 1), dtype=torch.long))
+    acc = chain_accept(t(7), torch.zeros((0, 1), dtype=torch.long), torch.zeros((0, 1), dtype=torch.long))
     msgs = [pack(t(7), acc, 0, empty, 3, 9, 0) for _ in plans]
     assert msgs[0].numel() == message_size(0, 2)
     out = merge(gather(*msgs), plans, 2)

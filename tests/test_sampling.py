@@ -16,9 +16,9 @@ from transformers.generation.logits_process import (TemperatureLogitsWarper, Top
 
 from lp.errors import LPError
 from lp.sampling import uniforms, validate_sampling, warp
-from lp.verify.greedy import greedy_accept
-from lp.verify.sampling import (FirstLevel, Sampled, alive_after, sample_accept,
-                                sample_continue, sample_first_level, uniforms_needed)
+from lp.lookahead.tree import build_tree, chains
+from lp.verify.sampling import FirstLevel, Sampled, alive_after, sample_accept, sample_first_level, uniforms_needed
+from unit_helpers import chain_accept, chain_continue, chain_sample
 
 ALPHA = 1e-3  # false-alarm rate of every statistical test here (seeds are fixed: deterministic)
 
@@ -221,8 +221,8 @@ def inverse_cdf(P, u):
 
 def recycled(u: list, N: int):
     """Algorithm 4's uniforms as sample_accept consumes them (the documented order): level i's
-    tests share u[2(i-1)], rescaled after each rejection; u[2(i-1)+1] samples level i's residual;
-    u[2(N-1)] samples the bonus token."""
+    tests share u[2(i-1)], rescaled after each rejection; u[2(i-1)+1] samples level i's residual,
+    the bonus token included (level N, which has no drafts)."""
     state = {}
 
     def draw(level, rejected):
@@ -233,7 +233,7 @@ def recycled(u: list, N: int):
         return state["r"]
 
     def sample(level, P):
-        return inverse_cdf(P, u[2 * (level - 1) + (1 if level < N else 0)])
+        return inverse_cdf(P, u[2 * (level - 1) + 1])
     return draw, sample
 
 
@@ -273,7 +273,7 @@ def test_matches_literal_algorithm4_with_documented_uniforms():
         V, G, N = 7, trial % 6, 2 + trial % 4
         p_x0, drafts, p_cand = random_case(g, V, G, N)
         u = uniforms(5, trial, 0, 2 * N)
-        got = sample_accept(p_x0, drafts, p_cand, u)
+        got = chain_sample(p_x0, drafts, p_cand, u)
         want = algorithm4(p_x0.tolist(), drafts.tolist(), p_cand.tolist(), *recycled(u.tolist(), N))
         assert got.tokens[:got.n].tolist() == want, trial
         assert (got.tokens[got.n:] == -1).all() and got.tokens.shape == (N,)
@@ -283,7 +283,7 @@ def test_matches_literal_algorithm4_with_documented_uniforms():
         assert first.token == want[0]
         alive = alive_after(drafts[:, 0], first)
         if first.accepted:
-            cont = sample_continue(first.token, drafts[alive], p_cand[alive], u)
+            cont = chain_continue(first.token, drafts[alive], p_cand[alive], u)
             assert torch.equal(cont.tokens, got.tokens) and cont.n == got.n
             c = _accepted_candidate(drafts, got)
             assert c >= 0 and drafts[c, :got.n - 1].tolist() == want[:got.n - 1] and alive[c]
@@ -293,25 +293,25 @@ def test_matches_literal_algorithm4_with_documented_uniforms():
 
 
 def test_uniforms_needed_and_errors():
-    assert uniforms_needed(3) == 5
+    assert uniforms_needed(2) == 6
     p = torch.full((4,), 0.25)
     drafts = torch.tensor([[1, 2], [3, 0]])
     p_cand = torch.full((2, 2, 4), 0.25)
     with pytest.raises(ValueError):
-        sample_accept(p, drafts, p_cand, torch.full((4,), 0.5))  # N=3 needs 5
+        chain_sample(p, drafts, p_cand, torch.full((5,), 0.5))  # depth 2 needs 6
     with pytest.raises(ValueError):
-        sample_accept(p, drafts, p_cand[:1], torch.full((6,), 0.5))
+        sample_accept(p, chains(drafts.numpy()), torch.full((3, 4), 0.25), torch.full((6,), 0.5))  # 4 nodes
     with pytest.raises(LPError):
-        sample_accept(torch.zeros(4), drafts, p_cand, torch.full((6,), 0.5))
+        chain_sample(torch.zeros(4), drafts, p_cand, torch.full((6,), 0.5))
     with pytest.raises(ValueError):
-        sample_continue(1, drafts, p_cand, torch.full((6,), 0.5))  # candidate 1 starts with 3
+        chain_continue(7, drafts, p_cand, torch.full((6,), 0.5))  # no candidate starts with 7
 
 
 def test_edge_cases_zero_mass_and_rounding():
     tiny, top = 2.0**-54, 1 - 2.0**-53
     # a draft with zero probability is never accepted, whatever the uniform
     p = torch.tensor([0.0, 0.5, 0.5, 0.0], dtype=torch.float64)
-    res = sample_accept(p, torch.tensor([[0], [3]]), torch.full((2, 1, 4), 0.25), torch.full((4,), tiny))
+    res = chain_sample(p, torch.tensor([[0], [3]]), torch.full((2, 1, 4), 0.25), torch.full((4,), tiny))
     assert res.n == 1 and res.tokens[0] == 1
     # a rejected token repeated by a later candidate is not tested again (and not accepted)
     res = sample_first_level(torch.tensor([0.5, 0.5]), torch.tensor([0, 0, 1]), torch.tensor([0.75, 0.3]))
@@ -331,7 +331,7 @@ def test_edge_cases_zero_mass_and_rounding():
     res = sample_first_level(p, order, torch.tensor([top, 0.5]))
     assert res == FirstLevel(int(order[-1]), True)
     # G = 0 (or no draft accepted) commits one token sampled from p_x0 with u[1]
-    res = sample_accept(torch.tensor([0.2, 0.3, 0.5]), torch.zeros(0, 2, dtype=torch.long),
+    res = chain_sample(torch.tensor([0.2, 0.3, 0.5]), torch.zeros(0, 2, dtype=torch.long),
                         torch.zeros(0, 2, 3), torch.tensor([0.99, 0.45, 0.5, 0.5, 0.5]))
     assert res.n == 1 and res.tokens.tolist() == [1, -1, -1]
 
@@ -368,8 +368,8 @@ def test_one_hot_reduces_to_greedy_with_bonus():
         p_cand = (warp(torch.stack([torch.stack([logits(c) for c in row]) for row in ctxs]), 0.0)
                   if drafts else torch.zeros(0, N - 1, V))
         preds = torch.tensor([[argmax(c) for c in row] for row in ctxs], dtype=torch.long).reshape(-1, N - 1)
-        want = greedy_accept(torch.tensor(argmax(ctx)), d, preds)
-        got = sample_accept(p_x0, d, p_cand, uniforms(9, trial, 0, 2 * N))
+        want = chain_accept(torch.tensor(argmax(ctx)), d, preds)
+        got = chain_sample(p_x0, d, p_cand, uniforms(9, trial, 0, 2 * N))
         k = int(want.accepted) + 1
         assert got.n == k and got.tokens[:k].tolist() == want.tokens[:k].tolist(), trial
         if k > 1:
@@ -454,7 +454,29 @@ def histogram(samples) -> dict:
 
 def _lookahead_step(k):
     def step_fn(ctx, step):
-        res = sample_accept(*step_inputs(ctx), uniforms(SEED, k, step, 2 * N_STAT))
+        res = chain_sample(*step_inputs(ctx), uniforms(SEED, k, step, 2 * N_STAT))
+        return res.tokens[:res.n].tolist()
+    return step_fn
+
+
+def tree_inputs(ctx: tuple):
+    """The same drafts as one trie, plus a 1-token draft and a 3-token one (mixed lengths)."""
+    p_x0, d, _ = step_inputs(ctx)
+    drafts = [tuple(r) for r in d.tolist()]
+    if drafts:
+        drafts = [drafts[0][:1], drafts[-1] + (ranked(ctx + drafts[-1])[0],)] + drafts
+    tree = build_tree(drafts, budget=100)
+    paths: list[tuple] = []
+    for i, p in enumerate(tree.parents):
+        paths.append((paths[p] if p >= 0 else ()) + (int(tree.tokens[i]),))
+    p_nodes = torch.stack([model(ctx + q) for q in paths]) if paths else torch.zeros(0, V_STAT, dtype=torch.float64)
+    return p_x0, tree, p_nodes
+
+
+def _tree_step(k):
+    def step_fn(ctx, step):
+        p_x0, tree, p_nodes = tree_inputs(ctx)
+        res = sample_accept(p_x0, tree, p_nodes, uniforms(SEED, k, step, uniforms_needed(3)))
         return res.tokens[:res.n].tolist()
     return step_fn
 
@@ -481,6 +503,9 @@ def test_distribution_exact_chi_square():
     # (b) repeated sample_accept steps with fixed adversarial drafts, stream k per sample
     ours = histogram(first3(_lookahead_step(k)) for k in range(n))
     assert chi2_pvalue(ours, expected, n) > ALPHA
+    # the same walk on a trie of drafts of mixed lengths (shared prefixes verified once)
+    tree = histogram(first3(_tree_step(k)) for k in range(n))
+    assert chi2_pvalue(tree, expected, n) > ALPHA
     # the paper's pseudocode with a fresh uniform per acceptance test passes too
     rng = random.Random(2)
     literal = histogram(first3(_literal_step(rng)) for _ in range(n))
@@ -494,6 +519,6 @@ def test_distribution_exact_chi_square():
     lengths = set()
     for k in range(200):
         ctx, step = PROMPT, 0
-        res = sample_accept(*step_inputs(ctx), uniforms(SEED, k, step, 2 * N_STAT))
+        res = chain_sample(*step_inputs(ctx), uniforms(SEED, k, step, 2 * N_STAT))
         lengths.add(res.n)
     assert lengths == {1, 2, 3}

@@ -8,8 +8,7 @@ import lp.decoder
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder
-from lp.testing import chi_square_pvalue, exact_distribution, peaked_llama
-from lp.verify.sampling import Sampled
+from lp.testing import chi_square_pvalue, exact_distribution, follow_first_drafts, peaked_llama
 from lp.worker import Worker
 
 ALPHA = 1e-3
@@ -70,10 +69,8 @@ def test_transformers_sampling_matches_the_model(model, prompt, expected):
 
 
 def test_accepting_drafts_always_is_caught(model, prompt, expected, monkeypatch):
-    def accept_always(first_token, drafts, p_cand, u):
-        n = drafts.shape[1]
-        bonus = int(p_cand[0, -1].argmax())
-        return Sampled(torch.tensor(drafts[0].tolist() + [bonus]), n + 1)
+    def accept_always(first_token, tree, p_nodes, u, width):
+        return follow_first_drafts(first_token, tree, p_nodes, width)
 
     monkeypatch.setattr(lp.decoder, "sample_continue", accept_always)
     samples, _ = _lp_samples(model, prompt)

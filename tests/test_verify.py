@@ -3,16 +3,19 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 import torch
 
-from lp.verify import greedy_accept
+from lp.lookahead.tree import build_tree
+from unit_helpers import chain_accept, tree_accept
 
 
 def run(y1: int, drafts: list[list[int]], preds: list[list[int]], n1: int | None = None):
     n1 = n1 if n1 is not None else (len(drafts[0]) if drafts else 2)
     d = torch.tensor(drafts, dtype=torch.long).reshape(-1, n1)
     p = torch.tensor(preds, dtype=torch.long).reshape(-1, n1)
-    acc = greedy_accept(torch.tensor(y1), d, p)
+    acc = chain_accept(torch.tensor(y1), d, p)
     a = int(acc.accepted)
     return int(acc.best), a, acc.tokens.tolist(), acc.tokens[:a + 1].tolist()
 
@@ -20,7 +23,8 @@ def run(y1: int, drafts: list[list[int]], preds: list[list[int]], n1: int | None
 def naive_algorithm3(y1: int, drafts: list[list[int]], preds: list[list[int]]):
     """Per candidate: walk its drafts while each equals the token the model predicts there
     (y1 for the first, then the prediction after the previous draft); the committed tokens are
-    the matched drafts plus the model's token after them. Longest wins, first on ties."""
+    the matched drafts plus the model's token after them. Longest wins, first on ties; no
+    candidate (-1) when none matched."""
     best, best_len, best_commit = -1, -1, [y1]
     for c, (draft, pred) in enumerate(zip(drafts, preds)):
         expect, commit = y1, []
@@ -32,7 +36,7 @@ def naive_algorithm3(y1: int, drafts: list[list[int]], preds: list[list[int]]):
         commit.append(expect)
         if len(commit) - 1 > best_len:
             best, best_len, best_commit = c, len(commit) - 1, commit
-    return best, max(best_len, 0), best_commit
+    return (best if best_len > 0 else -1), max(best_len, 0), best_commit
 
 
 def test_no_candidates_commits_y1():
@@ -99,6 +103,59 @@ def test_matches_naive_algorithm3_on_random_inputs():
 
 
 def test_result_stays_on_device_dtype():
-    acc = greedy_accept(torch.tensor(3), torch.tensor([[3, 1]]), torch.tensor([[1, 2]]))
+    acc = chain_accept(torch.tensor(3), torch.tensor([[3, 1]]), torch.tensor([[1, 2]]))
     assert acc.best.dtype == torch.long and acc.accepted.dtype == torch.long
     assert acc.tokens.dtype == torch.long and acc.best.dim() == 0 and acc.accepted.dim() == 0
+
+
+def naive_tree_walk(y1: int, drafts: list[tuple[int, ...]], model) -> list[int]:
+    """Greedy on a tree by hand: follow the draft whose next token is the model's, then the bonus."""
+    out, expect = [], y1
+    while True:
+        out.append(expect)
+        if not any(d[:len(out)] == tuple(out) for d in drafts):
+            return out
+        expect = model(tuple(out))
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_tree_matches_a_naive_walk(share):
+    """On random trees (shared or unshared, drafts of mixed lengths), the committed tokens are
+    the longest draft prefix the model would generate, plus its next token."""
+    rng = random.Random(7)
+    lengths = set()
+    for trial in range(500):
+        vocab = rng.randint(2, 3)
+        table: dict = {}
+
+        def model(ctx):  # a deterministic "argmax" per context
+            return table.setdefault(ctx, rng.randrange(vocab))
+        y1 = rng.randrange(vocab)
+        drafts = [tuple(rng.randrange(vocab) for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(0, 6))]
+        tree = build_tree(drafts, budget=rng.randint(0, 20), share=share)
+        kept = [tuple(p) for p in paths_of(tree)]
+        want = naive_tree_walk(y1, kept, model)
+        preds = torch.tensor([model(p) for p in paths_of(tree)], dtype=torch.long)
+        acc = tree_accept(torch.tensor(y1), tree, preds, 7)
+        a = int(acc.accepted)
+        assert acc.tokens[:a + 1].tolist() == want, (trial, drafts, tree)
+        assert (acc.tokens[a + 1:] == -1).all() and acc.tokens.shape == (7,)
+        assert (int(acc.best) == -1) == (a == 0)
+        lengths.add(a)
+    assert lengths >= {0, 1, 2, 3}
+
+
+def paths_of(tree) -> list[tuple[int, ...]]:
+    """Node i's token path from x0, for every node in order."""
+    out: list[tuple[int, ...]] = []
+    for i, p in enumerate(tree.parents):
+        out.append((out[p] if p >= 0 else ()) + (int(tree.tokens[i]),))
+    return out
+
+
+def test_wrong_rule_is_caught_by_the_naive_walk():
+    """Control: accepting a node whose parent failed (ignoring ancestors) disagrees with the walk."""
+    tree = build_tree([(5, 6), (7, 6)], budget=10)  # y1 = 7: only the second root is right
+    preds = torch.tensor([6, 9, 6, 4])  # after 5 the model says 6, so 5-6 "matches" locally
+    acc = tree_accept(torch.tensor(7), tree, preds, 3)
+    assert acc.tokens.tolist() == [7, 6, 4] and int(acc.best) == 3

@@ -118,3 +118,50 @@ def cli_env() -> dict[str, str]:
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
                TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
     return env
+
+
+def tree_tensors(tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(parents, depth, ancestors) of a DraftTree as greedy_accept takes them; the ancestor
+    matrix is the last block of a step layout's mask, as the decoder reads it."""
+    from lp.lookahead import step_layout
+
+    n = tree.size
+    mask = step_layout(1, 1, 2, range(0), tree.parents).mask
+    return (torch.tensor(tree.parents, dtype=torch.long).reshape(n), torch.from_numpy(tree.depth),
+            torch.from_numpy(mask[mask.shape[0] - n:, mask.shape[0] - n:].copy()))
+
+
+def tree_accept(y1: torch.Tensor, tree, preds: torch.Tensor, width: int):
+    """greedy_accept on a DraftTree, `preds[i]` the model's argmax after node i."""
+    from lp.verify import greedy_accept
+
+    return greedy_accept(y1, torch.from_numpy(tree.tokens), *tree_tensors(tree), preds.reshape(-1), width)
+
+
+def chain_accept(y1: torch.Tensor, drafts: torch.Tensor, preds: torch.Tensor):
+    """greedy_accept on G unshared candidates `[G, L]`, `best` as a candidate index (the
+    classic branch)."""
+    from lp.lookahead.tree import chains
+    from lp.verify import Acceptance
+
+    G, L = drafts.shape
+    acc = tree_accept(y1, chains(drafts.numpy()), preds.reshape(-1), L + 1)
+    return Acceptance(torch.where(acc.best >= 0, acc.best // L, acc.best), acc.accepted, acc.tokens)
+
+
+def chain_sample(p_x0: torch.Tensor, drafts: torch.Tensor, p_cand: torch.Tensor, u: torch.Tensor):
+    """sample_accept on G unshared candidates `[G, N-1]` with p_cand `[G, N-1, V]`."""
+    from lp.lookahead.tree import chains
+    from lp.verify import sample_accept
+
+    G, L = drafts.shape
+    return sample_accept(p_x0, chains(drafts.numpy()), p_cand.reshape(G * L, p_cand.shape[-1]), u, L + 1)
+
+
+def chain_continue(first_token: int, drafts: torch.Tensor, p_cand: torch.Tensor, u: torch.Tensor):
+    """sample_continue on alive candidates `[A, N-1]` with p_cand `[A, N-1, V]`."""
+    from lp.lookahead.tree import chains
+    from lp.verify import sample_continue
+
+    A, L = drafts.shape
+    return sample_continue(first_token, chains(drafts.numpy()), p_cand.reshape(A * L, p_cand.shape[-1]), u, L + 1)

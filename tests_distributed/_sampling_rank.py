@@ -7,20 +7,18 @@ model through lp's decoder under Lookahead Parallelism; rank 0 writes them as JS
 import json
 import sys
 
-import torch
 
 import lp.decoder
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.testing import peaked_llama
-from lp.verify.sampling import Sampled
+from lp.testing import follow_first_drafts, peaked_llama
 from lp.worker import Worker
 
 SETTINGS = dict(W=3, N=3, G=3, max_new_tokens=2, temperature=0.9, top_k=6)
 
 
-def accept_always(first_token, drafts, p_cand, u):
-    return Sampled(torch.tensor(drafts[0].tolist() + [int(p_cand[0, -1].argmax())]), drafts.shape[1] + 1)
+def accept_always(first_token, tree, p_nodes, u, width):
+    return follow_first_drafts(first_token, tree, p_nodes, width)
 
 
 def main() -> None:

@@ -57,6 +57,7 @@ class DecodeOutput:
     accepted_per_step: list[int] = field(default_factory=list)
     forward_seconds: float | None = None  # lp: time inside the model forward (the rest is host + collective)
     chosen: dict = field(default_factory=dict)  # lp with W/N/G auto: the shape used and why
+    step_tokens: list[int] = field(default_factory=list)  # tokens fed to each step's forward
 
 
 def _sync(device: torch.device) -> None:
@@ -86,17 +87,27 @@ class BenchDecoder:
 
 
 # ----------------------------------------------------------------------------------- lp
+def _option_name(key: str, value) -> str:
+    """An lp option as it is spelled in a lookahead config name (parse_lookahead)."""
+    if key in ("budget", "draft_len"):
+        return f"{'B' if key == 'budget' else 'D'}{value}"
+    return next(name for name, kv in LOOKAHEAD_OPTIONS.items() if kv == (key, value))
+
+
 class LPDecoder(BenchDecoder):
     """lp's runtime (`lp.LP`), lookahead or `mode=ar`, on every rank."""
 
     def __init__(self, lm, *, mode: str = "lookahead", W: int | str = 5, N: int | str = 3, G: int | str = 5,
-                 seed: int = 0, pool_from_prompt: bool = True) -> None:
+                 seed: int = 0, pool_from_prompt: bool = True, **options) -> None:
+        """`options`: further DecodeConfig settings (drafts, tree, budget, draft_len), named in
+        the label as in `parse_lookahead`."""
         self.name = "lp" if mode == "lookahead" else "lp-ar"
         auto = (W, N, G) == ("auto",) * 3
-        label = "lp-ar" if mode != "lookahead" else "lp[auto]" if auto else f"lp[W{W}N{N}G{G}]"
+        suffix = "".join(f"-{_option_name(k, v)}" for k, v in options.items())
+        label = "lp-ar" if mode != "lookahead" else f"lp[auto{suffix}]" if auto else f"lp[W{W}N{N}G{G}{suffix}]"
         settings = dict(mode=mode, seed=seed, pool_from_prompt=pool_from_prompt)
         if mode == "lookahead":
-            settings.update(W=W, N=N, G=G)
+            settings.update(W=W, N=N, G=G, **options)
         super().__init__(label, lm.comm.world_size, settings)
         self.lm = lm
 
@@ -138,7 +149,7 @@ class LPDecoder(BenchDecoder):
         chosen = {"mode": r.mode, "W": r.W, "N": r.N, "G": r.G, "auto": r.auto, "predicted": r.predicted} \
             if r.auto else {}
         return DecodeOutput(list(r.output_ids), r.steps, r.prefill_seconds, r.seconds, lat,
-                            list(r.accepted_per_step), sum(forward), chosen)
+                            list(r.accepted_per_step), sum(forward), chosen, list(r.step_tokens))
 
 
 # ----------------------------------------------------------------------------------- transformers
@@ -183,11 +194,20 @@ class HFGenerate(BenchDecoder):
         dev = self.device
         x = torch.tensor([list(prompt_ids)], dtype=torch.long, device=dev)
         stream = _StepStream()
+        fed: list[int] = []  # tokens per forward (prompt lookup: 1 + its draft)
+
+        def count(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            fed.append(int(ids.shape[-1]) if ids is not None else 1)
+        hook = self.model.register_forward_pre_hook(count, with_kwargs=True)
         _sync(dev)
         t0 = time.perf_counter()
-        out = self.model.generate(
-            x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
-            eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, streamer=stream, **self.kwargs)
+        try:
+            out = self.model.generate(
+                x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
+                eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, streamer=stream, **self.kwargs)
+        finally:
+            hook.remove()
         _sync(dev)
         t_end = time.perf_counter()
         ids = out[0, x.shape[1]:].tolist()
@@ -196,8 +216,11 @@ class HFGenerate(BenchDecoder):
             return DecodeOutput(ids, 0, t_end - t0, 0.0, [], [])
         if sum(counts) != len(ids):
             log.warning("%s: streamed %d tokens but generate returned %d", self.label, sum(counts), len(ids))
+        # the first forward reads the whole prompt; count it as lp does: the prompt's last token
+        # (lp's prefill, the prompt but its last token, is not a step)
+        fed = [1] + fed[1:len(times)]
         return DecodeOutput(ids, len(times), times[0] - t0, t_end - times[0],
-                            [b - a for a, b in zip(times[:-1], times[1:])], counts)
+                            [b - a for a, b in zip(times[:-1], times[1:])], counts, step_tokens=fed)
 
 
 def hf_greedy(model, eos_ids, pad_id, static: bool = False) -> HFGenerate:
@@ -462,20 +485,40 @@ class Context:
         return pad
 
 
-def parse_lookahead(spec: str) -> tuple[int, int, int] | tuple[str, str, str]:
-    """"W15N5G15" -> (15, 5, 15); "auto" -> ("auto", "auto", "auto"): lp's default, W/N/G chosen
-    from a measured step-cost curve (lp/auto.py)."""
+LOOKAHEAD_OPTIONS = {"pool": ("drafts", "pool"), "text": ("drafts", "pool+text"), "chains": ("tree", False),
+                     "tree": ("tree", True)}
+
+
+def parse_lookahead(spec: str) -> dict:
+    """lp's settings from a config name: "W15N5G15" -> W=15 N=5 G=15; "auto": W/N/G chosen from a
+    measured step-cost curve (lp/auto.py). Options follow with dashes: `-pool` (pool drafts
+    only), `-text` (pool and text drafts), `-chains` (no shared prefixes), `-tree`, `-B80`
+    (budget: 80 verification tokens), `-D6` (text drafts of at most 6 tokens); e.g.
+    "W15N5G15-pool-chains" is the classic verification branch."""
     import re
 
-    if str(spec).strip().lower() == "auto":
-        return ("auto",) * 3
-    m = re.fullmatch(r"\s*W(\d+)N(\d+)G(\d+)\s*", str(spec), flags=re.IGNORECASE)
-    if not m:
-        raise ValueError(f"lookahead config must look like W15N5G15 or auto, got {spec!r}")
-    return int(m[1]), int(m[2]), int(m[3])
+    head, *options = str(spec).strip().split("-")
+    if head.lower() == "auto":
+        out: dict = dict(W="auto", N="auto", G="auto")
+    else:
+        m = re.fullmatch(r"W(\d+)N(\d+)G(\d+)", head, flags=re.IGNORECASE)
+        if not m:
+            raise ValueError(f"lookahead config must look like W15N5G15 or auto (options: -pool, -text, "
+                             f"-chains, -tree, -B<budget>, -D<draft length>), got {spec!r}")
+        out = dict(W=int(m[1]), N=int(m[2]), G=int(m[3]))
+    for opt in options:
+        number = re.fullmatch(r"([BD])(\d+)", opt, flags=re.IGNORECASE)
+        if number:
+            out["budget" if number[1].upper() == "B" else "draft_len"] = int(number[2])
+        elif opt.lower() in LOOKAHEAD_OPTIONS:
+            key, value = LOOKAHEAD_OPTIONS[opt.lower()]
+            out[key] = value
+        else:
+            raise ValueError(f"unknown lookahead option {opt!r} in {spec!r} (known: pool, text, chains, tree, B<n>, D<n>)")
+    return out
 
 
-def build(kinds: list[str], ctx: Context, *, lookahead: list[tuple], seed: int = 0,
+def build(kinds: list[str], ctx: Context, *, lookahead: list[dict], seed: int = 0,
           pool_from_prompt: bool = True, pld_tokens: int = 10, pld_ngram: int = 2,
           tp_impl: str = "dtensor", pp_balance: bool = True) -> list[BenchDecoder]:
     """The decoders named in `kinds`, in that order (`lp` expands to one per lookahead config)."""
@@ -483,8 +526,7 @@ def build(kinds: list[str], ctx: Context, *, lookahead: list[tuple], seed: int =
     lm = ctx.lm
     for kind in kinds:
         if kind == "lp":
-            out += [LPDecoder(lm, W=W, N=N, G=G, seed=seed, pool_from_prompt=pool_from_prompt)
-                    for W, N, G in lookahead]
+            out += [LPDecoder(lm, seed=seed, pool_from_prompt=pool_from_prompt, **config) for config in lookahead]
         elif kind == "lp-ar":
             out.append(LPDecoder(lm, mode="ar", seed=seed))
         elif kind in ("hf-greedy", "hf-static"):

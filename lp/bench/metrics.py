@@ -33,6 +33,12 @@ def tokens_per_s(new_tokens: int, seconds: float) -> float:
     return new_tokens / seconds
 
 
+def mean_step_tokens(step_tokens: Iterable[int]) -> float:
+    """Mean tokens fed to a step's forward, what S is bought with (nan when no step ran)."""
+    t = list(step_tokens)
+    return sum(t) / len(t) if t else NAN
+
+
 def accepted_histogram(accepted_per_step: Iterable[int]) -> dict[int, int]:
     """How many steps committed k tokens, for each k seen: `{k: count}`, sorted by k."""
     counts = Counter(int(a) for a in accepted_per_step)
@@ -162,6 +168,7 @@ def summarize(rows: Sequence[dict], by: Sequence[str] = ("decoder", "category"),
             label=first.get("label"), world_size=first.get("world_size"),
             prompts=len(rs), new_tokens=new, steps=steps,
             S=compression(new, steps),
+            step_tokens=(sum(int(r.get("step_tokens_total") or 0) for r in rs) / steps) if steps else NAN,
             S_mean=(sum(compression(int(r["new_tokens"]), int(r["steps"])) for r in rs) / len(rs)) if rs else NAN,
             prefill_seconds=pre, decode_seconds=dec, tokens_per_s=tokens_per_s(new, dec),
             step_latency_median=median(lat),

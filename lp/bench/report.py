@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-SUMMARY_COLUMNS = ("decoder", "category", "world_size", "prompts", "new_tokens", "steps", "S", "S_mean",
+SUMMARY_COLUMNS = ("decoder", "category", "world_size", "prompts", "new_tokens", "steps", "S", "step_tokens", "S_mean",
                    "tokens_per_s", "decode_seconds", "prefill_seconds", "step_latency_median_ms", "speedup",
                    "speedup_geomean", "outside_forward", "matches_greedy", "mismatches", "accepted_hist", "status")
 
@@ -71,7 +71,8 @@ def write_summary(out_dir: Path, summary: list[dict]) -> None:
 def table(summary: list[dict]) -> str:
     """The printed summary: one line per decoder and category."""
     cols = [("decoder", "decoder", 0), ("category", "category", 0), ("ws", "world_size", 0), ("n", "prompts", 0),
-            ("tokens", "new_tokens", 0), ("steps", "steps", 0), ("S", "S", 2), ("tok/s", "tokens_per_s", 1),
+            ("tokens", "new_tokens", 0), ("steps", "steps", 0), ("S", "S", 2), ("step tok", "step_tokens", 1),
+            ("tok/s", "tokens_per_s", 1),
             ("step ms", "step_latency_median_ms", 1), ("speedup", "speedup", 2), ("outside fwd", "outside_forward", 3),
             ("exact", "matches_greedy", 0),
             ("accepted/step", "accepted_hist", 0), ("status", "status", 0)]

@@ -100,10 +100,10 @@ class Settings:
         except ValueError as e:
             raise LPError(str(e)) from None
 
-    def lookahead_configs(self) -> list[tuple]:
+    def lookahead_configs(self) -> list[dict]:
         if self.lookahead:
             return [parse_lookahead(s) for s in self.lookahead]
-        return [(self.W, self.N, self.G)]
+        return [dict(W=self.W, N=self.N, G=self.G)]
 
 
 def _pick(decoders: list[BenchDecoder], key: str | None, what: str) -> BenchDecoder | None:
@@ -125,13 +125,15 @@ def _row(p: datasets.BenchPrompt, ids: list[int], d: BenchDecoder, o: DecodeOutp
     row = {"tag": s.tag, "dataset": p.dataset, "id": p.id, "category": p.category, "subcategory": p.subcategory,
            "decoder": d.label, "kind": d.name, "world_size": d.world_size if not d.local else 1,
            "model": s.model, "prompt_tokens": len(ids), "max_new_tokens": s.max_new_tokens}
-    row.update({k: d.settings[k] for k in ("W", "N", "G") if k in d.settings})
+    row.update({k: d.settings[k] for k in ("W", "N", "G", "drafts", "tree", "budget", "draft_len") if k in d.settings})
     if o is not None:
         row.update(
             new_tokens=len(o.output_ids), steps=o.steps, S=metrics.compression(len(o.output_ids), o.steps),
             prefill_seconds=o.prefill_seconds, decode_seconds=o.decode_seconds,
             tokens_per_s=metrics.tokens_per_s(len(o.output_ids), o.decode_seconds),
             step_latency_median=metrics.median(o.step_latencies),
+            step_tokens=metrics.mean_step_tokens(o.step_tokens),
+            step_tokens_total=sum(o.step_tokens),
             accepted_hist=metrics.accepted_histogram(o.accepted_per_step),
             accepted_per_step=o.accepted_per_step,
             step_latencies=[round(x, 7) for x in o.step_latencies],

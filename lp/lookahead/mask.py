@@ -3,9 +3,10 @@ which rows need logits. Pure in its shape, so it is built once per shape and cac
 
 A step's input is, in order: the m pending tokens (committed to the output but not yet to the
 KV cache; the last one is x0 at position t), the row-0 prefix rows[0, 1..J-1] that this rank's
-columns need, levels 1..N-2 of each of its columns, then its verification n-grams
-g_c[1..N-1]. Every token sees the committed cache, and within the step only its own chain:
-a token attends to itself and its ancestors (DESIGN.md section 2).
+columns need, levels 1..N-2 of each of its columns, then its verification tree (the drafts'
+tokens, lp/lookahead/tree.py; G unshared n-grams g_c[1..N-1] are G chains). Every token sees
+the committed cache, and within the step only its own chain: a token attends to itself and
+its ancestors (DESIGN.md section 2).
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from functools import lru_cache
 
 import numpy as np
 
-# Token identities: ("p", i) pending i; ("w", l, j) window row l column j; ("g", c, k) candidate c token k.
+from lp.lookahead.tree import chain_parents
+
+# Token identities: ("p", i) pending i; ("w", l, j) window row l column j; ("g", i) tree node i.
 Token = tuple
 
 
@@ -22,16 +25,16 @@ Token = tuple
 class StepLayout:
     """Everything about a step that depends only on its shape.
 
-    `gather` indexes the flat source vector [pending (m), window rows (N-1)*W, candidates
-    (G'*(N-1))] to produce the input ids. `depth` is each token's position relative to x0.
-    `mask[q, k]` says whether step token q may attend to step token k. `logit_rows` lists the
-    rows whose prediction is used: x0's (y1), the last token of each column (new), then every
-    candidate token, in that order.
+    `gather` indexes the flat source vector [pending (m), window rows (N-1)*W, tree tokens
+    (n)] to produce the input ids. `depth` is each token's position relative to x0.
+    `mask[q, k]` says whether step token q may attend to step token k (so its last n x n block
+    says which tree nodes are ancestors of which). `logit_rows` lists the rows whose prediction
+    is used: x0's (y1), the last token of each column (new), then every tree node, in order.
     """
 
     m: int
     columns: range
-    n_cand: int
+    tree: tuple[int, ...]
     tokens: tuple[Token, ...]
     gather: np.ndarray
     depth: np.ndarray
@@ -44,12 +47,19 @@ class StepLayout:
 
 
 @lru_cache(maxsize=4096)
-def step_layout(m: int, W: int, N: int, columns: range, n_cand: int) -> StepLayout:
+def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | int) -> StepLayout:
     """Build the layout of a step with `m` pending tokens, the given window `columns` (a
-    contiguous range inside 0..W-1) and `n_cand` verification n-grams. (Empty ranges compare
-    equal, so the cache may return another empty range's layout: they are identical.)"""
-    if m < 1 or N < 2 or not (0 <= columns.start <= columns.stop <= W) or n_cand < 0:
-        raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} n_cand={n_cand}")
+    contiguous range inside 0..W-1) and a verification tree given by its parent pointers
+    (`DraftTree.parents`: -1 is x0, parents precede children), or an int G: G unshared
+    n-grams of N-1 tokens, the classic branch. (Empty ranges compare equal, so the cache may
+    return another empty range's layout: they are identical.)"""
+    if isinstance(tree, int):
+        if tree < 0:
+            raise ValueError(f"bad step shape: {tree} candidates")
+        return step_layout(m, W, N, columns, chain_parents(tree, N - 1))
+    if m < 1 or N < 2 or not (0 <= columns.start <= columns.stop <= W) \
+            or any(not -1 <= p < i for i, p in enumerate(tree)):
+        raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} tree={tree}")
     tokens: list[Token] = []
     parent: list[int] = []
     depth: list[int] = []
@@ -75,9 +85,9 @@ def step_layout(m: int, W: int, N: int, columns: range, n_cand: int) -> StepLayo
             below = (x0 if j == 0 else index[("w", 0, j)]) if lvl == 1 else index[("w", lvl - 1, j)]
             add(("w", lvl, j), below, lvl + j, win + lvl * W + j)
     cand = win + (N - 1) * W
-    for c in range(n_cand):
-        for k in range(1, N):
-            add(("g", c, k), x0 if k == 1 else index[("g", c, k - 1)], k, cand + c * (N - 1) + k - 1)
+    first = len(tokens)
+    for i, p in enumerate(tree):
+        add(("g", i), x0 if p < 0 else first + p, 1 if p < 0 else depth[first + p] + 1, cand + i)
 
     T = len(tokens)
     mask = np.zeros((T, T), dtype=bool)
@@ -92,11 +102,11 @@ def step_layout(m: int, W: int, N: int, columns: range, n_cand: int) -> StepLayo
         return index[("w", N - 2, j)]
 
     rows = [x0] + [last_of_column(j) for j in columns]
-    rows += [index[("g", c, k)] for c in range(n_cand) for k in range(1, N)]
+    rows += range(first, T)
     return StepLayout(
         m=m,
         columns=columns,
-        n_cand=n_cand,
+        tree=tree,
         tokens=tuple(tokens),
         gather=np.asarray(source, dtype=np.int64),
         depth=np.asarray(depth, dtype=np.int64),

@@ -1,4 +1,5 @@
-"""Greedy verification (paper Algorithm 3) with the bonus token, vectorised on the device."""
+"""Greedy verification (paper Algorithm 3) on a token tree with the bonus token, vectorised on
+the device: the longest path from x0 whose every token is the model's argmax after its parent."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -9,30 +10,39 @@ import torch
 class Acceptance(NamedTuple):
     """Result of one rank's verification, all device tensors (no host sync).
 
-    `best` is the local index of the winning candidate (-1 if none), `accepted` the number of
-    its draft tokens that matched, `tokens` the N tokens the model predicts along it: the step
-    commits `tokens[:accepted + 1]`, i.e. the matched drafts plus the bonus token."""
+    `best` is the local index of the deepest accepted tree node (-1 if none), `accepted` its
+    depth (the number of draft tokens accepted), `tokens` `[width]` the model's tokens along
+    the path to it, padded with -1: the step commits `tokens[:accepted + 1]`, i.e. the matched
+    drafts plus the bonus token."""
 
     best: torch.Tensor
     accepted: torch.Tensor
     tokens: torch.Tensor
 
 
-def greedy_accept(y1: torch.Tensor, drafts: torch.Tensor, preds: torch.Tensor) -> Acceptance:
-    """Pick the candidate with the longest matched prefix (ties: lowest index).
+def greedy_accept(y1: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
+                  ancestors: torch.Tensor, preds: torch.Tensor, width: int) -> Acceptance:
+    """Pick the deepest node whose path from x0 the model would generate (ties: lowest index).
 
-    y1: scalar, the model's next token after x0. drafts: `[G, N-1]` candidate tokens
-    g_c[1..N-1]. preds: `[G, N-1]` the model's argmax after each candidate token."""
-    G, n1 = drafts.shape
-    if G == 0:
-        tokens = torch.full((n1 + 1,), -1, dtype=torch.long, device=y1.device)
-        tokens[0] = y1
+    y1: scalar, the model's next token after x0. tokens, parents, depth, preds: `[n]` each
+    node's draft token, parent (-1: x0), depth (1 for x0's children) and the model's argmax
+    after it. ancestors: bool `[n, n]`, `[i, j]` true iff j is i or an ancestor of i (the last
+    block of the step's mask). width: the message's token slots, more than the deepest node."""
+    n = tokens.shape[0]
+    out = torch.full((width + 1,), -1, dtype=torch.long, device=y1.device)
+    out[0] = y1
+    if n == 0:
         zero = torch.zeros((), dtype=torch.long, device=y1.device)
-        return Acceptance(zero - 1, zero, tokens)
-    # expect[c, k] is the token the model wants at draft slot k of candidate c.
-    expect = torch.cat([y1.reshape(1, 1).expand(G, 1), preds], dim=1)
-    matched = (drafts == expect[:, :-1]).long().cumprod(dim=1).sum(dim=1)
-    best = torch.argmax(matched)  # first maximum: lowest candidate index wins ties
+        return Acceptance(zero - 1, zero, out[:width])
+    expect = torch.cat([y1.reshape(1), preds])  # expect[p + 1]: the model's token after node p
+    ok = tokens == expect[parents + 1]
+    accepted = ~(ancestors & ~ok).any(dim=1)  # the node and all its ancestors match
+    score = torch.where(accepted, depth, 0)
+    best = torch.argmax(score)  # first maximum: lowest index wins ties
     # index_select, not [best]: indexing with a device scalar reads it on the host (a sync)
     pick = best.view(1)
-    return Acceptance(best, matched.index_select(0, pick)[0], expect.index_select(0, pick)[0])
+    length = score.index_select(0, pick)[0]
+    path = ancestors.index_select(0, pick)[0] & (length > 0)
+    # the path's tokens by depth, then the bonus; off-path nodes write to the spare last slot
+    out.scatter_(0, torch.where(path, depth, width), preds)
+    return Acceptance(torch.where(length > 0, best, -1), length, out[:width])

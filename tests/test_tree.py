@@ -1,0 +1,73 @@
+"""The verification tree (lp/lookahead/tree.py) and the text drafts (lp/lookahead/drafts.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lp.lookahead.drafts import text_drafts
+from lp.lookahead.tree import build_tree, chains
+
+
+def paths(tree) -> set[tuple[int, ...]]:
+    """Every root-to-node token path of a tree."""
+    out = set()
+    for i in range(tree.size):
+        path, j = [], i
+        while j >= 0:
+            path.append(int(tree.tokens[j]))
+            j = tree.parents[j]
+        out.add(tuple(reversed(path)))
+    return out
+
+
+def test_trie_shares_prefixes_and_keeps_every_draft():
+    drafts = [(1, 2, 3), (1, 2, 4), (5, 6), (1, 7), (5, 6, 8)]
+    tree = build_tree(drafts, budget=100)
+    assert tree.size == 8  # 1 2 3 4 7 | 5 6 8
+    assert all(d in paths(tree) for d in drafts)
+    assert all(p < i for i, p in enumerate(tree.parents))
+    assert tree.groups() == (5, 3)  # root subtrees, first-seen order
+    assert tree.depth.tolist() == [1, 2, 3, 3, 2, 1, 2, 3]
+
+
+def test_unshared_chains_and_groups_by_first_token():
+    drafts = [(1, 2), (5, 6), (1, 3)]
+    tree = build_tree(drafts, budget=100, share=False)
+    assert tree.size == 6
+    assert tree.tokens[tree.roots].tolist() == [1, 1, 5]  # same first token: adjacent
+    assert tree.groups() == (4, 2)
+
+
+def test_budget_takes_drafts_in_rank_order_and_truncates_the_last():
+    drafts = [(1, 2, 3), (4, 5, 6), (1, 2, 9)]
+    tree = build_tree(drafts, budget=5)
+    assert paths(tree) == {(1,), (1, 2), (1, 2, 3), (4,), (4, 5)}
+    # the shared prefix costs nothing: the third draft's new node fits where a chain would not
+    tree = build_tree([(1, 2, 3), (1, 2, 9), (4, 5, 6)], budget=5)
+    assert paths(tree) == {(1,), (1, 2), (1, 2, 3), (1, 2, 9), (4,)}
+    assert build_tree(drafts, budget=0).size == 0
+
+
+def test_slice_keeps_whole_subtrees_only():
+    tree = build_tree([(1, 2, 3), (4, 5), (6,)], budget=100)
+    part = tree.slice(3, 5)
+    assert part.tokens.tolist() == [4, 5] and part.parents == (-1, 0)
+    with pytest.raises(ValueError):
+        tree.slice(1, 4)
+
+
+def test_chains_layout():
+    tree = chains(np.array([[1, 2], [3, 4]]))
+    assert tree.parents == (-1, 0, -1, 2) and tree.tokens.tolist() == [1, 2, 3, 4]
+
+
+def test_text_drafts_continue_the_longest_suffix_match():
+    #          0  1  2  3  4  5  6  7  8  9 10 11
+    text = np.array([7, 1, 2, 3, 4, 9, 2, 3, 5, 6, 1, 2, 3])
+    # suffix (1, 2, 3) occurred at 1..3 (then 4, 9, ...); (2, 3) also at 6..7 (then 5, 6)
+    got = text_drafts(text, length=3, count=4)
+    assert got[0] == (4, 9, 2) and got[1] == (5, 6, 1)
+    assert text_drafts(text, length=3, count=1) == [(4, 9, 2)]
+    # a lone token match (x0 only) is the pool's job
+    assert text_drafts(np.array([3, 8, 4, 3]), length=2, count=4) == []
+    assert text_drafts(np.array([5]), length=2, count=4) == []
