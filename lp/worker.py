@@ -9,6 +9,8 @@ lp/graph.py).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import torch
 
@@ -21,6 +23,7 @@ from lp.kv import KVCache
 from lp.lookahead.mask import StepLayout
 
 DEFAULT_MAX_SEQ_LEN = 8192  # committed tokens when neither the user nor a shorter context says less
+LAYOUTS_KEPT = 256  # step layouts kept on the device
 STEP_ROOM = 512  # cache slots past max_seq_len for one step's speculative tokens (W=60 N=5 G=60 fits)
 
 
@@ -89,7 +92,7 @@ class Worker:
         # Step ids go to the device from pinned memory without blocking the host (CUDA only).
         self._staging = torch.empty(capacity, dtype=torch.long, pin_memory=True) if cuda else None
         self._staged: torch.cuda.Event | None = None  # the last copy out of the staging buffer
-        self._layouts: dict[StepLayout, DeviceLayout] = {}
+        self._layouts: OrderedDict[StepLayout, DeviceLayout] = OrderedDict()  # most recent last
 
     @property
     def capacity(self) -> int:
@@ -145,7 +148,12 @@ class Worker:
         tokens is written but not committed; call `commit(layout.m)` to keep the pending ones."""
         dev = self._layouts.get(layout)
         if dev is None:
+            # draft trees make many shapes: keep the recent ones (most steps repeat a shape)
+            if len(self._layouts) >= LAYOUTS_KEPT:
+                self._layouts.popitem(last=False)
             dev = self._layouts[layout] = device_layout(layout, self.device, self.fixed is not None)
+        else:
+            self._layouts.move_to_end(layout)
         if self.fixed is not None:
             return self.fixed.step(ids, dev, x0_position)
         c = self.kv.length

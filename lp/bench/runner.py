@@ -60,6 +60,7 @@ class Settings:
     attention: str = "auto"
     max_seq_len: int | None = None
     backend: str = "auto"
+    nproc: int = 1  # read by the command line (lp/cli.py), which starts the ranks itself
     timeout_s: float = 600.0
     out_dir: str = "bench-results/latest"
     tag: str | None = None
