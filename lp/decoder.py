@@ -163,10 +163,9 @@ class Decoder:
                 y1, acc = _sampled_accept(cfg, logits[0], tree, plan.candidates, logits[1 + n_cols:], u, width)
             else:
                 y1 = argmax[0]
-                T = layout.size
-                node = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
-                acc = greedy_accept(y1, ids[T - n:], node(np.asarray(mine.parents, dtype=np.int64)),
-                                    node(mine.depth), node(layout.mask[T - n:, T - n:]), argmax[1 + n_cols:], width)
+                tree_on_device = self.worker.on_device(layout)  # no per-step upload: a copy would sync
+                acc = greedy_accept(y1, ids[layout.size - n:], tree_on_device.parents, tree_on_device.tree_depth,
+                                    tree_on_device.tree_ancestors, argmax[1 + n_cols:], width)
             message = pack(y1, acc, plan.candidates.start, new, len(out), checksum, W)
             outcome = merge(self.comm.all_gather(message).cpu().numpy(), plans, width)  # the step's one sync
 

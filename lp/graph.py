@@ -49,8 +49,21 @@ class DeviceLayout:
     block: torch.Tensor  # [S, S] bool: the step mask, pad tokens see only themselves
     depth: torch.Tensor  # [S] long: positions relative to x0
     rows: torch.Tensor  # [R] long, or [S] at fixed shapes (the used rows first)
+    parents: torch.Tensor  # [n] long: the verification tree's parent pointers (-1: x0)
     size: int  # T, the real token count
     n_rows: int  # R, the used logit rows
+
+    @property
+    def tree_depth(self) -> torch.Tensor:
+        """`[n]` the tree nodes' depths (1: x0's children); they are the last real tokens."""
+        n, T = self.parents.shape[0], self.size
+        return self.depth[T - n:T]
+
+    @property
+    def tree_ancestors(self) -> torch.Tensor:
+        """`[n, n]` bool: `[i, j]` iff node j is node i or one of its ancestors."""
+        n, T = self.parents.shape[0], self.size
+        return self.block[T - n:T, T - n:T]
 
 
 def device_layout(layout: StepLayout, device: torch.device, fixed: bool) -> DeviceLayout:
@@ -70,7 +83,7 @@ def device_layout(layout: StepLayout, device: torch.device, fixed: bool) -> Devi
         host = torch.from_numpy(a)
         return (host.pin_memory() if pinned else host).to(device, non_blocking=pinned)
 
-    return DeviceLayout(to(block), to(depth), to(rows), T, R)
+    return DeviceLayout(to(block), to(depth), to(rows), to(np.asarray(layout.tree, dtype=np.int64)), T, R)
 
 
 class _Bucket:

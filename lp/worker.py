@@ -142,10 +142,8 @@ class Worker:
         self.forward(StepInputs(ids, positions, block, rows, extent=c + T, committed=c, causal=c == 0))
         self.kv.commit(T)
 
-    @torch.inference_mode()
-    def step(self, ids: torch.Tensor, layout: StepLayout, x0_position: int) -> torch.Tensor:
-        """One step's forward: logits `[R, vocab]` for `layout.logit_rows`. The KV of all T
-        tokens is written but not committed; call `commit(layout.m)` to keep the pending ones."""
+    def on_device(self, layout: StepLayout) -> DeviceLayout:
+        """`layout` on the device, uploaded once and kept while it is among the recent ones."""
         dev = self._layouts.get(layout)
         if dev is None:
             # draft trees make many shapes: keep the recent ones (most steps repeat a shape)
@@ -154,6 +152,13 @@ class Worker:
             dev = self._layouts[layout] = device_layout(layout, self.device, self.fixed is not None)
         else:
             self._layouts.move_to_end(layout)
+        return dev
+
+    @torch.inference_mode()
+    def step(self, ids: torch.Tensor, layout: StepLayout, x0_position: int) -> torch.Tensor:
+        """One step's forward: logits `[R, vocab]` for `layout.logit_rows`. The KV of all T
+        tokens is written but not committed; call `commit(layout.m)` to keep the pending ones."""
+        dev = self.on_device(layout)
         if self.fixed is not None:
             return self.fixed.step(ids, dev, x0_position)
         c = self.kv.length
