@@ -79,7 +79,8 @@ def test_verification_accepts_drafts(arch, tiny_models, refs):
 
 
 VARIANTS = [dict(drafts="pool", tree=False), dict(drafts="pool", tree=True), dict(drafts="pool+text", tree=False),
-            dict(drafts="pool+text", budget=7, draft_len=3), dict(drafts="pool+text", budget=40)]
+            dict(drafts="pool+text", budget=7, draft_len=3), dict(drafts="pool+text", budget=40),
+            dict(pool_size=30, rank="frequent", text_drafts=8)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()))
