@@ -90,8 +90,9 @@ def test_draft_and_tree_variants_equal_greedy(N, W, G, variant, tiny_models, ref
     for arch in ("llama", "qwen2"):
         g = decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW, **variant)
         assert g.output_ids == refs[arch], (arch, variant)
-        budget = variant.get("budget", G * (N - 1))
-        assert all(t <= 1 + (W - 1) + W * (N - 2) + budget + 4 for t in g.step_tokens)  # + pending
+        cfg = DecodeConfig(W=W, N=N, G=G, **variant)
+        pending = min(cfg.max_draft, cfg.verify_budget) + 1  # the previous step's tokens, x0 last
+        assert all(t <= pending + (W - 1) + W * (N - 2) + cfg.verify_budget for t in g.step_tokens)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
