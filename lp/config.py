@@ -10,7 +10,7 @@ from lp.sampling import validate_sampling
 MODES = ("lookahead", "ar")
 AUTO_KEYS = ("W", "N", "G")  # may be "auto": lp/auto.py chooses them
 DRAFTS = ("pool", "pool+text")
-RANKS = ("recent", "frequent")
+RANKS = ("recent", "frequent", "context")
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,8 @@ class DecodeConfig:
     `draft_len` tokens; `text_drafts` of them per step). `pool_size`: n-grams the pool keeps
     per first token (None: G; more than G lets a tree's shared prefixes leave room for more
     candidates). `rank`: the order of the pool's candidates: `recent` (newest first) or
-    `frequent` (most often produced first). `tree`: verify candidates that share a prefix
+    `frequent` (most often produced first) or `context` (those that also match the token
+    before x0 first, then newest). `tree`: verify candidates that share a prefix
     once (a token tree); false: G-style unshared chains. `budget`: verification tokens per step (None: G*(N-1), the
     classic branch's size, so a shape keeps its cost)."""
 

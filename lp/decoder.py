@@ -59,9 +59,14 @@ def _fingerprint(*parts: object) -> int:
 
 def _drafts(cfg: DecodeConfig, pool: NGramPool, out: np.ndarray) -> list[tuple[int, ...]]:
     """The step's candidates, best first: the text's longest-suffix continuations, then the
-    pool's n-grams under x0, newest (or most frequent) first (duplicates dropped)."""
+    pool's n-grams under x0, newest (or most frequent) first (duplicates dropped). With
+    `rank="context"`, the pool's n-grams that start with the last two tokens come first (what
+    follows them, N-2 tokens): two matched tokens predict better than one."""
+    x0 = int(out[-1])
     ranked = text_drafts(out, cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
-    ranked += pool.best(int(out[-1]), cfg.rank == "frequent")
+    if cfg.rank == "context" and len(out) > 1 and pool.n > 2:
+        ranked += [t[1:] for t in pool.best(int(out[-2])) if t[0] == x0]
+    ranked += pool.best(x0, cfg.rank == "frequent")
     return list(dict.fromkeys(ranked))
 
 

@@ -489,14 +489,15 @@ class Context:
 
 LOOKAHEAD_OPTIONS = {"pool": ("drafts", "pool"), "text": ("drafts", "pool+text"), "chains": ("tree", False),
                      "tree": ("tree", True),
-                     "recent": ("rank", "recent"), "frequent": ("rank", "frequent")}
+                     "recent": ("rank", "recent"), "frequent": ("rank", "frequent"),
+                     "context": ("rank", "context")}
 NUMBER_OPTIONS = {"B": "budget", "D": "draft_len", "T": "text_drafts", "P": "pool_size"}  # -B80 etc.
 
 
 def parse_lookahead(spec: str) -> dict:
     """lp's settings from a config name: "W15N5G15" -> W=15 N=5 G=15; "auto": W/N/G chosen from a
     measured step-cost curve (lp/auto.py). Options follow with dashes: `-pool` (pool drafts
-    only), `-text` (pool and text drafts), `-chains` (no shared prefixes), `-tree`, `-recent`, `-frequent` (pool candidate order), `-B80`
+    only), `-text` (pool and text drafts), `-chains` (no shared prefixes), `-tree`, `-recent`, `-frequent`, `-context` (pool candidate order), `-B80`
     (budget: 80 verification tokens), `-D6` (text drafts of at most 6 tokens), `-T8` (8 text
     drafts per step), `-P60` (the pool keeps 60 n-grams per first token); e.g.
     "W15N5G15-pool-chains" is the classic verification branch."""
@@ -509,7 +510,7 @@ def parse_lookahead(spec: str) -> dict:
         m = re.fullmatch(r"W(\d+)N(\d+)G(\d+)", head, flags=re.IGNORECASE)
         if not m:
             raise ValueError(f"lookahead config must look like W15N5G15 or auto (options: -pool, -text, "
-                             f"-chains, -tree, -recent, -frequent, -B<budget>, -D<draft length>, -T<text drafts>, -P<pool size>), got {spec!r}")
+                             f"-chains, -tree, -recent, -frequent, -context, -B<budget>, -D<draft length>, -T<text drafts>, -P<pool size>), got {spec!r}")
         out = dict(W=int(m[1]), N=int(m[2]), G=int(m[3]))
     for opt in options:
         number = re.fullmatch(r"([BDTP])(\d+)", opt, flags=re.IGNORECASE)
@@ -519,7 +520,7 @@ def parse_lookahead(spec: str) -> dict:
             key, value = LOOKAHEAD_OPTIONS[opt.lower()]
             out[key] = value
         else:
-            raise ValueError(f"unknown lookahead option {opt!r} in {spec!r} (known: pool, text, chains, tree, recent, frequent, B<n>, D<n>, T<n>, P<n>)")
+            raise ValueError(f"unknown lookahead option {opt!r} in {spec!r} (known: pool, text, chains, tree, recent, frequent, context, B<n>, D<n>, T<n>, P<n>)")
     return out
 
 
