@@ -27,9 +27,9 @@ class DecodeConfig:
     each) or `pool+text` (also continuations of the text's longest suffix matches, up to
     `draft_len` tokens; `text_drafts` of them per step). `pool_size`: n-grams the pool keeps
     per first token (None: G; more than G lets a tree's shared prefixes leave room for more
-    candidates). `rank`: the order of the pool's candidates: `recent` (newest first) or
-    `frequent` (most often produced first) or `context` (those that also match the token
-    before x0 first, then newest). `tree`: verify candidates that share a prefix
+    candidates). `rank`: the order of the pool's candidates: `context` (those that also match
+    the token before x0 first, then newest; measured best), `recent` (newest first) or
+    `frequent` (most often produced first). `tree`: verify candidates that share a prefix
     once (a token tree); false: G-style unshared chains. `budget`: verification tokens per step (None: G*(N-1), the
     classic branch's size, so a shape keeps its cost)."""
 
@@ -50,7 +50,7 @@ class DecodeConfig:
     draft_len: int = 10
     text_drafts: int = 4
     pool_size: int | None = None
-    rank: str = "recent"
+    rank: str = "context"
 
     def validate(self) -> "DecodeConfig":
         if self.mode not in MODES:

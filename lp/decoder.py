@@ -60,8 +60,8 @@ def _fingerprint(*parts: object) -> int:
 def _drafts(cfg: DecodeConfig, pool: NGramPool, out: np.ndarray) -> list[tuple[int, ...]]:
     """The step's candidates, best first: the text's longest-suffix continuations, then the
     pool's n-grams under x0, newest (or most frequent) first (duplicates dropped). With
-    `rank="context"`, the pool's n-grams that start with the last two tokens come first (what
-    follows them, N-2 tokens): two matched tokens predict better than one."""
+    `rank="context"` (the default), the pool's n-grams that start with the last two tokens come
+    first (what follows them, N-2 tokens): two matched tokens predict better than one."""
     x0 = int(out[-1])
     ranked = text_drafts(out, cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
     if cfg.rank == "context" and len(out) > 1 and pool.n > 2:

@@ -82,7 +82,7 @@ def test_verification_accepts_drafts(arch, tiny_models, refs):
 
 VARIANTS = [dict(drafts="pool", tree=False), dict(drafts="pool", tree=True), dict(drafts="pool+text", tree=False),
             dict(drafts="pool+text", budget=7, draft_len=3), dict(drafts="pool+text", budget=40),
-            dict(pool_size=30, rank="frequent", text_drafts=8), dict(rank="context", draft_len=4)]
+            dict(pool_size=30, rank="frequent", text_drafts=8), dict(rank="recent", draft_len=4)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()))
@@ -314,7 +314,7 @@ def test_draft_ranking():
     for gram in ((5, 1, 1, 1), (5, 2, 2, 2), (5, 2, 2, 2), (5, 3, 3, 3), (4, 5, 3, 9)):
         pool.add(gram[0], gram[1:])
     out = np.asarray([4, 5, 6, 4, 5], dtype=np.int64)  # "4 5" occurred before, followed by 6 4 5
-    assert _drafts(DecodeConfig(drafts="pool"), pool, out) == [(3, 3, 3), (2, 2, 2), (1, 1, 1)]
+    assert _drafts(DecodeConfig(drafts="pool", rank="recent"), pool, out) == [(3, 3, 3), (2, 2, 2), (1, 1, 1)]
     assert _drafts(DecodeConfig(drafts="pool", rank="frequent"), pool, out) == [(2, 2, 2), (3, 3, 3), (1, 1, 1)]
-    assert _drafts(DecodeConfig(drafts="pool", rank="context"), pool, out) == [(3, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
+    assert _drafts(DecodeConfig(drafts="pool"), pool, out) == [(3, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
     assert _drafts(DecodeConfig(draft_len=2), pool, out)[0] == (6, 4)

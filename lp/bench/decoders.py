@@ -500,7 +500,7 @@ def parse_lookahead(spec: str) -> dict:
     only), `-text` (pool and text drafts), `-chains` (no shared prefixes), `-tree`, `-recent`, `-frequent`, `-context` (pool candidate order), `-B80`
     (budget: 80 verification tokens), `-D6` (text drafts of at most 6 tokens), `-T8` (8 text
     drafts per step), `-P60` (the pool keeps 60 n-grams per first token); e.g.
-    "W15N5G15-pool-chains" is the classic verification branch."""
+    "W15N5G15-pool-chains-recent" is the classic verification branch."""
     import re
 
     head, *options = str(spec).strip().split("-")
