@@ -10,6 +10,7 @@ from lp.sampling import validate_sampling
 MODES = ("lookahead", "ar")
 AUTO_KEYS = ("W", "N", "G")  # may be "auto": lp/auto.py chooses them
 DRAFTS = ("pool", "pool+text")
+RANKS = ("recent", "frequent", "context")
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,12 @@ class DecodeConfig:
 
     `drafts`: where verification candidates come from: `pool` (the n-gram pool, N-1 tokens
     each) or `pool+text` (also continuations of the text's longest suffix matches, up to
-    `draft_len` tokens). `tree`: verify candidates that share a prefix once (a token tree);
-    false: G-style unshared chains. `budget`: verification tokens per step (None: G*(N-1), the
+    `draft_len` tokens; `text_drafts` of them per step). `pool_size`: n-grams the pool keeps
+    per first token (None: G; more than G lets a tree's shared prefixes leave room for more
+    candidates). `rank`: the order of the pool's candidates: `context` (those that also match
+    the token before x0 first, then newest; measured best), `recent` (newest first) or
+    `frequent` (most often produced first). `tree`: verify candidates that share a prefix
+    once (a token tree); false: G-style unshared chains. `budget`: verification tokens per step (None: G*(N-1), the
     classic branch's size, so a shape keeps its cost)."""
 
     W: int = 5
@@ -43,6 +48,9 @@ class DecodeConfig:
     tree: bool = True
     budget: int | None = None
     draft_len: int = 10
+    text_drafts: int = 4
+    pool_size: int | None = None
+    rank: str = "context"
 
     def validate(self) -> "DecodeConfig":
         if self.mode not in MODES:
@@ -54,9 +62,11 @@ class DecodeConfig:
         validate_sampling(self.temperature, self.top_k, self.top_p)
         if self.drafts not in DRAFTS:
             raise LPError(f"drafts must be one of {DRAFTS}, got {self.drafts!r}")
+        if self.rank not in RANKS:
+            raise LPError(f"rank must be one of {RANKS}, got {self.rank!r}")
         if not isinstance(self.tree, bool):
             raise LPError(f"tree must be true or false, got {self.tree!r}")
-        for key in ("budget", "draft_len"):
+        for key in ("budget", "draft_len", "text_drafts", "pool_size"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise LPError(f"{key} must be an integer >= 0, got {value!r}")
@@ -66,6 +76,11 @@ class DecodeConfig:
     def verify_budget(self) -> int:
         """Verification tokens per step."""
         return self.G * (self.N - 1) if self.budget is None else self.budget
+
+    @property
+    def pool_capacity(self) -> int:
+        """N-grams the pool keeps per first token (none without G)."""
+        return self.G if self.pool_size is None or not self.G else self.pool_size
 
     @property
     def max_draft(self) -> int:

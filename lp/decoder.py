@@ -25,7 +25,6 @@ from lp.verify.sampling import uniforms_needed
 from lp.worker import Worker
 
 _CHECK_MOD = 2**31 - 1
-TEXT_DRAFTS = 4  # text continuations per step (the budget decides how many fit)
 
 
 @dataclass
@@ -60,9 +59,14 @@ def _fingerprint(*parts: object) -> int:
 
 def _drafts(cfg: DecodeConfig, pool: NGramPool, out: np.ndarray) -> list[tuple[int, ...]]:
     """The step's candidates, best first: the text's longest-suffix continuations, then the
-    pool's n-grams under x0, newest first (duplicates dropped)."""
-    ranked = text_drafts(out, cfg.draft_len, TEXT_DRAFTS) if cfg.drafts == "pool+text" else []
-    ranked += reversed(pool.lookup(int(out[-1])))
+    pool's n-grams under x0, newest (or most frequent) first (duplicates dropped). With
+    `rank="context"` (the default), the pool's n-grams that start with the last two tokens come
+    first (what follows them, N-2 tokens): two matched tokens predict better than one."""
+    x0 = int(out[-1])
+    ranked = text_drafts(out, cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
+    if cfg.rank == "context" and len(out) > 1 and pool.n > 2:
+        ranked += [t[1:] for t in pool.best(int(out[-2])) if t[0] == x0]
+    ranked += pool.best(x0, cfg.rank == "frequent")
     return list(dict.fromkeys(ranked))
 
 
@@ -137,7 +141,7 @@ class Decoder:
         pending = [prompt_ids[-1]]
         checksum = _fingerprint(prompt_ids)
         window = JacobiWindow(W, N, prompt_ids, cfg.seed) if W else None
-        pool = NGramPool(N, G)
+        pool = NGramPool(N, cfg.pool_capacity)
         if G and cfg.pool_from_prompt:
             pool.add_sequence(prompt_ids)
         sampled = cfg.temperature > 0

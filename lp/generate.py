@@ -19,7 +19,8 @@ from lp.runtime import LP, Result
 from lp.worker import check_options
 
 SETTINGS = ("W", "N", "G", "max_new_tokens", "mode", "seed", "pool_from_prompt", "pool_from_output",
-            "temperature", "top_k", "top_p", "drafts", "tree", "budget", "draft_len")
+            "temperature", "top_k", "top_p", "drafts", "tree", "budget", "draft_len", "text_drafts",
+            "pool_size", "rank")
 
 
 def _prompts(cfg: DictConfig) -> list[Prompt]:

@@ -280,6 +280,7 @@ def test_parse_lookahead():
     assert parse_lookahead("W15N5G15-pool-chains") == dict(W=15, N=5, G=15, drafts="pool", tree=False)
     assert parse_lookahead("W7N5G7-text-tree-B40-D6") == dict(W=7, N=5, G=7, drafts="pool+text", tree=True,
                                                               budget=40, draft_len=6)
+    assert parse_lookahead("W7N5G7-frequent-T8-P28") == dict(W=7, N=5, G=7, rank="frequent", text_drafts=8, pool_size=28)
     with pytest.raises(ValueError):
         parse_lookahead("W15N5G15-fast")
     with pytest.raises(ValueError):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
 from unit_helpers import ARCHS, reference_greedy
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder
+from lp.decoder import Decoder, _drafts
+from lp.lookahead import NGramPool
 from lp.errors import LPError
 from lp.worker import Worker
 
@@ -79,7 +81,8 @@ def test_verification_accepts_drafts(arch, tiny_models, refs):
 
 
 VARIANTS = [dict(drafts="pool", tree=False), dict(drafts="pool", tree=True), dict(drafts="pool+text", tree=False),
-            dict(drafts="pool+text", budget=7, draft_len=3), dict(drafts="pool+text", budget=40)]
+            dict(drafts="pool+text", budget=7, draft_len=3), dict(drafts="pool+text", budget=40),
+            dict(pool_size=30, rank="frequent", text_drafts=8), dict(rank="recent", draft_len=4)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()))
@@ -89,8 +92,9 @@ def test_draft_and_tree_variants_equal_greedy(N, W, G, variant, tiny_models, ref
     for arch in ("llama", "qwen2"):
         g = decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW, **variant)
         assert g.output_ids == refs[arch], (arch, variant)
-        budget = variant.get("budget", G * (N - 1))
-        assert all(t <= 1 + (W - 1) + W * (N - 2) + budget + 4 for t in g.step_tokens)  # + pending
+        cfg = DecodeConfig(W=W, N=N, G=G, **variant)
+        pending = min(cfg.max_draft, cfg.verify_budget) + 1  # the previous step's tokens, x0 last
+        assert all(t <= pending + (W - 1) + W * (N - 2) + cfg.verify_budget for t in g.step_tokens)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -302,3 +306,15 @@ def test_parallel_rank_mismatch_is_an_error(tiny_models):
     results, cols = run_ranks(tiny_models["llama"], 2, [PROMPT, other], cfg)
     assert all(isinstance(g, LPError) and "mismatch" in str(g) for g in results), results
     assert [c.calls for c in cols] == [1, 1]  # refused at the handshake, before any step
+
+
+def test_draft_ranking():
+    """Text drafts first; then the pool: newest, most frequent, or two-token matches first."""
+    pool = NGramPool(4, 8)
+    for gram in ((5, 1, 1, 1), (5, 2, 2, 2), (5, 2, 2, 2), (5, 3, 3, 3), (4, 5, 3, 9)):
+        pool.add(gram[0], gram[1:])
+    out = np.asarray([4, 5, 6, 4, 5], dtype=np.int64)  # "4 5" occurred before, followed by 6 4 5
+    assert _drafts(DecodeConfig(drafts="pool", rank="recent"), pool, out) == [(3, 3, 3), (2, 2, 2), (1, 1, 1)]
+    assert _drafts(DecodeConfig(drafts="pool", rank="frequent"), pool, out) == [(2, 2, 2), (3, 3, 3), (1, 1, 1)]
+    assert _drafts(DecodeConfig(drafts="pool"), pool, out) == [(3, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
+    assert _drafts(DecodeConfig(draft_len=2), pool, out)[0] == (6, 4)

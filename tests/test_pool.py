@@ -48,6 +48,15 @@ def test_reinsert_refreshes():
     assert pool.lookup(0) == [(3,), (1,), (4,)]
 
 
+def test_best_newest_or_most_frequent_first():
+    pool = NGramPool(2, 4)
+    for t in (1, 2, 1, 3, 2, 1, 4):  # counts: 1 three times, 2 twice, 3 and 4 once
+        pool.add(0, (t,))
+    assert pool.best(0) == [(4,), (1,), (2,), (3,)]
+    assert pool.best(0, frequent=True) == [(1,), (2,), (4,), (3,)]  # ties: newest first
+    assert pool.best(9) == pool.best(9, frequent=True) == []
+
+
 def test_capacity_is_per_key():
     pool = NGramPool(2, 2)
     for key in range(5):

@@ -89,8 +89,9 @@ class BenchDecoder:
 # ----------------------------------------------------------------------------------- lp
 def _option_name(key: str, value) -> str:
     """An lp option as it is spelled in a lookahead config name (parse_lookahead)."""
-    if key in ("budget", "draft_len"):
-        return f"{'B' if key == 'budget' else 'D'}{value}"
+    letter = next((k for k, name in NUMBER_OPTIONS.items() if name == key), None)
+    if letter is not None:
+        return f"{letter}{value}"
     return next(name for name, kv in LOOKAHEAD_OPTIONS.items() if kv == (key, value))
 
 
@@ -99,7 +100,8 @@ class LPDecoder(BenchDecoder):
 
     def __init__(self, lm, *, mode: str = "lookahead", W: int | str = 5, N: int | str = 3, G: int | str = 5,
                  seed: int = 0, pool_from_prompt: bool = True, **options) -> None:
-        """`options`: further DecodeConfig settings (drafts, tree, budget, draft_len), named in
+        """`options`: further DecodeConfig settings (drafts, tree, budget, draft_len, text_drafts,
+        pool_size), named in
         the label as in `parse_lookahead`."""
         self.name = "lp" if mode == "lookahead" else "lp-ar"
         auto = (W, N, G) == ("auto",) * 3
@@ -486,15 +488,19 @@ class Context:
 
 
 LOOKAHEAD_OPTIONS = {"pool": ("drafts", "pool"), "text": ("drafts", "pool+text"), "chains": ("tree", False),
-                     "tree": ("tree", True)}
+                     "tree": ("tree", True),
+                     "recent": ("rank", "recent"), "frequent": ("rank", "frequent"),
+                     "context": ("rank", "context")}
+NUMBER_OPTIONS = {"B": "budget", "D": "draft_len", "T": "text_drafts", "P": "pool_size"}  # -B80 etc.
 
 
 def parse_lookahead(spec: str) -> dict:
     """lp's settings from a config name: "W15N5G15" -> W=15 N=5 G=15; "auto": W/N/G chosen from a
     measured step-cost curve (lp/auto.py). Options follow with dashes: `-pool` (pool drafts
-    only), `-text` (pool and text drafts), `-chains` (no shared prefixes), `-tree`, `-B80`
-    (budget: 80 verification tokens), `-D6` (text drafts of at most 6 tokens); e.g.
-    "W15N5G15-pool-chains" is the classic verification branch."""
+    only), `-text` (pool and text drafts), `-chains` (no shared prefixes), `-tree`, `-recent`, `-frequent`, `-context` (pool candidate order), `-B80`
+    (budget: 80 verification tokens), `-D6` (text drafts of at most 6 tokens), `-T8` (8 text
+    drafts per step), `-P60` (the pool keeps 60 n-grams per first token); e.g.
+    "W15N5G15-pool-chains-recent" is the classic verification branch."""
     import re
 
     head, *options = str(spec).strip().split("-")
@@ -504,17 +510,17 @@ def parse_lookahead(spec: str) -> dict:
         m = re.fullmatch(r"W(\d+)N(\d+)G(\d+)", head, flags=re.IGNORECASE)
         if not m:
             raise ValueError(f"lookahead config must look like W15N5G15 or auto (options: -pool, -text, "
-                             f"-chains, -tree, -B<budget>, -D<draft length>), got {spec!r}")
+                             f"-chains, -tree, -recent, -frequent, -context, -B<budget>, -D<draft length>, -T<text drafts>, -P<pool size>), got {spec!r}")
         out = dict(W=int(m[1]), N=int(m[2]), G=int(m[3]))
     for opt in options:
-        number = re.fullmatch(r"([BD])(\d+)", opt, flags=re.IGNORECASE)
+        number = re.fullmatch(r"([BDTP])(\d+)", opt, flags=re.IGNORECASE)
         if number:
-            out["budget" if number[1].upper() == "B" else "draft_len"] = int(number[2])
+            out[NUMBER_OPTIONS[number[1].upper()]] = int(number[2])
         elif opt.lower() in LOOKAHEAD_OPTIONS:
             key, value = LOOKAHEAD_OPTIONS[opt.lower()]
             out[key] = value
         else:
-            raise ValueError(f"unknown lookahead option {opt!r} in {spec!r} (known: pool, text, chains, tree, B<n>, D<n>)")
+            raise ValueError(f"unknown lookahead option {opt!r} in {spec!r} (known: pool, text, chains, tree, recent, frequent, context, B<n>, D<n>, T<n>, P<n>)")
     return out
 
 

@@ -9,14 +9,15 @@ import numpy as np
 
 class NGramPool:
     """At most `capacity` distinct (N-1)-token tails per first token; the least recently
-    inserted tail is evicted first, and inserting a tail that is already there refreshes it."""
+    inserted tail is evicted first, and inserting a tail that is already there refreshes it
+    and counts it once more (an n-gram the window or the text keeps producing is likelier)."""
 
     def __init__(self, n: int, capacity: int) -> None:
         if n < 2:
             raise ValueError(f"n-gram size must be >= 2, got {n}")
         self.n = n
         self.capacity = capacity
-        self._table: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+        self._table: dict[int, OrderedDict[tuple[int, ...], int]] = {}  # tail -> times inserted
 
     def add(self, key: int, tail: tuple[int, ...]) -> None:
         """Insert one n-gram `(key, *tail)`."""
@@ -24,9 +25,10 @@ class NGramPool:
             return
         entries = self._table.setdefault(key, OrderedDict())
         if tail in entries:
+            entries[tail] += 1
             entries.move_to_end(tail)
             return
-        entries[tail] = None
+        entries[tail] = 1
         if len(entries) > self.capacity:
             entries.popitem(last=False)
 
@@ -45,6 +47,12 @@ class NGramPool:
         """The tails stored under `key`, oldest first (at most `capacity`)."""
         entries = self._table.get(key)
         return list(entries) if entries else []
+
+    def best(self, key: int, frequent: bool = False) -> list[tuple[int, ...]]:
+        """The tails stored under `key` as candidates, best first: the newest, or with
+        `frequent` the most often inserted (ties: the newest)."""
+        newest = self.lookup(key)[::-1]
+        return sorted(newest, key=self._table[key].__getitem__, reverse=True) if frequent and newest else newest
 
     def keys(self) -> Iterable[int]:
         return self._table.keys()
