@@ -1,5 +1,5 @@
 """step_layout against an independent brute-force construction from the chain rules of
-DESIGN.md section 2: every token sees the earlier tokens of the chains it belongs to, nothing else."""
+docs/design.md section 2: every token sees the earlier tokens of the chains it belongs to, nothing else."""
 from __future__ import annotations
 
 import itertools
@@ -157,7 +157,7 @@ def test_gather_reads_the_right_ids():
 
 
 def test_token_count_formula():
-    """DESIGN.md section 2: a full step feeds 1 + (W-1) + W(N-2) + G'(N-1) tokens."""
+    """docs/design.md section 2: a full step feeds 1 + (W-1) + W(N-2) + G'(N-1) tokens."""
     for W, N, G in itertools.product(range(1, 8), range(2, 7), range(0, 5)):
         assert step_layout(1, W, N, range(W), G).size == 1 + (W - 1) + W * (N - 2) + G * (N - 1)
 

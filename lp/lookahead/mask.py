@@ -6,7 +6,7 @@ KV cache; the last one is x0 at position t), the row-0 prefix rows[0, 1..J-1] th
 columns need, levels 1..N-2 of each of its columns, then its verification tree (the drafts'
 tokens, lp/lookahead/tree.py; G unshared n-grams g_c[1..N-1] are G chains). Every token sees
 the committed cache, and within the step only its own chain: a token attends to itself and
-its ancestors (DESIGN.md section 2).
+its ancestors (docs/design.md section 2).
 """
 from __future__ import annotations
 
