@@ -130,17 +130,19 @@ class AutoTuner:
         elif best is None:
             self.plain_streak += 1
             (W, N, G), T = LADDER[0], step_tokens(*LADDER[0], self.world_size)
-            S, _, rate = self.expect(LADDER[0])
-            reason = (f"plain decoding: even the cheapest lookahead step (W={W} N={N} G={G}, {T} tokens) costs "
-                      f"{self.cost.relative(T):.2f}x a one-token step here and is expected to make "
-                      f"only {S:.2f} tokens, {rate:.2f}x the speed of plain decoding ({basis})")
+            reason = (f"plain decoding: even the cheapest lookahead step (W={W} N={N} G={G}, {T} tokens) "
+                      f"{self._outlook(LADDER[0], 'only ')} ({basis})")
         else:
             T = step_tokens(*best, self.world_size)
-            S, _, rate = self.expect(best)
-            reason = (f"W={best[0]} N={best[1]} G={best[2]}: its {T}-token step costs "
-                      f"{self.cost.relative(T):.2f}x a one-token step here and is expected to make "
-                      f"{S:.2f} tokens, {rate:.2f}x the speed of plain decoding ({basis})")
+            reason = f"W={best[0]} N={best[1]} G={best[2]}: its {T}-token step {self._outlook(best)} ({basis})"
         return best, reason
+
+    def _outlook(self, shape: tuple[int, int, int], only: str = "") -> str:
+        """What a shape's step costs and is expected to make, in words."""
+        S, _, rate = self.expect(shape)
+        T = step_tokens(*shape, self.world_size)
+        return (f"costs {self.cost.relative(T):.2f}x a one-token step here and is expected to make "
+                f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding")
 
     def observe(self, shape: tuple[int, int, int] | None, compression: float) -> None:
         """Record the S a sequence achieved with `shape` (plain sequences teach nothing)."""

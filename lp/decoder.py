@@ -136,8 +136,10 @@ class Decoder:
             torch.cuda.synchronize(dev)
         t1 = time.perf_counter()
 
-        out = list(prompt_ids)
-        text = np.asarray(prompt_ids, dtype=np.int64)  # `out` as an array, for text drafts
+        # the sequence so far, prompt included, in one buffer: seq[:length]
+        seq = np.zeros(L + cfg.max_new_tokens, dtype=np.int64)
+        seq[:L] = prompt_ids
+        length = L
         pending = [prompt_ids[-1]]
         checksum = _fingerprint(prompt_ids)
         window = JacobiWindow(W, N, prompt_ids, cfg.seed) if W else None
@@ -147,9 +149,9 @@ class Decoder:
         sampled = cfg.temperature > 0
         accepted: list[int] = []
         step_tokens: list[int] = []
-        while len(out) - L < cfg.max_new_tokens:
-            x0 = out[-1]
-            tree = build_tree(_drafts(cfg, pool, text), budget, cfg.tree) if budget else build_tree([], 0)
+        while length - L < cfg.max_new_tokens:
+            x0 = int(seq[length - 1])
+            tree = build_tree(_drafts(cfg, pool, seq[:length]), budget, cfg.tree) if budget else build_tree([], 0)
             plans = partition(W, N, tree.size, P, tree.groups(), width=1)
             plan = plans[rank]
             mine = tree.slice(plan.candidates.start, plan.candidates.stop)  # this rank's subtrees
@@ -158,8 +160,8 @@ class Decoder:
             source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.tokens])
             ids = self.worker.upload(source[layout.gather])
 
-            logits = self.worker.step(ids, layout, len(out) - 1)
-            n_cols, n = len(plan.columns), mine.size
+            logits = self.worker.step(ids, layout, length - 1)
+            n_cols = len(plan.columns)
             argmax = logits.argmax(dim=-1)  # one pass over every used row
             new = argmax[1:1 + n_cols]  # the lookahead branch stays greedy
             if sampled:
@@ -168,13 +170,13 @@ class Decoder:
             else:
                 y1 = argmax[0]
                 tree_on_device = self.worker.on_device(layout)  # no per-step upload: a copy would sync
-                acc = greedy_accept(y1, ids[layout.size - n:], tree_on_device.parents, tree_on_device.tree_depth,
+                acc = greedy_accept(y1, ids[layout.size - mine.size:], tree_on_device.parents, tree_on_device.tree_depth,
                                     tree_on_device.tree_ancestors, argmax[1 + n_cols:], width)
-            message = pack(y1, acc, plan.candidates.start, new, len(out), checksum, W)
+            message = pack(y1, acc, plan.candidates.start, new, length, checksum, W)
             outcome = merge(self.comm.all_gather(message).cpu().numpy(), plans, width)  # the step's one sync
 
             self.worker.commit(len(pending))
-            tokens = outcome.tokens[:cfg.max_new_tokens - (len(out) - L)]
+            tokens = outcome.tokens[:cfg.max_new_tokens - (length - L)]
             stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), None)
             if stop is not None:
                 tokens = tokens[:stop + 1]
@@ -184,11 +186,11 @@ class Decoder:
                 window.update(outcome.new)
             for t in tokens:
                 checksum = (checksum * 31 + t) % _CHECK_MOD
-            out += tokens
-            text = np.concatenate([text, np.asarray(tokens, dtype=np.int64)])
+            seq[length:length + len(tokens)] = tokens
+            length += len(tokens)
             if G and cfg.pool_from_output:
                 # the n-grams that end in the new tokens: free candidates, as in prompt lookup
-                pool.add_sequence(out[-(len(tokens) + N - 1):])
+                pool.add_sequence(seq[max(length - len(tokens) - N + 1, 0):length])
             pending = tokens
             accepted.append(len(tokens))
             step_tokens.append(layout.size)
@@ -197,7 +199,7 @@ class Decoder:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t2 = time.perf_counter()
-        return Generation(out[L:], len(accepted), t1 - t0, t2 - t1, accepted, step_tokens)
+        return Generation(seq[L:length].tolist(), len(accepted), t1 - t0, t2 - t1, accepted, step_tokens)
 
 
 __all__ = ["Decoder", "Generation"]

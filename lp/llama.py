@@ -13,6 +13,7 @@ the CUDA graph around the whole step still removes the launches between layers.
 """
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple
 
 import torch
@@ -100,8 +101,7 @@ class LlamaForward:
 
     def compiled(self) -> "LlamaForward":
         """The same forward with each layer compiled (one graph for all layers per step size)."""
-        twin = LlamaForward.__new__(LlamaForward)
-        twin.__dict__.update(self.__dict__)
+        twin = copy.copy(self)  # shares the weights, tables and cache
         twin.layer = torch.compile(self._layer, fullgraph=True, dynamic=False)
         return twin
 

@@ -91,7 +91,7 @@ class Worker:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         # Step ids go to the device from pinned memory without blocking the host (CUDA only).
         self._staging = torch.empty(capacity, dtype=torch.long, pin_memory=True) if cuda else None
-        self._staged: torch.cuda.Event | None = None  # the last copy out of the staging buffer
+        self._staged = torch.cuda.Event() if cuda else None  # marks the last copy out of the staging buffer
         self._layouts: OrderedDict[StepLayout, DeviceLayout] = OrderedDict()  # most recent last
 
     @property
@@ -121,12 +121,10 @@ class Worker:
         host = torch.from_numpy(ids)
         if self._staging is None:
             return host.to(self.device)
-        if self._staged is not None:  # done long ago in practice: the last step was read since
-            self._staged.synchronize()
+        self._staged.synchronize()  # done long ago in practice: the last step was read since
         staged = self._staging[:len(ids)]
         staged.copy_(host)
         out = staged.to(self.device, non_blocking=True)
-        self._staged = torch.cuda.Event()
         self._staged.record()
         return out
 

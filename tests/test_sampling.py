@@ -16,7 +16,8 @@ from transformers.generation.logits_process import (TemperatureLogitsWarper, Top
 
 from lp.errors import LPError
 from lp.sampling import uniforms, validate_sampling, warp
-from lp.lookahead.tree import build_tree, chains
+from lp.lookahead.tree import build_tree
+from unit_helpers import chains
 from lp.verify.sampling import FirstLevel, Sampled, alive_after, sample_accept, sample_first_level, uniforms_needed
 from unit_helpers import chain_accept, chain_continue, chain_sample
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from lp.lookahead.drafts import text_drafts
-from lp.lookahead.tree import build_tree, chains
+from lp.lookahead.tree import build_tree
+from unit_helpers import chains
 
 
 def paths(tree) -> set[tuple[int, ...]]:

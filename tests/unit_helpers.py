@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -141,7 +142,6 @@ def tree_accept(y1: torch.Tensor, tree, preds: torch.Tensor, width: int):
 def chain_accept(y1: torch.Tensor, drafts: torch.Tensor, preds: torch.Tensor):
     """greedy_accept on G unshared candidates `[G, L]`, `best` as a candidate index (the
     classic branch)."""
-    from lp.lookahead.tree import chains
     from lp.verify import Acceptance
 
     G, L = drafts.shape
@@ -151,7 +151,6 @@ def chain_accept(y1: torch.Tensor, drafts: torch.Tensor, preds: torch.Tensor):
 
 def chain_sample(p_x0: torch.Tensor, drafts: torch.Tensor, p_cand: torch.Tensor, u: torch.Tensor):
     """sample_accept on G unshared candidates `[G, N-1]` with p_cand `[G, N-1, V]`."""
-    from lp.lookahead.tree import chains
     from lp.verify import sample_accept
 
     G, L = drafts.shape
@@ -160,8 +159,15 @@ def chain_sample(p_x0: torch.Tensor, drafts: torch.Tensor, p_cand: torch.Tensor,
 
 def chain_continue(first_token: int, drafts: torch.Tensor, p_cand: torch.Tensor, u: torch.Tensor):
     """sample_continue on alive candidates `[A, N-1]` with p_cand `[A, N-1, V]`."""
-    from lp.lookahead.tree import chains
     from lp.verify import sample_continue
 
     A, L = drafts.shape
     return sample_continue(first_token, chains(drafts.numpy()), p_cand.reshape(A * L, p_cand.shape[-1]), u, L + 1)
+
+
+def chains(drafts: np.ndarray):
+    """`[G, L]` drafts as a tree of G unshared chains (the classic verification branch)."""
+    from lp.lookahead.tree import DraftTree, chain_parents
+
+    G, L = drafts.shape
+    return DraftTree(np.ascontiguousarray(drafts, dtype=np.int64).reshape(-1), chain_parents(G, L))

@@ -60,12 +60,6 @@ def chain_parents(G: int, L: int) -> tuple[int, ...]:
     return tuple(-1 if k == 0 else c * L + k - 1 for c in range(G) for k in range(L))
 
 
-def chains(drafts: np.ndarray) -> DraftTree:
-    """`[G, L]` drafts as G unshared chains."""
-    G, L = drafts.shape
-    return DraftTree(np.ascontiguousarray(drafts, dtype=np.int64).reshape(-1), chain_parents(G, L))
-
-
 def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True) -> DraftTree:
     """The tree of `drafts` (best first) within `budget` nodes: drafts are inserted in order,
     each adding the nodes its prefix does not share, the last one truncated to what is left.
@@ -100,4 +94,4 @@ def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True)
     return DraftTree(np.asarray(tokens, dtype=np.int64), tuple(parents))
 
 
-__all__ = ["DraftTree", "build_tree", "chain_parents", "chains"]
+__all__ = ["DraftTree", "build_tree", "chain_parents"]
