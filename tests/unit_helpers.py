@@ -61,12 +61,29 @@ def tiny_models() -> dict[str, torch.nn.Module]:
 
 
 @torch.inference_mode()
-def reference_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """Plain transformers greedy decoding: the ground truth lookahead decoding must equal."""
+def reference_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int,
+                     eos: list[int] | None = None) -> list[int]:
+    """Plain transformers greedy decoding: the ground truth lookahead decoding must equal
+    (stopping at `eos` ids, like lp, where given)."""
     ids = torch.tensor([prompt], dtype=torch.long, device=next(model.parameters()).device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
+                         max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+def off_greedy(model: torch.nn.Module, prompt: list[int], output: list[int], tol: float) -> int | None:
+    """The first index of `output` whose token's logit, in one transformers forward over prompt +
+    output, is more than `tol` below the best one (None: every token is greedy up to `tol`).
+
+    On a GPU, forwards of different token counts round differently, so a random tiny model's
+    near-ties can flip between two exact implementations; a wrong mask or cache slot shows
+    as a token far from the best."""
+    ids = torch.tensor([prompt + output], dtype=torch.long, device=next(model.parameters()).device)
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+    chosen = logits.gather(1, ids[0, len(prompt):, None])[:, 0]
+    bad = (logits.max(-1).values - chosen > tol).nonzero()
+    return int(bad[0]) if len(bad) else None
 
 
 # ---------------------------------------------------------------------------------------------
