@@ -33,9 +33,11 @@ def _prompts(n: int) -> list[list[int]]:
     return [make_prompt(i, 3 + (i * 7) % 40, 2 + i % 2) for i in range(n)]
 
 
-def test_graphs_survive_many_prompts(model):
-    worker = Worker(model)  # CUDA defaults: graphs, compile, FlexAttention
-    assert worker.fixed is not None and worker.fixed.capture and worker.attention == "flex"
+@pytest.mark.parametrize("attention", ["auto", "sdpa"])  # auto: FlexAttention
+def test_graphs_survive_many_prompts(model, attention):
+    worker = Worker(model, attention=attention)  # CUDA defaults: graphs, compile
+    assert worker.fixed is not None and worker.fixed.capture
+    assert worker.attention == ("flex" if attention == "auto" else attention)
     dec = Decoder(worker, Collective(), set(), 512)
     buffers = [t.data_ptr() for t in worker.kv.k]
     for i, prompt in enumerate(_prompts(32)):
