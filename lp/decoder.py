@@ -16,12 +16,11 @@ from lp.config import DecodeConfig
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool, step_layout
 from lp.lookahead.drafts import text_drafts
+from lp.lookahead.mask import StepLayout
 from lp.lookahead.tree import DraftTree, build_tree
 from lp.message import merge, pack
-from lp.partition import partition
-from lp.sampling import uniforms, warp
-from lp.verify import Acceptance, greedy_accept, sample_continue, sample_first_level
-from lp.verify.sampling import uniforms_needed
+from lp.partition import RankPlan, partition
+from lp.verify.verifier import StepRows, Verifier, verifier_for
 from lp.worker import Worker
 
 _CHECK_MOD = 2**31 - 1
@@ -70,27 +69,48 @@ def _drafts(cfg: DecodeConfig, pool: NGramPool, out: np.ndarray) -> list[tuple[i
     return list(dict.fromkeys(ranked))
 
 
-def _sampled_accept(cfg: DecodeConfig, x0_logits: torch.Tensor, tree: DraftTree, mine: range,
-                    node_logits: torch.Tensor, u: torch.Tensor, width: int) -> tuple[torch.Tensor, Acceptance]:
-    """Sampling verification (Algorithm 4) on one rank. Every rank decides the first token from
-    the tree's root tokens (the drafts are replicated); the rank holding the accepted roots'
-    subtrees walks on. Returns (first token, acceptance) shaped like the greedy result for `pack`."""
-    warp_ = lambda x: warp(x, cfg.temperature, cfg.top_k, cfg.top_p)  # noqa: E731
-    roots = tree.roots
-    first = sample_first_level(warp_(x0_logits), torch.from_numpy(tree.tokens[roots]), u)
-    token = x0_logits.new_tensor(first.token, dtype=torch.long)
-    alive = roots[(tree.tokens[roots] == first.token) & (roots >= mine.start) & (roots < mine.stop)] \
-        if first.accepted else roots[:0]
-    if len(alive) == 0:  # the step commits the first token alone: the no-candidate result
-        none = token.new_zeros(0)
-        return token, greedy_accept(token, none, none, none, none.bool().view(0, 0), none, width)
-    # the alive roots are adjacent (build_tree groups them) and their subtrees whole on this rank
-    start = int(alive[0])
-    stop = int(roots[roots > alive[-1]][0]) if (roots > alive[-1]).any() else tree.size
-    p_nodes = warp_(node_logits[start - mine.start:stop - mine.start])
-    result = sample_continue(first.token, tree.slice(start, stop), p_nodes, u, width)
-    # The lowest alive root stands for the group: a rule fixed before the outcome is seen.
-    return token, Acceptance(token.new_tensor(start - mine.start), token.new_tensor(result.n - 1), result.tokens)
+@dataclass(frozen=True)
+class StepPlan:
+    """One rank's share of a step, all host-side: its input ids (in `layout`'s order) and layout,
+    every rank's plan, and this rank's window columns and tree nodes."""
+
+    ids: np.ndarray
+    layout: StepLayout
+    plans: tuple[RankPlan, ...]
+    rank: int
+    tree: DraftTree
+    mine: DraftTree  # this rank's subtrees of `tree`: nodes `plan.candidates`
+
+    @property
+    def plan(self) -> RankPlan:
+        return self.plans[self.rank]
+
+
+def plan_step(pending: list[int], window: JacobiWindow | None, tree: DraftTree, W: int, N: int, P: int,
+              rank: int) -> StepPlan:
+    """Split the step over P ranks and lay out rank `rank`'s forward: the pending tokens (x0
+    last), its window columns with their row-0 prefix, then its verification subtrees."""
+    plans = partition(W, N, tree.size, P, tree.groups(), width=1)
+    plan = plans[rank]
+    mine = tree.slice(plan.candidates.start, plan.candidates.stop)
+    layout = step_layout(len(pending), W, N, plan.columns, mine.parents)
+    rows = window.rows.ravel() if window is not None else mine.tokens[:0]
+    source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.tokens])
+    return StepPlan(source[layout.gather], layout, plans, rank, tree, mine)
+
+
+class StepObserver:
+    """Watches a decode from outside (the benchmark times forwards with it). Every method is a
+    no-op here; none may change the decode."""
+
+    def prefill_done(self) -> None:
+        """The prompt's KV is queued (not necessarily computed) on the device."""
+
+    def forward_start(self) -> None:
+        """A step's forward is about to be queued."""
+
+    def forward_done(self) -> None:
+        """A step's forward is queued."""
 
 
 class Decoder:
@@ -112,9 +132,12 @@ class Decoder:
             raise LPError(f"rank mismatch: ranks were given different prompts or settings "
                           f"(fingerprints {seen[:, :2].tolist()})")
 
-    def generate(self, prompt_ids: list[int], cfg: DecodeConfig, stream: int = 0) -> Generation:
+    def generate(self, prompt_ids: list[int], cfg: DecodeConfig, stream: int = 0, *,
+                 verifier: Verifier | None = None, observer: StepObserver | None = None) -> Generation:
         """Decode one prompt. With `cfg.temperature > 0`, `stream` selects the random stream
-        (with `cfg.seed`), so several prompts of one run draw independent samples."""
+        (with `cfg.seed`), so several prompts of one run draw independent samples. `verifier`:
+        the acceptance rule (default: greedy, or sampling with cfg's settings); `observer`:
+        watches each step (lp.bench times forwards with it)."""
         cfg.validate()
         if not prompt_ids:
             raise LPError("empty prompt")
@@ -123,58 +146,58 @@ class Decoder:
             raise LPError(f"prompt ({L} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
                           f"{self.max_context} tokens this model decodes (its context, or max_seq_len)")
         self._handshake(prompt_ids, cfg)
+        verify = verifier or verifier_for(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, stream)
+        observe = observer or StepObserver()
         W, N, G = (cfg.W, cfg.N, cfg.G) if cfg.lookahead else (0, 2, 0)
         budget = cfg.verify_budget if cfg.lookahead else 0
         width = min(cfg.max_draft, budget) + 1  # the most tokens a step commits
         P, rank, dev = self.comm.world_size, self.comm.rank, self.worker.device
-        max_step = N + W + W * (N - 1) + budget  # pending + prefix + levels + tree
-        self.worker.reset(L + cfg.max_new_tokens, max_step)
+        # the largest step: `width` pending tokens, every column and the whole tree on one rank
+        self.worker.reset(L + cfg.max_new_tokens, RankPlan(range(W), range(budget)).cost(N, width, 1))
 
         t0 = time.perf_counter()
         self.worker.prefill(torch.tensor(prompt_ids[:-1], dtype=torch.long, device=dev))
+        observe.prefill_done()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t1 = time.perf_counter()
 
-        # the sequence so far, prompt included, in one buffer: seq[:length]
-        seq = np.zeros(L + cfg.max_new_tokens, dtype=np.int64)
+        seq = np.zeros(L + cfg.max_new_tokens, dtype=np.int64)  # the sequence so far: seq[:length]
         seq[:L] = prompt_ids
         length = L
-        pending = [prompt_ids[-1]]
+        pending = [prompt_ids[-1]]  # committed tokens whose KV the next step writes (x0 last)
         checksum = _fingerprint(prompt_ids)
         window = JacobiWindow(W, N, prompt_ids, cfg.seed) if W else None
         pool = NGramPool(N, cfg.pool_capacity)
         if G and cfg.pool_from_prompt:
             pool.add_sequence(prompt_ids)
-        sampled = cfg.temperature > 0
         accepted: list[int] = []
         step_tokens: list[int] = []
         while length - L < cfg.max_new_tokens:
-            x0 = int(seq[length - 1])
+            # plan: drafts -> tree -> this rank's ids and layout
             tree = build_tree(_drafts(cfg, pool, seq[:length]), budget, cfg.tree) if budget else build_tree([], 0)
-            plans = partition(W, N, tree.size, P, tree.groups(), width=1)
-            plan = plans[rank]
-            mine = tree.slice(plan.candidates.start, plan.candidates.stop)  # this rank's subtrees
-            layout = step_layout(len(pending), W, N, plan.columns, mine.parents)
-            rows = window.rows.ravel() if window is not None else mine.tokens[:0]
-            source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.tokens])
-            ids = self.worker.upload(source[layout.gather])
+            step = plan_step(pending, window, tree, W, N, P, rank)
+            layout, cols = step.layout, len(step.plan.columns)
+            ids = self.worker.upload(step.ids)
 
+            # forward: one masked pass, no communication
+            observe.forward_start()
             logits = self.worker.step(ids, layout, length - 1)
-            n_cols = len(plan.columns)
-            argmax = logits.argmax(dim=-1)  # one pass over every used row
-            new = argmax[1:1 + n_cols]  # the lookahead branch stays greedy
-            if sampled:
-                u = uniforms(cfg.seed, stream, len(accepted), uniforms_needed(width - 1))
-                y1, acc = _sampled_accept(cfg, logits[0], tree, plan.candidates, logits[1 + n_cols:], u, width)
-            else:
-                y1 = argmax[0]
-                tree_on_device = self.worker.on_device(layout)  # no per-step upload: a copy would sync
-                acc = greedy_accept(y1, ids[layout.size - mine.size:], tree_on_device.parents, tree_on_device.tree_depth,
-                                    tree_on_device.tree_ancestors, argmax[1 + n_cols:], width)
-            message = pack(y1, acc, plan.candidates.start, new, length, checksum, W)
-            outcome = merge(self.comm.all_gather(message).cpu().numpy(), plans, width)  # the step's one sync
+            observe.forward_done()
 
+            # accept on this rank; the lookahead branch stays greedy
+            argmax = logits.argmax(dim=-1)  # one pass over every used row
+            on_device = self.worker.on_device(layout)  # cached: no per-step upload
+            y1, acc = verify(StepRows(logits, argmax, cols, tree, step.plan.candidates,
+                                      ids[layout.size - step.mine.size:], on_device.parents, on_device.tree_depth,
+                                      on_device.tree_ancestors, len(accepted), width))
+            new = argmax[1:1 + cols]
+
+            # all-gather and merge: the step's one device sync
+            message = pack(y1, acc, step.plan.candidates.start, new, length, checksum, W)
+            outcome = merge(self.comm.all_gather(message).cpu().numpy(), step.plans, width)
+
+            # advance: cache, window, pool, output
             self.worker.commit(len(pending))
             tokens = outcome.tokens[:cfg.max_new_tokens - (length - L)]
             stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), None)
@@ -182,7 +205,7 @@ class Decoder:
                 tokens = tokens[:stop + 1]
             if window is not None:
                 if G and window.ready:
-                    pool.add_rows(window.ngrams(x0, outcome.new))
+                    pool.add_rows(window.ngrams(int(seq[length - 1]), outcome.new))
                 window.update(outcome.new)
             for t in tokens:
                 checksum = (checksum * 31 + t) % _CHECK_MOD
@@ -202,4 +225,4 @@ class Decoder:
         return Generation(seq[L:length].tolist(), len(accepted), t1 - t0, t2 - t1, accepted, step_tokens)
 
 
-__all__ = ["Decoder", "Generation"]
+__all__ = ["Decoder", "Generation", "StepObserver", "StepPlan", "plan_step"]

@@ -18,7 +18,7 @@ from lp import models
 from lp.auto import AutoTuner, CostCurve, calibrate
 from lp.collective import Collective
 from lp.config import DecodeConfig, check_settings
-from lp.decoder import Decoder, Generation
+from lp.decoder import Decoder, Generation, StepObserver
 from lp.errors import LPError
 from lp.worker import Worker
 
@@ -119,17 +119,18 @@ class LP:
         slowest = self.comm.all_gather(micros).max(dim=0).values.cpu()
         return CostCurve(mine.tokens, tuple(x / 1e6 for x in slowest.tolist()))
 
-    def generate(self, prompt: str | list[int], *, chat: bool = False, stream: int = 0, **settings) -> Result:
+    def generate(self, prompt: str | list[int], *, chat: bool = False, stream: int = 0,
+                 observer: StepObserver | None = None, **settings) -> Result:
         """Decode one prompt (text, or token ids) with `DecodeConfig` settings (W, N, G,
         max_new_tokens, mode, temperature, top_k, top_p, seed, ...). W, N and G may be "auto":
         then a shape is chosen to maximise tokens/s (lp/auto.py) and explicit values override
         its fields. When sampling, `stream` (with `seed`) picks the random stream: give each
-        prompt of a run its own."""
+        prompt of a run its own. `observer` watches each step (lp.bench times forwards with it)."""
         check_settings(settings)
         reason = self._auto(settings)
         cfg = DecodeConfig(**settings).validate()
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
-        g: Generation = self.decoder.generate(ids, cfg, stream)
+        g: Generation = self.decoder.generate(ids, cfg, stream, observer=observer)
         shape = (cfg.W, cfg.N, cfg.G) if cfg.lookahead else None
         predicted = None
         if reason is not None:

@@ -209,14 +209,16 @@ class ThreadCollective(Collective):
         return out
 
 
-def run_ranks(model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=()):
+def run_ranks(model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=(), verifiers=None):
+    """Decode on P ranks as threads (`verifiers`: one per rank, default the decoder's own)."""
     hub = _Hub(P)
     cols = [ThreadCollective(hub, r, P) for r in range(P)]
     results: list = [None] * P
 
     def body(r: int) -> None:
         try:
-            results[r] = Decoder(Worker(model), cols[r], set(eos), 512).generate(prompts[r], cfg)
+            verifier = verifiers[r] if verifiers else None
+            results[r] = Decoder(Worker(model), cols[r], set(eos), 512).generate(prompts[r], cfg, verifier=verifier)
         except LPError as e:  # raised symmetrically by every rank (e.g. at the handshake)
             results[r] = e
         except BaseException as e:  # noqa: BLE001 - reported to the test thread
@@ -258,35 +260,29 @@ def test_parallel_split_does_not_change_acceptance(P, N, W, G, tiny_models):
 
 
 @pytest.mark.parametrize("P,W,N,G", [(2, 3, 3, 7), (3, 7, 5, 7)])
-def test_each_rank_verifies_its_own_candidates(P, W, N, G, tiny_models, monkeypatch):
+def test_each_rank_verifies_its_own_candidates(P, W, N, G, tiny_models):
     """Rank r must verify the tree nodes `partition(...)[r].candidates` of the step's tree,
     with their parents: not the first len(...) nodes of it."""
-    import lp.decoder as decoder_mod
     from lp.partition import partition
+    from lp.verify.verifier import GreedyVerifier
 
-    last_tree: dict[str, object] = {}
     checked, wrong = [], []
-    real_build, real_accept = decoder_mod.build_tree, decoder_mod.greedy_accept
 
-    def build(*args):
-        out = real_build(*args)
-        last_tree[threading.current_thread().name] = out
-        return out
+    class Checking(GreedyVerifier):
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
 
-    def accept(y1, tokens, parents, depth, ancestors, preds, width):
-        name = threading.current_thread().name
-        rank = int(name[4:])
-        tree = last_tree[name]
-        plan = partition(W, N, tree.size, P, tree.groups(), width=1)[rank]
-        want = tree.slice(plan.candidates.start, plan.candidates.stop)
-        checked.append(want.size)
-        if tokens.tolist() != want.tokens.tolist() or tuple(parents.tolist()) != want.parents:
-            wrong.append((rank, plan.candidates, tokens.tolist(), want.tokens.tolist()))
-        return real_accept(y1, tokens, parents, depth, ancestors, preds, width)
+        def __call__(self, s):
+            plan = partition(W, N, s.tree.size, P, s.tree.groups(), width=1)[self.rank]
+            want = s.tree.slice(plan.candidates.start, plan.candidates.stop)
+            checked.append(want.size)
+            if s.mine != plan.candidates or s.nodes.tolist() != want.tokens.tolist() \
+                    or tuple(s.parents.tolist()) != want.parents:
+                wrong.append((self.rank, plan.candidates, s.nodes.tolist(), want.tokens.tolist()))
+            return super().__call__(s)
 
-    monkeypatch.setattr(decoder_mod, "build_tree", build)
-    monkeypatch.setattr(decoder_mod, "greedy_accept", accept)
-    results, _ = run_ranks(tiny_models["llama"], P, [PROMPT] * P, DecodeConfig(W=W, N=N, G=G, max_new_tokens=24))
+    cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=24)
+    results, _ = run_ranks(tiny_models["llama"], P, [PROMPT] * P, cfg, verifiers=[Checking(r) for r in range(P)])
     assert not any(isinstance(g, BaseException) for g in results), results
     assert sum(checked) > 0
     assert not wrong, f"{len(wrong)} rank-steps verified other candidates, first: {wrong[0]}"

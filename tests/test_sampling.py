@@ -18,7 +18,8 @@ from lp.errors import LPError
 from lp.sampling import uniforms, validate_sampling, warp
 from lp.lookahead.tree import build_tree
 from unit_helpers import chains
-from lp.verify.sampling import FirstLevel, Sampled, alive_after, sample_accept, sample_first_level, uniforms_needed
+from lp.verify.sampling import FirstLevel, Sampled, sample_first_level, uniforms_needed
+from sampling_helpers import alive_after, sample_accept
 from unit_helpers import chain_accept, chain_continue, chain_sample
 
 ALPHA = 1e-3  # false-alarm rate of every statistical test here (seeds are fixed: deterministic)

@@ -4,11 +4,11 @@ wrong acceptance rule is caught by the same test. Each test has a false-alarm ra
 import pytest
 import torch
 
-import lp.decoder
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder
-from lp.testing import chi_square_pvalue, exact_distribution, follow_first_drafts, peaked_llama
+from lp.verify.verifier import SamplingVerifier
+from sampling_helpers import chi_square_pvalue, exact_distribution, follow_first_drafts, peaked_llama
 from lp.worker import Worker
 
 ALPHA = 1e-3
@@ -37,12 +37,14 @@ def expected(model, prompt):
     return exact_distribution(model, prompt, LENGTH, SETTINGS["temperature"], SETTINGS["top_k"])
 
 
-def _lp_samples(model, prompt, **overrides) -> tuple[list[tuple[int, ...]], float]:
+def _lp_samples(model, prompt, rule=None, **overrides) -> tuple[list[tuple[int, ...]], float]:
+    """SAMPLES decodes, stream i each (`rule`: a walk below the first token instead of Algorithm 4's)."""
     dec = Decoder(Worker(model), Collective(), set(), 128)
     cfg = DecodeConfig(**{**SETTINGS, **overrides})
     samples, multi = [], 0
     for i in range(SAMPLES):
-        g = dec.generate(prompt, cfg, stream=i)
+        verifier = SamplingVerifier(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, i, rule) if rule else None
+        g = dec.generate(prompt, cfg, stream=i, verifier=verifier)
         samples.append(tuple(g.output_ids))
         multi += g.accepted[0] > 1
     return samples, multi / SAMPLES
@@ -68,12 +70,11 @@ def test_transformers_sampling_matches_the_model(model, prompt, expected):
     assert chi_square_pvalue(samples, expected) > ALPHA
 
 
-def test_accepting_drafts_always_is_caught(model, prompt, expected, monkeypatch):
+def test_accepting_drafts_always_is_caught(model, prompt, expected):
     def accept_always(first_token, tree, p_nodes, u, width):
         return follow_first_drafts(first_token, tree, p_nodes, width)
 
-    monkeypatch.setattr(lp.decoder, "sample_continue", accept_always)
-    samples, _ = _lp_samples(model, prompt)
+    samples, _ = _lp_samples(model, prompt, rule=accept_always)
     assert chi_square_pvalue(samples, expected) < ALPHA
 
 

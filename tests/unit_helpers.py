@@ -168,7 +168,7 @@ def chain_accept(y1: torch.Tensor, drafts: torch.Tensor, preds: torch.Tensor):
 
 def chain_sample(p_x0: torch.Tensor, drafts: torch.Tensor, p_cand: torch.Tensor, u: torch.Tensor):
     """sample_accept on G unshared candidates `[G, N-1]` with p_cand `[G, N-1, V]`."""
-    from lp.verify import sample_accept
+    from sampling_helpers import sample_accept
 
     G, L = drafts.shape
     return sample_accept(p_x0, chains(drafts.numpy()), p_cand.reshape(G * L, p_cand.shape[-1]), u, L + 1)

@@ -7,12 +7,12 @@ model through lp's decoder under Lookahead Parallelism; rank 0 writes them as JS
 import json
 import sys
 
-
-import lp.decoder
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.testing import follow_first_drafts, peaked_llama
+from lp.decoder import Decoder
+from lp.verify.verifier import SamplingVerifier
 from lp.worker import Worker
+from tests.sampling_helpers import follow_first_drafts, peaked_llama
 
 SETTINGS = dict(W=3, N=3, G=3, max_new_tokens=2, temperature=0.9, top_k=6)
 
@@ -23,15 +23,15 @@ def accept_always(first_token, tree, p_nodes, u, width):
 
 def main() -> None:
     out, samples = sys.argv[1], int(sys.argv[2])
-    if sys.argv[3:] == ["wrong"]:
-        lp.decoder.sample_continue = accept_always
+    wrong = sys.argv[3:] == ["wrong"]
     model, prompt = peaked_llama()
     comm = Collective.from_env("cpu", timeout_s=60)
-    dec = lp.decoder.Decoder(Worker(model), comm, set(), 128)
+    dec = Decoder(Worker(model), comm, set(), 128)
     cfg = DecodeConfig(**SETTINGS)
     rows, multi = [], 0
     for i in range(samples):
-        g = dec.generate(prompt, cfg, stream=i)
+        verifier = SamplingVerifier(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, i, accept_always) if wrong else None
+        g = dec.generate(prompt, cfg, stream=i, verifier=verifier)
         rows.append(g.output_ids)
         multi += g.accepted[0] > 1
     if comm.is_main:

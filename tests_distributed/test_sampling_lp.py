@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lp.testing import chi_square_pvalue, exact_distribution, peaked_llama
+from tests.sampling_helpers import chi_square_pvalue, exact_distribution, peaked_llama
 from _launch import spawn_ranks  # tests_distributed/conftest.py puts this folder on sys.path
 
 ALPHA = 1e-3

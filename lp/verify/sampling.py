@@ -141,13 +141,6 @@ def sample_first_level(p_x0: torch.Tensor, first_tokens: torch.Tensor, u: torch.
     return _level(p_x0, first_tokens.reshape(-1).tolist(), values[0], values[1])
 
 
-def alive_after(first_tokens: torch.Tensor, first: FirstLevel) -> torch.Tensor:
-    """Bool `[r]`: the roots that continue to level 2 (none if no draft was accepted)."""
-    if not first.accepted:
-        return torch.zeros_like(first_tokens, dtype=torch.bool)
-    return first_tokens == first.token
-
-
 def sample_continue(first_token: int, tree: DraftTree, p_nodes: torch.Tensor, u: torch.Tensor,
                     width: int | None = None) -> Sampled:
     """Levels 2.. and the bonus token, after level 1 accepted `first_token`.
@@ -181,25 +174,4 @@ def sample_continue(first_token: int, tree: DraftTree, p_nodes: torch.Tensor, u:
         alive = [c for c in kids if tokens[c] == level.token]
 
 
-def sample_accept(p_x0: torch.Tensor, tree: DraftTree, p_nodes: torch.Tensor, u: torch.Tensor,
-                  width: int | None = None) -> Sampled:
-    """One step's sampling verification (Algorithm 4 + bonus token) on one rank.
-
-    p_x0 `[V]`: P(. | x0) (warped probabilities); tree: the drafts (may be empty); p_nodes
-    `[n, V]`: P after each node; u: >= `uniforms_needed(depth)` uniforms in (0, 1); `width`
-    pads the result (default: depth + 1). Equal to `sample_first_level` followed, when a draft
-    was accepted, by `sample_continue`."""
-    depth = int(tree.depth.max()) if tree.size else 0
-    width = width or depth + 1
-    if p_nodes.shape[0] != tree.size or (tree.size and p_nodes.shape[1] != p_x0.shape[-1]):
-        raise ValueError(f"sample_accept: p_nodes {tuple(p_nodes.shape)} does not match a tree of "
-                         f"{tree.size} nodes and p_x0 {tuple(p_x0.shape)}")
-    _uniform_values(u, uniforms_needed(depth))
-    first = sample_first_level(p_x0, torch.from_numpy(tree.tokens[tree.roots]), u)
-    if not first.accepted:
-        return _finish([first.token], width, p_x0.device)
-    return sample_continue(first.token, tree, p_nodes, u, width)
-
-
-__all__ = ["FirstLevel", "Sampled", "alive_after", "sample_accept",
-           "sample_continue", "sample_first_level", "uniforms_needed"]
+__all__ = ["FirstLevel", "Sampled", "sample_continue", "sample_first_level", "uniforms_needed"]

@@ -1,4 +1,4 @@
-"""Helpers shared by lp's tests and checks: exact next-tokens distributions and a chi-square
+"""Helpers of the sampling tests (tests/ and tests_distributed/): exact next-tokens distributions and a chi-square
 goodness-of-fit test (no scipy needed)."""
 from __future__ import annotations
 
@@ -65,7 +65,6 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], expected: dict[tuple[int, 
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
-__all__ = ["chi_square_pvalue", "exact_distribution", "peaked_llama"]
 
 
 def follow_first_drafts(first_token: int, tree, p_nodes: torch.Tensor, width: int):
@@ -84,3 +83,28 @@ def follow_first_drafts(first_token: int, tree, p_nodes: torch.Tensor, width: in
         out.append(int(tree.tokens[node]))
     out.append(int(p_nodes[node].argmax()))
     return Sampled(torch.tensor(out + [-1] * (width - len(out))), len(out))
+
+
+def alive_after(first_tokens: torch.Tensor, first):
+    """Bool `[r]`: the roots that continue to level 2 after `first` (none if no draft was accepted)."""
+    if not first.accepted:
+        return torch.zeros_like(first_tokens, dtype=torch.bool)
+    return first_tokens == first.token
+
+
+def sample_accept(p_x0: torch.Tensor, tree, p_nodes: torch.Tensor, u: torch.Tensor, width: int | None = None):
+    """One step's sampling verification on one rank, whole: `sample_first_level`, then, when a
+    draft was accepted, `sample_continue` (what lp's SamplingVerifier does across ranks)."""
+    from lp.verify.sampling import Sampled, sample_continue, sample_first_level, uniforms_needed
+
+    depth = int(tree.depth.max()) if tree.size else 0
+    width = width or depth + 1
+    if p_nodes.shape[0] != tree.size or (tree.size and p_nodes.shape[1] != p_x0.shape[-1]):
+        raise ValueError(f"sample_accept: p_nodes {tuple(p_nodes.shape)} does not match a tree of "
+                         f"{tree.size} nodes and p_x0 {tuple(p_x0.shape)}")
+    if u.numel() < uniforms_needed(depth):
+        raise ValueError(f"sampling verification needs {uniforms_needed(depth)} uniforms, got {u.numel()}")
+    first = sample_first_level(p_x0, torch.from_numpy(tree.tokens[tree.roots]), u)
+    if not first.accepted:
+        return Sampled(torch.tensor([first.token] + [-1] * (width - 1), dtype=torch.long, device=p_x0.device), 1)
+    return sample_continue(first.token, tree, p_nodes, u, width)

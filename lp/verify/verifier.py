@@ -1,0 +1,100 @@
+"""Verifiers: what a step accepts, given its logits. The decoder hands a verifier the step's
+rows (x0's, the window columns', the tree nodes') and gets back the next token after x0 and
+this rank's acceptance; everything about the rule (argmax or sampling, warping, random
+numbers) lives here, so the decoder never sees temperature, top-k or top-p, and a test passes
+its own verifier instead of patching one.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from lp.lookahead.tree import DraftTree
+from lp.sampling import uniforms, warp
+from lp.verify.greedy import Acceptance, greedy_accept
+from lp.verify.sampling import Sampled, sample_continue, sample_first_level, uniforms_needed
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """One rank's step as a verifier reads it. `logits` `[R, V]` has x0's row first, then one
+    row per window column, then one per node of this rank's subtrees (`nodes`, device tensor:
+    their draft tokens). `argmax` is every row's argmax, computed once per step."""
+
+    logits: torch.Tensor
+    argmax: torch.Tensor
+    columns: int  # window columns on this rank
+    tree: DraftTree  # the whole step's tree (the same on every rank)
+    mine: range  # this rank's nodes in `tree`
+    nodes: torch.Tensor
+    parents: torch.Tensor  # [n] device: this rank's parent pointers (-1: x0)
+    depth: torch.Tensor  # [n] device: node depths (1: x0's children)
+    ancestors: torch.Tensor  # [n, n] device bool: [i, j] iff j is i or an ancestor of i
+    step: int  # steps done so far in this sequence
+    width: int  # message token slots: the most tokens a step commits
+
+    @property
+    def node_logits(self) -> torch.Tensor:
+        return self.logits[1 + self.columns:]
+
+    @property
+    def node_argmax(self) -> torch.Tensor:
+        return self.argmax[1 + self.columns:]
+
+
+class GreedyVerifier:
+    """Paper Algorithm 3 on a tree: the deepest path the model's argmax would generate."""
+
+    def __call__(self, s: StepRows) -> tuple[torch.Tensor, Acceptance]:
+        y1 = s.argmax[0]
+        return y1, greedy_accept(y1, s.nodes, s.parents, s.depth, s.ancestors, s.node_argmax, s.width)
+
+
+ContinueRule = Callable[[int, DraftTree, torch.Tensor, torch.Tensor, int], Sampled]
+
+
+class SamplingVerifier:
+    """Paper Algorithm 4 on a tree, with the warped distribution of `model.generate(do_sample=
+    True, temperature, top_k, top_p)`. Its random numbers are a pure function of (seed,
+    stream, step), so every rank draws the same ones. `rule`: the walk below the first token
+    (tests swap in a wrong one to check that the distribution tests catch it)."""
+
+    def __init__(self, temperature: float, top_k: int, top_p: float, seed: int, stream: int,
+                 rule: ContinueRule = sample_continue) -> None:
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.seed, self.stream, self.rule = seed, stream, rule
+
+    def _warp(self, logits: torch.Tensor) -> torch.Tensor:
+        return warp(logits, self.temperature, self.top_k, self.top_p)
+
+    def __call__(self, s: StepRows) -> tuple[torch.Tensor, Acceptance]:
+        """Every rank decides the first token from the tree's root tokens (the drafts are
+        replicated); the rank holding the accepted roots' subtrees walks on."""
+        u = uniforms(self.seed, self.stream, s.step, uniforms_needed(s.width - 1))
+        roots = s.tree.roots
+        first = sample_first_level(self._warp(s.logits[0]), torch.from_numpy(s.tree.tokens[roots]), u)
+        token = s.logits.new_tensor(first.token, dtype=torch.long)
+        mine = (roots >= s.mine.start) & (roots < s.mine.stop)
+        alive = roots[(s.tree.tokens[roots] == first.token) & mine] if first.accepted else roots[:0]
+        if len(alive) == 0:  # the step commits the first token alone: the no-candidate result
+            none = token.new_zeros(0)
+            return token, greedy_accept(token, none, none, none, none.bool().view(0, 0), none, s.width)
+        # the alive roots are adjacent (build_tree groups them) and their subtrees whole on this rank
+        start = int(alive[0])
+        stop = int(roots[roots > alive[-1]][0]) if (roots > alive[-1]).any() else s.tree.size
+        p_nodes = self._warp(s.node_logits[start - s.mine.start:stop - s.mine.start])
+        result = self.rule(first.token, s.tree.slice(start, stop), p_nodes, u, s.width)
+        # The lowest alive root stands for the group: a rule fixed before the outcome is seen.
+        return token, Acceptance(token.new_tensor(start - s.mine.start), token.new_tensor(result.n - 1), result.tokens)
+
+
+Verifier = Callable[[StepRows], tuple[torch.Tensor, Acceptance]]
+
+
+def verifier_for(temperature: float, top_k: int, top_p: float, seed: int, stream: int) -> Verifier:
+    """Greedy at temperature 0, else sampling with these settings."""
+    if temperature > 0:
+        return SamplingVerifier(temperature, top_k, top_p, seed, stream)
+    return GreedyVerifier()
