@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from lp.lookahead.mask import step_layout
+from lp.partition import RankPlan
 from lp.worker import Worker
 
 # (W, N, G) shapes of growing step size; G = W as the paper recommends.
@@ -37,8 +38,7 @@ MARGIN = 1.1
 
 def step_tokens(W: int, N: int, G: int, P: int = 1) -> int:
     """Tokens per rank in a step with all G candidates: input, row-0 prefix, levels, candidates."""
-    total = 1 + (W - 1) + W * (N - 2) + G * (N - 1)
-    return math.ceil(total / P)
+    return math.ceil(RankPlan(range(W), range(G)).cost(N) / P)
 
 
 @dataclass(frozen=True)
