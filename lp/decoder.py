@@ -106,6 +106,11 @@ class StepObserver:
     def prefill_done(self) -> None:
         """The prompt's KV is queued (not necessarily computed) on the device."""
 
+    def planned(self, step: StepPlan, position: int) -> None:
+        """A step is planned (its tree, every rank's share, this rank's layout). x0 sits at
+        sequence position `position`; the KV cache holds the `position + 1 - step.layout.m`
+        tokens before the step's pending ones."""
+
     def forward_start(self) -> None:
         """A step's forward is about to be queued."""
 
@@ -177,6 +182,7 @@ class Decoder:
             # plan: drafts -> tree -> this rank's ids and layout
             tree = build_tree(_drafts(cfg, pool, seq[:length]), budget, cfg.tree) if budget else build_tree([], 0)
             step = plan_step(pending, window, tree, W, N, P, rank)
+            observe.planned(step, length - 1)
             layout, cols = step.layout, len(step.plan.columns)
             ids = self.worker.upload(step.ids)
 

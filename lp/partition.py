@@ -11,6 +11,7 @@ quantity a rank's forward time grows with.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -25,23 +26,28 @@ class RankPlan:
     def cost(self, N: int, pending: int = 1, width: int | None = None) -> int:
         """Tokens this rank feeds: pending tokens, the row-0 prefix, its levels, its candidates
         (`width` tokens each, default N-1)."""
-        prefix = max(self.columns.stop - 1, 0) if len(self.columns) else 0
-        width = N - 1 if width is None else width
-        return pending + prefix + (N - 2) * len(self.columns) + width * len(self.candidates)
+        return _tokens(self.columns.start, self.columns.stop, len(self.candidates), N, pending,
+                       N - 1 if width is None else width)
+
+
+def _tokens(first_col: int, stop_col: int, candidates: int, N: int, pending: int, width: int) -> int:
+    """A rank's step tokens (RankPlan.cost), from plain integers: the partitioner's inner loop."""
+    prefix = stop_col - 1 if stop_col > first_col else 0
+    return pending + prefix + (N - 2) * (stop_col - first_col) + width * candidates
 
 
 def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int, width: int) -> list[RankPlan] | None:
     """Fill ranks in order up to `limit` tokens each: columns first, then whole candidate
-    groups (`ends` are the groups' exclusive end indices)."""
+    groups (`ends` are the groups' exclusive end indices). Cost grows with each column and
+    group added, so each rank's fill is a bisection, not a walk."""
     plans, col, g = [], 0, 0
     for _ in range(P):
         start_col = col
-        while col < W and RankPlan(range(start_col, col + 1), range(0)).cost(N, 1, width) <= limit:
-            col += 1
-        cols, start_cand = range(start_col, col), ends[g - 1] if g else 0
-        while g < len(ends) and RankPlan(cols, range(start_cand, ends[g])).cost(N, 1, width) <= limit:
-            g += 1
-        plans.append(RankPlan(cols, range(start_cand, ends[g - 1] if g else 0)))
+        col = start_col + bisect_right(range(start_col + 1, W + 1), limit,
+                                       key=lambda stop: _tokens(start_col, stop, 0, N, 1, width))
+        start_cand = ends[g - 1] if g else 0
+        g = bisect_right(ends, limit, lo=g, key=lambda end: _tokens(start_col, col, end - start_cand, N, 1, width))
+        plans.append(RankPlan(range(start_col, col), range(start_cand, ends[g - 1] if g else 0)))
     return plans if col == W and g == len(ends) else None
 
 
@@ -63,8 +69,8 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     if W < 0 or N < 2 or G < 0 or P < 1 or sum(groups) != G or min(groups, default=1) < 1 or width < 1:
         raise ValueError(f"bad partition request W={W} N={N} G={G} P={P} groups={groups} width={width}")
     ends = tuple(itertools.accumulate(groups))
-    lo = 1
     hi = RankPlan(range(W), range(G)).cost(N, 1, width)
+    lo = -(-hi // P)  # ranks share the pending token and prefixes, so none carries less than this
     while lo < hi:
         mid = (lo + hi) // 2
         if _greedy(W, N, ends, P, mid, width) is None:

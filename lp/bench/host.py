@@ -27,25 +27,24 @@ import torch
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder
+from lp.decoder import Decoder, StepObserver
 from lp.errors import LPError
-from lp.lookahead.mask import StepLayout
 from lp.message import HEADER
 from lp.worker import Worker
 
 
-class _TimedWorker(Worker):
-    """A worker that records when each forward starts and ends."""
+class _Spans(StepObserver):
+    """Records when each forward starts and ends."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model, graphs=False)
+    def __init__(self) -> None:
         self.spans: list[tuple[float, float]] = []
+        self._start = 0.0
 
-    def step(self, ids: torch.Tensor, layout: StepLayout, x0_position: int) -> torch.Tensor:
-        t0 = time.perf_counter()
-        logits = super().step(ids, layout, x0_position)
-        self.spans.append((t0, time.perf_counter()))
-        return logits
+    def forward_start(self) -> None:
+        self._start = time.perf_counter()
+
+    def forward_done(self) -> None:
+        self.spans.append((self._start, time.perf_counter()))
 
 
 class _Ranks(Collective):
@@ -76,9 +75,10 @@ def host_gaps(cfg: DecodeConfig, P: int, vocab: int = 512, prompt_len: int = 400
     `max_new_tokens` decode by rank 0 of P on a random model and a repetitive random prompt."""
     rng = np.random.default_rng(0)
     prompt = np.tile(rng.integers(3, vocab, 40), prompt_len // 40).tolist()
-    worker = _TimedWorker(_model(vocab, prompt_len + cfg.max_new_tokens + 16))
-    g = Decoder(worker, _Ranks(P), set(), prompt_len + cfg.max_new_tokens).generate(prompt, cfg)
-    gaps = [b[0] - a[1] for a, b in zip(worker.spans[:-1], worker.spans[1:])]
+    worker = Worker(_model(vocab, prompt_len + cfg.max_new_tokens + 16), graphs=False)
+    watch = _Spans()
+    g = Decoder(worker, _Ranks(P), set(), prompt_len + cfg.max_new_tokens).generate(prompt, cfg, observer=watch)
+    gaps = [b[0] - a[1] for a, b in zip(watch.spans[:-1], watch.spans[1:])]
     return gaps, g.step_tokens
 
 

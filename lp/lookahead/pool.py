@@ -21,21 +21,26 @@ class NGramPool:
 
     def add(self, key: int, tail: tuple[int, ...]) -> None:
         """Insert one n-gram `(key, *tail)`."""
-        if self.capacity == 0:
-            return
-        entries = self._table.setdefault(key, OrderedDict())
-        if tail in entries:
-            entries[tail] += 1
-            entries.move_to_end(tail)
-            return
-        entries[tail] = 1
-        if len(entries) > self.capacity:
-            entries.popitem(last=False)
+        self.add_rows(np.asarray([(key, *tail)], dtype=np.int64))
 
     def add_rows(self, grams: np.ndarray) -> None:
-        """Insert each row of an int array `[k, N]` as one n-gram, in row order."""
-        for row in grams.tolist():
-            self.add(row[0], tuple(row[1:]))
+        """Insert each row of an int array `[k, N]` as one n-gram, in row order (`add`, inlined:
+        this runs for every window column of every step)."""
+        if self.capacity == 0:
+            return
+        table, capacity = self._table, self.capacity
+        for key, *tail in grams.tolist():
+            entries = table.get(key)
+            if entries is None:
+                entries = table[key] = OrderedDict()
+            tail = tuple(tail)
+            if tail in entries:
+                entries[tail] += 1
+                entries.move_to_end(tail)
+            else:
+                entries[tail] = 1
+                if len(entries) > capacity:
+                    entries.popitem(last=False)
 
     def add_sequence(self, tokens: Sequence[int]) -> None:
         """Insert every n-gram of a token sequence (used to seed the pool from the prompt)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -88,9 +89,11 @@ def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True)
     stack = [(node, -1) for node in reversed(sorted(root.values(), key=lambda n: rank[n[0]]))]
     while stack:
         (tok, kids), parent = stack.pop()
+        here = len(tokens)
         parents.append(parent)
         tokens.append(tok)
-        stack += [(kid, len(tokens) - 1) for kid in reversed(kids.values())]
+        if kids:
+            stack.extend(zip(reversed(kids.values()), repeat(here)))
     return DraftTree(np.asarray(tokens, dtype=np.int64), tuple(parents))
 
 
