@@ -18,7 +18,9 @@ from unit_helpers import PYTHON, REPO
 
 from lp.bench import datasets, plots, report
 from lp.config import DecodeConfig
-from lp.bench.decoders import parse_lookahead, split_layers, tp_plan, tp_support
+from lp.bench.decoders import parse_lookahead
+from lp.bench.pp import split_layers
+from lp.bench.tp import tp_plan, tp_support
 from lp.bench.runner import Settings, run
 from lp.errors import LPError
 
