@@ -100,14 +100,36 @@ def _option_name(key: str, value) -> str:
     return next(name for name, kv in LOOKAHEAD_OPTIONS.items() if kv == (key, value))
 
 
+class _ForwardTimer(StepObserver):
+    """Times lp's decode from its observer hook: each step's start (step latencies), the time
+    inside the forwards and the prefill's end (where lp's decode clock starts). The device is
+    synchronised after each, so a forward's time is its compute, not its queueing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.starts: list[float] = []
+        self.forward_seconds = 0.0
+        self.prefill_end = 0.0  # set by the prefill, which every decode runs first
+
+    def prefill_done(self) -> None:
+        _sync(self.device)
+        self.prefill_end = time.perf_counter()
+
+    def forward_start(self) -> None:
+        self.starts.append(time.perf_counter())
+
+    def forward_done(self) -> None:
+        _sync(self.device)
+        self.forward_seconds += time.perf_counter() - self.starts[-1]
+
+
 class LPDecoder(BenchDecoder):
     """lp's runtime (`lp.LP`), lookahead or `mode=ar`, on every rank."""
 
     def __init__(self, lm, *, mode: str = "lookahead", W: int | str = 5, N: int | str = 3, G: int | str = 5,
                  seed: int = 0, pool_from_prompt: bool = True, **options) -> None:
         """`options`: further DecodeConfig settings (drafts, tree, budget, draft_len, text_drafts,
-        pool_size), named in
-        the label as in `parse_lookahead`."""
+        pool_size), named in the label as in `parse_lookahead`."""
         self.name = "lp" if mode == "lookahead" else "lp-ar"
         auto = (W, N, G) == ("auto",) * 3
         suffix = "".join(f"-{_option_name(k, v)}" for k, v in options.items())
@@ -123,35 +145,12 @@ class LPDecoder(BenchDecoder):
         r = self.lm.generate(list(prompt_ids), chat=False, max_new_tokens=max_new_tokens, observer=timer,
                              **self.settings)
         # lp's decode clock starts right after the prefill and runs r.seconds (same perf_counter clock).
-        end = timer.prefill_end + r.seconds if timer.prefill_end is not None else time.perf_counter()
+        end = timer.prefill_end + r.seconds
         lat = intervals(timer.starts, max(end, timer.starts[-1])) if timer.starts else []
         chosen = {"mode": r.mode, "W": r.W, "N": r.N, "G": r.G, "auto": r.auto, "predicted": r.predicted} \
             if r.auto else {}
         return DecodeOutput(list(r.output_ids), r.steps, r.prefill_seconds, r.seconds, lat,
                             list(r.accepted_per_step), timer.forward_seconds, chosen, list(r.step_tokens))
-
-
-class _ForwardTimer(StepObserver):
-    """Times lp's decode from its observer hook: each step's start (step latencies), the time
-    inside the forwards and the prefill's end (where lp's decode clock starts). The device is
-    synchronised after each, so a forward's time is its compute, not its queueing."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.starts: list[float] = []
-        self.forward_seconds = 0.0
-        self.prefill_end: float | None = None
-
-    def prefill_done(self) -> None:
-        _sync(self.device)
-        self.prefill_end = time.perf_counter()
-
-    def forward_start(self) -> None:
-        self.starts.append(time.perf_counter())
-
-    def forward_done(self) -> None:
-        _sync(self.device)
-        self.forward_seconds += time.perf_counter() - self.starts[-1]
 
 
 # ----------------------------------------------------------------------------------- transformers
@@ -315,7 +314,8 @@ class PipelineParallel(BenchDecoder):
 @dataclass
 class Context:
     """What decoders share on this rank: lp's replica (`lm`, with the collective), the model's
-    local path, dtype, and end-of-sequence / padding ids."""
+    local path, dtype, and end-of-sequence / padding ids; and each baseline's own copy of the
+    model (`load_model`)."""
 
     lm: object
     path: str
