@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from lp import throughput
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.errors import LPError
@@ -45,11 +46,11 @@ class Generation:
     @property
     def compression(self) -> float:
         """S: generated tokens per decoding step."""
-        return self.new_tokens / max(self.steps, 1)
+        return throughput.compression(self.new_tokens, self.steps)
 
     @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else float("inf")
+        return throughput.tokens_per_s(self.new_tokens, self.seconds)
 
 
 def _fingerprint(*parts: object) -> int:

@@ -18,7 +18,9 @@ from unit_helpers import PYTHON, REPO
 
 from lp.bench import datasets, plots, report
 from lp.config import DecodeConfig
-from lp.bench.decoders import parse_lookahead, split_layers, tp_plan, tp_support
+from lp.bench.decoders import parse_lookahead
+from lp.bench.pp import split_layers
+from lp.bench.tp import tp_plan, tp_support
 from lp.bench.runner import Settings, run
 from lp.errors import LPError
 
@@ -285,3 +287,22 @@ def test_parse_lookahead():
         parse_lookahead("W15N5G15-fast")
     with pytest.raises(ValueError):
         parse_lookahead("15:5:15")
+
+
+def test_baselines_own_their_models(tiny_model_dir):
+    """No baseline runs on lp's model object, nor shares weights with it or with another
+    baseline (lp's worker may compile or hold state on its own)."""
+    import torch
+
+    from lp.bench.decoders import Context, build
+    from lp.runtime import LP
+
+    lm = LP(str(tiny_model_dir), device="cpu")
+    try:
+        ds = build(["hf-greedy", "hf-static", "hf-prompt-lookup", "tp", "pp"],
+                   Context(lm, str(tiny_model_dir), torch.float32), lookahead=[])
+        owned = [d.model for d in ds[:4]] + [ds[4].stage.layers]
+        params = [{id(p) for p in m.parameters()} for m in [lm.model, *owned]]
+        assert all(not (a & b) for i, a in enumerate(params) for b in params[i + 1:])
+    finally:
+        lm.close()

@@ -6,5 +6,6 @@ step, speedup against the autoregressive baseline of the same run, and whether t
 equals greedy decoding. Keys: configs/bench.yaml.
 
 Modules: `datasets` (prompt sets, offline), `decoders` (the `BenchDecoder` interface and its
-implementations), `metrics` (pure functions), `report` (JSONL / CSV / table), `plots` (PNG),
-`runner` (the loop), `__main__` (the hydra entry)."""
+implementations), `tp` and `pp` (tensor and pipeline parallelism, applied to a baseline's own
+model), `metrics` (pure functions), `report` (JSONL / CSV / table), `plots` (PNG), `runner`
+(the loop), `__main__` (the hydra entry)."""

@@ -12,7 +12,9 @@ with `lp.decoder.Decoder`, lp's own decode loop, which `LPDecoder` drives).
 | `pp`               | pipeline parallelism: layers split over P ranks, batch-1 latency | all (P)     |
 
 Under torchrun, rank-0-only decoders run while the other ranks wait at the next collective (so
-the single-process baselines get the whole machine: see `local_threads`).
+the single-process baselines get the whole machine: see `local_threads`). Every baseline runs
+on its own model object (`Context.load_model`), never on lp's, at every world size; `tp` and
+`pp` apply their parallelism to it from outside (lp/bench/tp.py, lp/bench/pp.py).
 
 Every decoder returns a `DecodeOutput`: new token ids, steps, prefill seconds, decode seconds,
 per-step latencies and tokens committed per step. Timing uses `time.perf_counter` with CUDA
@@ -21,15 +23,16 @@ reads the all-gather on the host, transformers' streamer copies each step's toke
 
 Step accounting:
 - lp: `steps` and `accepted_per_step` come from lp itself; prefill (prompt minus its last
-  token) is separate. Step latencies are timed by wrapping `Worker.step` of this replica: step i
-  lasts from its forward's start to the next one's (the all-gather, merge and pool update
-  included); the last one ends when lp's decode clock stops. The time inside `Worker.step` (CUDA-
-  synchronised) is the forward's; the rest of the decode time is host work and the all-gather.
+  token) is separate. Step latencies are timed through lp's `StepObserver` hook: step i lasts
+  from its forward's start to the next one's (the all-gather, merge and pool update included);
+  the last one ends when lp's decode clock stops. The time between a step's `forward_start` and
+  `forward_done` (CUDA-synchronised) is the forward's; the rest of the decode time is host work
+  and the all-gather. (W=auto's calibration runs outside the decode, so it is never counted.)
 - transformers decoders (and tp): a step is one model forward; the first forward (prompt ->
   first token) is timed as prefill and is also counted as a step (it yields a token). Tokens
   committed per forward are observed with a streamer; step latencies are the intervals between
   consecutive forwards' token arrivals (decode steps only).
-- pp: as transformers decoders, with lp's own pipelined loop.
+- pp: as transformers decoders, with its own pipelined loop (lp/bench/pp.py).
 """
 from __future__ import annotations
 
@@ -39,12 +42,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lp import models
+from lp.bench import pp, tp
 from lp.bench.metrics import intervals
+from lp.decoder import StepObserver
 
 log = logging.getLogger(__name__)
 
 KINDS = ("lp", "lp-ar", "hf-greedy", "hf-static", "hf-prompt-lookup", "tp", "pp")
-PP_MODEL_TYPES = ("llama", "mistral", "qwen2")  # embed -> layers -> norm, rotary at model.model
 
 
 @dataclass
@@ -95,14 +100,36 @@ def _option_name(key: str, value) -> str:
     return next(name for name, kv in LOOKAHEAD_OPTIONS.items() if kv == (key, value))
 
 
+class _ForwardTimer(StepObserver):
+    """Times lp's decode from its observer hook: each step's start (step latencies), the time
+    inside the forwards and the prefill's end (where lp's decode clock starts). The device is
+    synchronised after each, so a forward's time is its compute, not its queueing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.starts: list[float] = []
+        self.forward_seconds = 0.0
+        self.prefill_end = 0.0  # set by the prefill, which every decode runs first
+
+    def prefill_done(self) -> None:
+        _sync(self.device)
+        self.prefill_end = time.perf_counter()
+
+    def forward_start(self) -> None:
+        self.starts.append(time.perf_counter())
+
+    def forward_done(self) -> None:
+        _sync(self.device)
+        self.forward_seconds += time.perf_counter() - self.starts[-1]
+
+
 class LPDecoder(BenchDecoder):
     """lp's runtime (`lp.LP`), lookahead or `mode=ar`, on every rank."""
 
     def __init__(self, lm, *, mode: str = "lookahead", W: int | str = 5, N: int | str = 3, G: int | str = 5,
                  seed: int = 0, pool_from_prompt: bool = True, **options) -> None:
         """`options`: further DecodeConfig settings (drafts, tree, budget, draft_len, text_drafts,
-        pool_size), named in
-        the label as in `parse_lookahead`."""
+        pool_size), named in the label as in `parse_lookahead`."""
         self.name = "lp" if mode == "lookahead" else "lp-ar"
         auto = (W, N, G) == ("auto",) * 3
         suffix = "".join(f"-{_option_name(k, v)}" for k, v in options.items())
@@ -114,44 +141,16 @@ class LPDecoder(BenchDecoder):
         self.lm = lm
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> DecodeOutput:
-        worker = self.lm.decoder.worker
-        starts: list[float] = []
-        forward: list[float] = []
-        prefill_end: list[float] = []
-        saved = {k: worker.__dict__[k] for k in ("step", "prefill") if k in worker.__dict__}
-        step, prefill = worker.step, worker.prefill
-
-        def timed_step(*args, **kwargs):
-            t0 = time.perf_counter()
-            out = step(*args, **kwargs)
-            _sync(worker.device)
-            if prefill_end:  # not W=auto's calibration, which runs before the prefill
-                starts.append(t0)
-                forward.append(time.perf_counter() - t0)
-            return out
-
-        def timed_prefill(*args, **kwargs):
-            out = prefill(*args, **kwargs)
-            _sync(worker.device)
-            prefill_end.append(time.perf_counter())
-            return out
-
-        worker.step, worker.prefill = timed_step, timed_prefill
-        try:
-            r = self.lm.generate(list(prompt_ids), chat=False, max_new_tokens=max_new_tokens, **self.settings)
-        finally:
-            for k in ("step", "prefill"):
-                if k in saved:
-                    setattr(worker, k, saved[k])
-                else:
-                    delattr(worker, k)
+        timer = _ForwardTimer(self.lm.comm.device)
+        r = self.lm.generate(list(prompt_ids), chat=False, max_new_tokens=max_new_tokens, observer=timer,
+                             **self.settings)
         # lp's decode clock starts right after the prefill and runs r.seconds (same perf_counter clock).
-        end = prefill_end[0] + r.seconds if prefill_end else time.perf_counter()
-        lat = intervals(starts, max(end, starts[-1])) if starts else []
+        end = timer.prefill_end + r.seconds
+        lat = intervals(timer.starts, max(end, timer.starts[-1])) if timer.starts else []
         chosen = {"mode": r.mode, "W": r.W, "N": r.N, "G": r.G, "auto": r.auto, "predicted": r.predicted} \
             if r.auto else {}
         return DecodeOutput(list(r.output_ids), r.steps, r.prefill_seconds, r.seconds, lat,
-                            list(r.accepted_per_step), sum(forward), chosen, list(r.step_tokens))
+                            list(r.accepted_per_step), timer.forward_seconds, chosen, list(r.step_tokens))
 
 
 # ----------------------------------------------------------------------------------- transformers
@@ -241,42 +240,8 @@ def hf_prompt_lookup(model, eos_ids, pad_id, num_tokens: int = 10, max_ngram: in
 
 
 # ----------------------------------------------------------------------------------- tensor parallel
-def tp_plan(num_layers: int, shard_attention: bool) -> dict[str, str]:
-    """Megatron-style plan for a Llama-like decoder body (keys relative to `model.model`):
-    colwise q/k/v/gate/up, rowwise o/down (one all-reduce after attention and one after the
-    MLP per layer). Without `shard_attention` only the MLP is sharded."""
-    plan = {}
-    for i in range(num_layers):
-        if shard_attention:
-            for p in ("q_proj", "k_proj", "v_proj"):
-                plan[f"layers.{i}.self_attn.{p}"] = "colwise"
-            plan[f"layers.{i}.self_attn.o_proj"] = "rowwise"
-        for p in ("gate_proj", "up_proj"):
-            plan[f"layers.{i}.mlp.{p}"] = "colwise"
-        plan[f"layers.{i}.mlp.down_proj"] = "rowwise"
-    return plan
-
-
-def tp_support(config, world_size: int) -> tuple[str | None, str | None]:
-    """(how, why-not) for tensor parallelism of this model over `world_size` ranks:
-    how = "full" (attention heads and MLP sharded), "mlp-only" (heads do not divide), or None."""
-    cfg = config.get_text_config()
-    heads = cfg.num_attention_heads
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
-    inter = cfg.intermediate_size
-    P = world_size
-    if P == 1:
-        return "full", None
-    if heads % P == 0 and kv % P == 0 and inter % P == 0:
-        return "full", None
-    if inter % P == 0:
-        return "mlp-only", (f"{heads} attention heads / {kv} kv heads are not divisible by {P} ranks: "
-                            f"attention replicated, only the MLP is sharded")
-    return None, f"neither heads ({heads}/{kv} kv) nor intermediate size ({inter}) divisible by {P} ranks"
-
-
 class TensorParallel(HFGenerate):
-    """Greedy `generate` on a tensor-parallel replica over all P ranks.
+    """Greedy `generate` on a tensor-parallel replica over all P ranks (lp/bench/tp.py).
 
     impl="dtensor" (default): torch `parallelize_module` with `tp_plan()`; when the head counts
     do not divide by P (SmolLM2-135M: 9 heads, 3 kv heads -> only P in {1, 3}) it falls back to
@@ -284,20 +249,18 @@ class TensorParallel(HFGenerate):
     (`DistributedConfig(tp_plan="auto")`), which needs the head counts divisible by P, else the
     decoder is reported unsupported. With one rank the plain model runs (nothing to shard)."""
 
-    def __init__(self, ctx, impl: str = "dtensor") -> None:
+    def __init__(self, ctx: "Context", impl: str = "dtensor") -> None:
         from transformers import AutoConfig
 
-        comm = ctx.comm
-        P = comm.world_size
-        config = AutoConfig.from_pretrained(ctx.path)
-        how, why = tp_support(config, P)
+        P = ctx.comm.world_size
+        how, why = tp.tp_support(AutoConfig.from_pretrained(ctx.path), P)
         label = f"tp[{impl}]" if P > 1 else "tp"
         super().__init__(None, ctx.eos_ids, ctx.pad_id, label=label, world_size=P, local=False)
         self.name = "tp"
         if impl not in ("dtensor", "hf"):
             raise ValueError(f"tp_impl must be dtensor or hf, got {impl!r}")
         if P == 1:
-            self.model = ctx.lm.model
+            self.model = ctx.load_model()
             self.note = "1 rank: the unsharded model"
             return
         if how is None or (impl == "hf" and how != "full"):
@@ -307,154 +270,40 @@ class TensorParallel(HFGenerate):
             self.note = why
             self.label = f"tp[{impl},mlp-only]"
         if impl == "hf":
-            self.model = self._load_hf(ctx)
+            self.model = tp.load_hf_tp(ctx.path, ctx.dtype)
         else:
-            self.model = self._load_dtensor(ctx, how == "full")
-
-    @staticmethod
-    def _load_hf(ctx):
-        from transformers import AutoModelForCausalLM
-        from transformers.distributed import DistributedConfig
-
-        model = AutoModelForCausalLM.from_pretrained(
-            ctx.path, dtype=ctx.dtype, attn_implementation="sdpa",
-            distributed_config=DistributedConfig(tp_plan="auto"))
-        return model.eval()
-
-    @staticmethod
-    def _load_dtensor(ctx, shard_attention: bool):
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(ctx.path, dtype=ctx.dtype, attn_implementation="sdpa")
-        model = model.to(ctx.comm.device).eval()
-        mesh = init_device_mesh(ctx.comm.device.type, (ctx.comm.world_size,))
-        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-        body = model.get_decoder()
-        plan = {k: styles[v]() for k, v in tp_plan(len(body.layers), shard_attention).items()}
-        # Every rank loaded the same weights: shard locally, no scatter from rank 0.
-        parallelize_module(body, mesh, plan, src_data_rank=None)
-        return model
+            self.model = tp.parallelize_tp(ctx.load_model(), P, shard_attention=how == "full")
 
 
 # ----------------------------------------------------------------------------------- pipeline parallel
-def split_layers(num_layers: int, world_size: int, head_cost: float = 0.0) -> list[tuple[int, int]]:
-    """Contiguous layer ranges [a_r, b_r) for P pipeline ranks, balancing per-rank cost where
-    each layer costs 1 and the last rank also pays `head_cost` (final norm + LM head, in layer
-    units). Every rank gets at least one layer."""
-    P = world_size
-    if P < 1 or num_layers < P:
-        raise ValueError(f"cannot split {num_layers} layers over {P} ranks (each needs >= 1 layer)")
-    total = num_layers + max(head_cost, 0.0)
-    bounds = [0]
-    for r in range(1, P):
-        target = round(total * r / P)
-        lo, hi = bounds[-1] + 1, num_layers - (P - r)  # leave >= 1 layer for each later rank
-        bounds.append(min(max(target, lo), hi))
-    bounds.append(num_layers)
-    return [(bounds[r], bounds[r + 1]) for r in range(P)]
-
-
 class PipelineParallel(BenchDecoder):
-    """Latency-oriented pipeline for batch 1 (no micro-batching): rank r holds layers
-    [a_r, b_r) (rank 0 also the embedding, the last rank the final norm and LM head). Per step,
-    rank 0 embeds the input, each rank runs its layers and sends the hidden states to the next
-    with send/recv; the last rank picks the greedy token and broadcasts it to every rank. Works
-    with gloo (CPU) and NCCL. Supported: Llama, Mistral, Qwen2 (embed -> layers -> norm,
-    rotary embeddings on the base model; sequences shorter than any sliding window)."""
+    """Greedy decoding through a batch-1 pipeline over all P ranks, rank r holding layers
+    [a_r, b_r) (lp/bench/pp.py); `balance`: give the last rank fewer layers for its LM head."""
 
     name = "pp"
 
-    def __init__(self, ctx, balance: bool = True) -> None:
+    def __init__(self, ctx: "Context", balance: bool = True) -> None:
         from transformers import AutoConfig
 
         comm = ctx.comm
-        P, rank = comm.world_size, comm.rank
+        P = comm.world_size
         super().__init__("pp", P, {"balance": balance})
-        self.comm, self.dev = comm, comm.device
         self.eos_ids = set(ctx.eos_ids)
-        config = AutoConfig.from_pretrained(ctx.path).get_text_config()
-        self.config = config
-        n = config.num_hidden_layers
-        if config.model_type not in PP_MODEL_TYPES:
-            self.unsupported = f"pp: model type '{config.model_type}' not supported (only {', '.join(PP_MODEL_TYPES)})"
+        config = AutoConfig.from_pretrained(ctx.path)
+        self.unsupported = pp.pp_support(config, P)
+        if self.unsupported:
             return
-        if n < P:
-            self.unsupported = f"pp: {n} layers cannot be split over {P} ranks"
-            return
-        # LM head cost in layer units: its matmul against one layer's (attention + MLP) weights.
-        hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        layer = (2 * config.hidden_size * config.num_attention_heads * hd + 2 * config.hidden_size * kv * hd
-                 + 3 * config.hidden_size * config.intermediate_size)
-        head = config.vocab_size * config.hidden_size / layer if balance else 0.0
-        self.ranges = split_layers(n, P, head)
-        a, b = self.ranges[rank]
-        self.label = f"pp[{'-'.join(str(e - s) for s, e in self.ranges)}]" if P > 1 else "pp"
-        if P == 1:
-            model = ctx.lm.model
-        else:
-            from transformers import AutoModelForCausalLM
+        ranges = pp.split_layers(config.get_text_config().num_hidden_layers, P,
+                                 pp.head_cost(config) if balance else 0.0)
+        self.label = f"pp[{'-'.join(str(e - s) for s, e in ranges)}]" if P > 1 else "pp"
+        # loaded on the host: only this rank's stage goes to the device
+        self.stage = pp.PipelineStage(ctx.load_model("cpu"), comm, ranges)
 
-            model = AutoModelForCausalLM.from_pretrained(ctx.path, dtype=ctx.dtype, attn_implementation="sdpa")
-            body = model.get_decoder()
-            body.layers = torch.nn.ModuleList(list(body.layers)[a:b])  # drop the other ranks' layers
-            if rank != 0:
-                body.embed_tokens = torch.nn.Identity()  # a tied LM head keeps its weight
-            if rank != P - 1:
-                body.norm, model.lm_head = torch.nn.Identity(), torch.nn.Identity()
-            model = model.to(self.dev).eval()
-        body = model.get_decoder()
-        self.first, self.last = rank == 0, rank == P - 1
-        self.embed = body.embed_tokens if self.first else None
-        self.layers = list(body.layers) if P > 1 else list(body.layers)[a:b]
-        self.rotary = body.rotary_emb
-        self.norm = body.norm if self.last else None
-        self.head = model.get_output_embeddings() if self.last else None
-        self.dtype = next(model.parameters()).dtype
-        self.hidden = config.hidden_size
-        self._model = model  # keep the (pruned) replica alive
-
-    @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> DecodeOutput:
-        import torch.distributed as dist
-        from transformers import DynamicCache
-
-        P, rank, dev = self.comm.world_size, self.comm.rank, self.dev
-        cache = DynamicCache(config=self.config)
-        L = len(prompt_ids)
-        x = torch.tensor([list(prompt_ids)], dtype=torch.long, device=dev)
-        pos = torch.arange(L, device=dev)[None]
-        tok = torch.zeros(1, dtype=torch.long, device=dev)
-        out: list[int] = []
-        times: list[float] = []
+        dev = self.stage.dev
         _sync(dev)
         t0 = time.perf_counter()
-        for i in range(max_new_tokens):
-            T = pos.shape[1]
-            if self.first:
-                h = self.embed(x)
-            else:
-                h = torch.empty((1, T, self.hidden), dtype=self.dtype, device=dev)
-                dist.recv(h, src=rank - 1)
-            pe = self.rotary(h, position_ids=pos)
-            for layer in self.layers:
-                h = layer(h, attention_mask=None, position_ids=pos, past_key_values=cache, use_cache=True,
-                          position_embeddings=pe)
-            if not self.last:
-                dist.send(h.contiguous(), dst=rank + 1)
-            else:
-                tok = self.head(self.norm(h[:, -1])).argmax(dim=-1)
-            if P > 1:
-                dist.broadcast(tok, src=P - 1)
-            t = int(tok.item())  # waits for the step on the device
-            times.append(time.perf_counter())
-            out.append(t)
-            if t in self.eos_ids:
-                break
-            x = tok.view(1, 1)
-            pos = torch.tensor([[L + i]], device=dev)
+        out, times = self.stage.decode(prompt_ids, max_new_tokens, self.eos_ids)
         _sync(dev)
         t_end = time.perf_counter()
         return DecodeOutput(out, len(times), times[0] - t0, t_end - times[0],
@@ -465,7 +314,8 @@ class PipelineParallel(BenchDecoder):
 @dataclass
 class Context:
     """What decoders share on this rank: lp's replica (`lm`, with the collective), the model's
-    local path, dtype, and end-of-sequence / padding ids."""
+    local path, dtype, and end-of-sequence / padding ids; and each baseline's own copy of the
+    model (`load_model`)."""
 
     lm: object
     path: str
@@ -474,6 +324,12 @@ class Context:
     @property
     def comm(self):
         return self.lm.comm
+
+    def load_model(self, device: str | torch.device | None = None) -> torch.nn.Module:
+        """A fresh copy of the model for a baseline to own (the same weights and dtype, sdpa
+        attention, as lp's), on `device` (default: this rank's): lp's worker may compile or
+        hold state on its own model, so no baseline ever shares it."""
+        return models.load(self.path, self.dtype, device or self.comm.device)[0]
 
     @property
     def eos_ids(self) -> list[int]:
@@ -530,15 +386,20 @@ def build(kinds: list[str], ctx: Context, *, lookahead: list[dict], seed: int = 
     """The decoders named in `kinds`, in that order (`lp` expands to one per lookahead config)."""
     out: list[BenchDecoder] = []
     lm = ctx.lm
+
+    def local_model() -> torch.nn.Module | None:
+        """Its own model for a rank-0-only baseline (the other ranks never run it)."""
+        return ctx.load_model() if ctx.comm.is_main else None
+
     for kind in kinds:
         if kind == "lp":
             out += [LPDecoder(lm, seed=seed, pool_from_prompt=pool_from_prompt, **config) for config in lookahead]
         elif kind == "lp-ar":
             out.append(LPDecoder(lm, mode="ar", seed=seed))
         elif kind in ("hf-greedy", "hf-static"):
-            out.append(hf_greedy(lm.model, ctx.eos_ids, ctx.pad_id, static=kind == "hf-static"))
+            out.append(hf_greedy(local_model(), ctx.eos_ids, ctx.pad_id, static=kind == "hf-static"))
         elif kind == "hf-prompt-lookup":
-            out.append(hf_prompt_lookup(lm.model, ctx.eos_ids, ctx.pad_id, pld_tokens, pld_ngram))
+            out.append(hf_prompt_lookup(local_model(), ctx.eos_ids, ctx.pad_id, pld_tokens, pld_ngram))
         elif kind == "tp":
             out.append(TensorParallel(ctx, tp_impl))
         elif kind == "pp":
@@ -553,4 +414,4 @@ def build(kinds: list[str], ctx: Context, *, lookahead: list[dict], seed: int = 
 
 
 __all__ = ["BenchDecoder", "Context", "DecodeOutput", "HFGenerate", "LPDecoder", "PipelineParallel",
-           "TensorParallel", "build", "parse_lookahead", "split_layers", "tp_plan", "tp_support"]
+           "TensorParallel", "build", "parse_lookahead"]

@@ -4,9 +4,10 @@ baseline of the same run, exactness against the greedy reference, and per-group 
 result rows.
 
 Conventions (docs/design.md section 1):
-- S = generated tokens / decoding steps. For lp a step is one forward of the step layout (its
-  prefill is separate and not a step); for transformers decoders a step is one model forward,
-  the first of which (prompt -> first token) is also timed as their prefill.
+- S = generated tokens / decoding steps and tokens/s are `lp.throughput`'s formulas, the ones
+  lp's own results use (nan when undefined). For lp a step is one forward of the step layout
+  (its prefill is separate and not a step); for transformers decoders a step is one model
+  forward, the first of which (prompt -> first token) is also timed as their prefill.
 - speedup = baseline decode seconds / decoder decode seconds on the same prompt, in the same
   run. Over a group of prompts it is the ratio of summed decode seconds (a throughput ratio,
   the way Spec-Bench pools it), computed only over prompts where both ran.
@@ -17,20 +18,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-NAN = float("nan")
-
-
-def compression(new_tokens: int, steps: int) -> float:
-    """S: generated tokens per decoding step (nan when no step ran)."""
-    if steps <= 0:
-        return NAN
-    return new_tokens / steps
-
-
-def tokens_per_s(new_tokens: int, seconds: float) -> float:
-    if not seconds or seconds <= 0 or math.isnan(seconds):
-        return NAN
-    return new_tokens / seconds
+from lp.throughput import NAN, compression, tokens_per_s  # S and tokens/s: one formula for lp and the bench
 
 
 def mean_step_tokens(step_tokens: Iterable[int]) -> float:
