@@ -387,9 +387,17 @@ def build(kinds: list[str], ctx: Context, *, lookahead: list[dict], seed: int = 
     out: list[BenchDecoder] = []
     lm = ctx.lm
 
+    hf_model: list[torch.nn.Module] = []
+
     def local_model() -> torch.nn.Module | None:
-        """Its own model for a rank-0-only baseline (the other ranks never run it)."""
-        return ctx.load_model() if ctx.comm.is_main else None
+        """The model of the rank-0-only transformers baselines (the other ranks never run them):
+        one copy, never lp's, shared by them, since `generate` leaves a model as it found it
+        (one 7B copy per baseline would not fit beside lp's on one GPU)."""
+        if not ctx.comm.is_main:
+            return None
+        if not hf_model:
+            hf_model.append(ctx.load_model())
+        return hf_model[0]
 
     for kind in kinds:
         if kind == "lp":
