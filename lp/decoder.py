@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,17 +27,19 @@ from lp.worker import Worker
 _CHECK_MOD = 2**31 - 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class Generation:
-    """One sequence's result. `accepted` holds the tokens committed by each step,
-    `step_tokens` the tokens of this rank's forward in each step."""
+    """One sequence's result: the record every decoder returns (lp.runtime.Result and the
+    benchmark's rows extend it), its figures computed here once. `seconds` is the decode time
+    after the prefill; `accepted_per_step` the tokens committed by each step, `step_tokens`
+    the tokens of this rank's forward in each step (empty where a decoder cannot tell)."""
 
     output_ids: list[int]
     steps: int
     prefill_seconds: float
     seconds: float
-    accepted: list[int] = field(default_factory=list)
-    step_tokens: list[int] = field(default_factory=list)
+    accepted_per_step: list[int]
+    step_tokens: list[int]
 
     @property
     def new_tokens(self) -> int:

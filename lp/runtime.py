@@ -10,7 +10,7 @@ each rank holds a full replica and the ranks split each step's lookahead work.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -26,20 +26,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 @dataclass(frozen=True)
-class Result:
+class Result(Generation):
     """One prompt's generation, as written to the output JSONL (docs/design.md section 5)."""
 
     prompt_ids: list[int]
-    output_ids: list[int]
     text: str
-    new_tokens: int
-    steps: int
-    compression: float
-    prefill_seconds: float
-    seconds: float
-    tokens_per_s: float
-    accepted_per_step: list[int]
-    step_tokens: list[int]  # tokens of this rank's forward in each step (what S costs)
     world_size: int
     W: int | None  # None with mode "ar": a plain decode uses no window
     N: int | None
@@ -51,7 +42,9 @@ class Result:
     predicted: dict[str, float] | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The JSONL record: the fields and the figures (new_tokens, compression, tokens_per_s)."""
+        return {**asdict(self), "new_tokens": self.new_tokens, "compression": self.compression,
+                "tokens_per_s": self.tokens_per_s}
 
 
 class LP:
@@ -138,11 +131,9 @@ class LP:
             predicted = {"S": S, "tokens_per_s": tokens_per_s}
             self._tuner.observe(shape, g.compression)
         return Result(
-            prompt_ids=ids, output_ids=g.output_ids,
-            text=self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
-            new_tokens=g.new_tokens, steps=g.steps, compression=g.compression,
-            prefill_seconds=g.prefill_seconds, seconds=g.seconds, tokens_per_s=g.tokens_per_s,
-            accepted_per_step=g.accepted, step_tokens=g.step_tokens, world_size=self.comm.world_size,
+            **{f.name: getattr(g, f.name) for f in fields(Generation)},
+            prompt_ids=ids, text=self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
+            world_size=self.comm.world_size,
             W=cfg.W if shape else None, N=cfg.N if shape else None, G=cfg.G if shape else None, mode=cfg.mode,
             temperature=cfg.temperature, auto=reason, predicted=predicted,
         )

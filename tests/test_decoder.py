@@ -53,8 +53,8 @@ def test_lookahead_equals_greedy(arch, N, W, G, tiny_models, refs):
     g = decode(tiny_models[arch], PROMPT, collective=col, W=W, N=N, G=G, max_new_tokens=MAX_NEW)
     assert g.output_ids == refs[arch]
     assert g.new_tokens == MAX_NEW
-    assert sum(g.accepted) == MAX_NEW and len(g.accepted) == g.steps
-    assert all(1 <= a <= DecodeConfig(W=W, N=N, G=G).max_draft + 1 for a in g.accepted)
+    assert sum(g.accepted_per_step) == MAX_NEW and len(g.accepted_per_step) == g.steps
+    assert all(1 <= a <= DecodeConfig(W=W, N=N, G=G).max_draft + 1 for a in g.accepted_per_step)
     assert col.calls == g.steps + 1  # one handshake, then one all-gather per step
     assert g.compression == pytest.approx(MAX_NEW / g.steps)
     if G == 0:
@@ -72,10 +72,10 @@ def test_verification_accepts_drafts(arch, tiny_models, refs):
         if G:
             g = decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW)
             assert g.output_ids == refs[arch]
-            longest[(N, W, G)] = max(g.accepted)
+            longest[(N, W, G)] = max(g.accepted_per_step)
     assert any(a > 1 for a in longest.values()), longest
     assert any(a > key[0] for key, a in longest.items()), longest
-    full = [max(decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW, drafts="pool").accepted) == N
+    full = [max(decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW, drafts="pool").accepted_per_step) == N
             for N, W, G in CONFIGS if G]
     assert any(full), "no pool n-gram was ever fully matched"
 
@@ -102,7 +102,7 @@ def test_ar_mode(arch, tiny_models, refs):
     col = Collective()
     g = decode(tiny_models[arch], PROMPT, collective=col, mode="ar", max_new_tokens=MAX_NEW)
     assert g.output_ids == refs[arch]
-    assert g.steps == MAX_NEW and g.accepted == [1] * MAX_NEW
+    assert g.steps == MAX_NEW and g.accepted_per_step == [1] * MAX_NEW
     assert col.calls == g.steps + 1
 
 
@@ -138,7 +138,7 @@ def test_eos_stops_generation(N, W, G, tiny_models, refs):
         g = decode(tiny_models["mistral"], PROMPT, eos=[tok, 100_000], collective=col,
                    W=W, N=N, G=G, max_new_tokens=MAX_NEW)
         assert g.output_ids == ref[:pos + 1], (tok, pos)
-        assert g.output_ids[-1] == tok and g.steps == len(g.accepted)
+        assert g.output_ids[-1] == tok and g.steps == len(g.accepted_per_step)
         assert col.calls == g.steps + 1
         tried += 1
     assert tried >= 4
@@ -244,7 +244,7 @@ def test_parallel_ranks_equal_greedy(P, N, W, G, tiny_models, refs):
     for r, g in enumerate(results):
         assert not isinstance(g, BaseException), g
         assert g.output_ids == refs["llama"], r
-        assert g.accepted == results[0].accepted, r
+        assert g.accepted_per_step == results[0].accepted_per_step, r
         assert cols[r].calls == g.steps + 1
 
 
@@ -256,7 +256,7 @@ def test_parallel_split_does_not_change_acceptance(P, N, W, G, tiny_models):
     cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=MAX_NEW)
     one = decode(tiny_models["llama"], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW)
     results, _ = run_ranks(tiny_models["llama"], P, [PROMPT] * P, cfg)
-    assert results[0].accepted == one.accepted
+    assert results[0].accepted_per_step == one.accepted_per_step
 
 
 @pytest.mark.parametrize("P,W,N,G", [(2, 3, 3, 7), (3, 7, 5, 7)])

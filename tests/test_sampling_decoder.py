@@ -46,7 +46,7 @@ def _lp_samples(model, prompt, rule=None, **overrides) -> tuple[list[tuple[int, 
         verifier = SamplingVerifier(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, i, rule) if rule else None
         g = dec.generate(prompt, cfg, stream=i, verifier=verifier)
         samples.append(tuple(g.output_ids))
-        multi += g.accepted[0] > 1
+        multi += g.accepted_per_step[0] > 1
     return samples, multi / SAMPLES
 
 

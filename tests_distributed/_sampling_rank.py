@@ -33,7 +33,7 @@ def main() -> None:
         verifier = SamplingVerifier(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, i, accept_always) if wrong else None
         g = dec.generate(prompt, cfg, stream=i, verifier=verifier)
         rows.append(g.output_ids)
-        multi += g.accepted[0] > 1
+        multi += g.accepted_per_step[0] > 1
     if comm.is_main:
         with open(out, "w") as f:
             json.dump({"samples": rows, "multi": multi / samples, "world_size": comm.world_size}, f)

@@ -45,24 +45,21 @@ import torch
 from lp import models
 from lp.bench import pp, tp
 from lp.bench.metrics import intervals
-from lp.decoder import StepObserver
+from lp.decoder import Generation, StepObserver
 
 log = logging.getLogger(__name__)
 
 KINDS = ("lp", "lp-ar", "hf-greedy", "hf-static", "hf-prompt-lookup", "tp", "pp")
 
 
-@dataclass
-class DecodeOutput:
-    output_ids: list[int]
-    steps: int
-    prefill_seconds: float
-    decode_seconds: float
+@dataclass(frozen=True)
+class DecodeOutput(Generation):
+    """A benchmark decoder's result: lp's record (`seconds`: decode time after the prefill)
+    plus what the benchmark times."""
+
     step_latencies: list[float] = field(default_factory=list)
-    accepted_per_step: list[int] = field(default_factory=list)
     forward_seconds: float | None = None  # lp: time inside the model forward (the rest is host + collective)
     chosen: dict = field(default_factory=dict)  # lp with W/N/G auto: the shape used and why
-    step_tokens: list[int] = field(default_factory=list)  # tokens fed to each step's forward
 
 
 def _sync(device: torch.device) -> None:
@@ -149,8 +146,8 @@ class LPDecoder(BenchDecoder):
         lat = intervals(timer.starts, max(end, timer.starts[-1])) if timer.starts else []
         chosen = {"mode": r.mode, "W": r.W, "N": r.N, "G": r.G, "auto": r.auto, "predicted": r.predicted} \
             if r.auto else {}
-        return DecodeOutput(list(r.output_ids), r.steps, r.prefill_seconds, r.seconds, lat,
-                            list(r.accepted_per_step), timer.forward_seconds, chosen, list(r.step_tokens))
+        return DecodeOutput(list(r.output_ids), r.steps, r.prefill_seconds, r.seconds, list(r.accepted_per_step),
+                            list(r.step_tokens), lat, timer.forward_seconds, chosen)
 
 
 # ----------------------------------------------------------------------------------- transformers
@@ -220,8 +217,8 @@ class HFGenerate(BenchDecoder):
         # the first forward reads the whole prompt; count it as lp does: the prompt's last token
         # (lp's prefill, the prompt but its last token, is not a step)
         fed = [1] + fed[1:len(times)]
-        return DecodeOutput(ids, len(times), times[0] - t0, t_end - times[0],
-                            [b - a for a, b in zip(times[:-1], times[1:])], counts, step_tokens=fed)
+        return DecodeOutput(ids, len(times), times[0] - t0, t_end - times[0], counts, fed,
+                            [b - a for a, b in zip(times[:-1], times[1:])])
 
 
 def hf_greedy(model, eos_ids, pad_id, static: bool = False) -> HFGenerate:
@@ -306,8 +303,8 @@ class PipelineParallel(BenchDecoder):
         out, times = self.stage.decode(prompt_ids, max_new_tokens, self.eos_ids)
         _sync(dev)
         t_end = time.perf_counter()
-        return DecodeOutput(out, len(times), times[0] - t0, t_end - times[0],
-                            [b - a for a, b in zip(times[:-1], times[1:])], [1] * len(times))
+        return DecodeOutput(out, len(times), times[0] - t0, t_end - times[0], [1] * len(times), [1] * len(times),
+                            [b - a for a, b in zip(times[:-1], times[1:])])
 
 
 # ----------------------------------------------------------------------------------- building

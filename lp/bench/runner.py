@@ -129,9 +129,8 @@ def _row(p: datasets.BenchPrompt, ids: list[int], d: BenchDecoder, o: DecodeOutp
     row.update({k: d.settings[k] for k in ("W", "N", "G", "drafts", "tree", "budget", "draft_len") if k in d.settings})
     if o is not None:
         row.update(
-            new_tokens=len(o.output_ids), steps=o.steps, S=metrics.compression(len(o.output_ids), o.steps),
-            prefill_seconds=o.prefill_seconds, decode_seconds=o.decode_seconds,
-            tokens_per_s=metrics.tokens_per_s(len(o.output_ids), o.decode_seconds),
+            new_tokens=o.new_tokens, steps=o.steps, S=o.compression,
+            prefill_seconds=o.prefill_seconds, decode_seconds=o.seconds, tokens_per_s=o.tokens_per_s,
             step_latency_median=metrics.median(o.step_latencies),
             step_tokens=metrics.mean_step_tokens(o.step_tokens),
             step_tokens_total=sum(o.step_tokens),
@@ -143,7 +142,7 @@ def _row(p: datasets.BenchPrompt, ids: list[int], d: BenchDecoder, o: DecodeOutp
         )
         if o.forward_seconds is not None:
             row.update(forward_seconds=o.forward_seconds,
-                       outside_forward=metrics.outside_forward(o.forward_seconds, o.decode_seconds))
+                       outside_forward=metrics.outside_forward(o.forward_seconds, o.seconds))
         if o.chosen:  # W/N/G auto: the shape this prompt used
             row.update(W=o.chosen["W"], N=o.chosen["N"], G=o.chosen["G"], lp_mode=o.chosen["mode"],
                        auto=o.chosen["auto"], predicted_S=o.chosen["predicted"]["S"],
@@ -244,10 +243,10 @@ def _run(s: Settings, prompts, lm, ctx: Context, tqdm) -> dict | None:
                 o, status = outs[d.label]
                 row = _row(p, ids, d, o, s, status, lm.tokenizer)
                 if o is not None:
-                    bs = base.decode_seconds if base is not None else None
+                    bs = base.seconds if base is not None else None
                     row["baseline"] = baseline.label if baseline else None
                     row["baseline_seconds"] = bs
-                    row["speedup"] = metrics.speedup(bs, o.decode_seconds)
+                    row["speedup"] = metrics.speedup(bs, o.seconds)
                     if ref is not None:
                         mm = metrics.first_mismatch(o.output_ids, ref.output_ids)
                         row["matches_greedy"], row["first_mismatch"] = mm is None, mm

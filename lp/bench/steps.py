@@ -317,7 +317,7 @@ def decode_rates(model: torch.nn.Module, worker, prompt: list[int], cfg: Setting
     def run_hf(d: HFGenerate) -> Callable[[], tuple[list[int], float]]:
         def go() -> tuple[list[int], float]:
             o = d.generate(prompt, n)
-            return o.output_ids, metrics.tokens_per_s(len(o.output_ids) - 1, o.decode_seconds)
+            return o.output_ids, metrics.tokens_per_s(len(o.output_ids) - 1, o.seconds)
         return go
 
     runners = {"lp_ar": run_lp, "hf_eager": run_hf(eager), "hf_static": run_hf(static)}
