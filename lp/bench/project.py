@@ -234,7 +234,7 @@ def run(cfg: Settings) -> dict:
     device = cfg.engine.torch_device
     bench = load(cfg.dataset, cfg.prompts or None, per_category=cfg.per_category, limit=cfg.limit or None)
     lm = LP(cfg.model, device=str(device), graphs=False, compile=False)
-    prompts = [lm.encode(p.text, chat=p.chat) for p in bench]
+    prompts = [lm.encode(p.text, chat=p.chat and lm.tokenizer.chat_template is not None) for p in bench]
     recordings = []
     for shape in cfg.shapes:
         t0 = time.perf_counter()
