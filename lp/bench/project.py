@@ -250,7 +250,9 @@ def run(cfg: Settings) -> dict:
             if shape.P > 1 and cfg.allgather_reps else 0.0
         gather[shape.P] = {"int64": size, "median_ms": 1e3 * med, "measured": shape.P > 1 and cfg.allgather_reps > 0}
         _progress(f"all-gather P={shape.P}, {size} int64: {1e3 * med:.3f} ms")
+    t0 = time.perf_counter()
     model = steps.build(cfg.arch, device, cfg.engine.torch_dtype, cfg.seed)
+    _progress(f"built {cfg.arch} with random weights in {time.perf_counter() - t0:.1f} s; replaying")
     worker = steps._worker(model, cfg.engine)
     layouts = [(s, rank_layouts(s, r.shape)) for r in recordings for s in r.steps]
     try:
