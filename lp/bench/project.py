@@ -1,0 +1,351 @@
+"""Strong scaling of Lookahead Parallelism, PROJECTED from a real decode and replayed on one device.
+
+    python -m lp.bench.project arch=llama-7b [key=value ...]      (--help lists every key)
+
+1. Record: the real model (`model`, default SmolLM2-135M) decodes the prompts at world size 1
+   for every configuration (P, W, N, G). LP is exact and its partition does not change what a
+   step accepts, so S and every step's shape (pending tokens, draft tree, committed length) are
+   what P ranks would see.
+2. Replay: a model of shape `arch` with random weights runs, on this one device, every rank's
+   share of every recorded step (lp's own partition and layouts), one rank after another at
+   the recorded cache length. A step costs its slowest rank plus the median all-gather for P,
+   measured between P gloo processes on this host. `mode=ar` (one token a step, S = 1) is
+   replayed at the same lengths: the baseline of the same engine.
+
+Measured: S (real model, real prompts), forward times (this device, `arch`), the all-gather
+(gloo on this host). Not measured: cross-GPU interference (P replicas never run at once here),
+NCCL/NVLink all-gather latency when fewer GPUs than P are present, the host work between
+forwards (`python -m lp.bench.host`). Writes OUT/project.json, .md and .png; prints the markdown.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lp.bench import steps
+from lp.bench.report import clean
+from lp.decoder import StepObserver, StepPlan
+from lp.errors import LPError
+from lp.lookahead.mask import StepLayout, step_layout
+from lp.lookahead.tree import DraftTree
+from lp.models import cache_dir
+from lp.partition import partition
+
+PROJECTION = ("PROJECTION, not a multi-GPU run: measured: S (real decode), forward times (this device), "
+              "all-gather (gloo processes on this host); not measured: cross-GPU interference, NCCL/NVLink "
+              "latency when fewer GPUs than P are present, host work between forwards")
+DEFAULT_CONFIGS = "1:W15N5G15,2:W30N5G30,4:W45N5G45,8:W60N5G60"
+AR_LAYOUT = step_layout(1, 0, 2, range(0), ())  # mode=ar: x0 alone
+Timer = Callable[[StepLayout, int], float]  # (layout, committed cache length) -> seconds
+
+
+@dataclass(frozen=True)
+class Shape:
+    P: int
+    W: int
+    N: int
+    G: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """A recorded step: pending tokens, committed cache length, the draft tree's shape."""
+
+    m: int
+    length: int
+    parents: tuple[int, ...]
+    groups: tuple[int, ...]
+
+
+@dataclass
+class Recording:
+    shape: Shape
+    steps: list[Step]
+    new_tokens: int
+    prompts: int
+
+    @property
+    def S(self) -> float:
+        return self.new_tokens / max(len(self.steps), 1)
+
+
+class _Recorder(StepObserver):
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+
+    def planned(self, step: StepPlan, position: int) -> None:
+        m = step.layout.m
+        self.steps.append(Step(m, position + 1 - m, step.tree.parents, step.tree.groups()))
+
+
+def parse_configs(text: str) -> list[Shape]:
+    """`1:W15N5G15,2:W30N5G30` -> shapes; one-line LPError on anything else."""
+    shapes = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        hit = re.fullmatch(r"(\d+):W(\d+)N(\d+)G(\d+)", item)
+        if hit is None:
+            raise LPError(f"configs: expected P:WxNyGz items like 2:W30N5G30, comma separated, got {item!r}")
+        shape = Shape(*map(int, hit.groups()))
+        if shape.P < 1 or shape.W < 1 or shape.N < 2:
+            raise LPError(f"configs: {item!r} needs P >= 1, W >= 1, N >= 2")
+        shapes.append(shape)
+    if not shapes:
+        raise LPError("configs: no configuration given")
+    if len({s.P for s in shapes}) < len(shapes):
+        raise LPError(f"configs: each P once, got P = {[s.P for s in shapes]}")
+    return shapes
+
+
+def record(lm, prompts: list[list[int]], shape: Shape, max_new_tokens: int) -> Recording:
+    """Decode `prompts` (token ids) with `lm` (an lp.LP) at world size 1, recording each step."""
+    rec, new = _Recorder(), 0
+    for ids in prompts:
+        new += lm.generate(ids, observer=rec, W=shape.W, N=shape.N, G=shape.G, max_new_tokens=max_new_tokens).new_tokens
+    return Recording(shape, rec.steps, new, len(prompts))
+
+
+def rank_layouts(step: Step, shape: Shape) -> list[StepLayout]:
+    """Every rank's layout of `step` at `shape`, as lp.decoder.plan_step lays them out."""
+    tree = DraftTree(np.zeros(len(step.parents), dtype=np.int64), step.parents)  # tokens do not matter
+    out = []
+    for plan in partition(shape.W, shape.N, tree.size, shape.P, step.groups, width=1):
+        mine = tree.slice(plan.candidates.start, plan.candidates.stop)
+        out.append(step_layout(step.m, shape.W, shape.N, plan.columns, mine.parents))
+    return out
+
+
+def project(rec: Recording, time_step: Timer, allgather_s: float) -> dict:
+    """One row of the table: per step, the slowest rank's forward plus the all-gather."""
+    slowest, step_s, ar_s, biggest = [], [], [], []
+    for s in rec.steps:
+        ranks = [(time_step(layout, s.length), layout.size) for layout in rank_layouts(s, rec.shape)]
+        slowest.append(max(t for t, _ in ranks))
+        biggest.append(max(n for _, n in ranks))
+        step_s.append(slowest[-1] + allgather_s)
+        ar_s.append(time_step(AR_LAYOUT, s.length))
+    tok_s = rec.new_tokens / sum(step_s)
+    ar_tok_s = len(ar_s) / sum(ar_s)
+    return {**dataclasses.asdict(rec.shape), "prompts": rec.prompts, "new_tokens": rec.new_tokens,
+            "steps": len(rec.steps), "S": rec.S, "step_ms_median": 1e3 * statistics.median(step_s),
+            "step_ms_mean": 1e3 * statistics.mean(step_s), "slowest_rank_ms_mean": 1e3 * statistics.mean(slowest),
+            "slowest_rank_share": sum(slowest) / sum(step_s), "slowest_rank_tokens_mean": statistics.mean(biggest),
+            "allgather_ms": 1e3 * allgather_s, "tok_s": tok_s, "ar_tok_s": ar_tok_s, "speedup_vs_ar": tok_s / ar_tok_s}
+
+
+def worker_timer(worker, reps: int, seed: int = 0) -> Timer:
+    """Times `worker.step` at a layout and cache length (median of `reps`, device synced);
+    a layout's first use (layout upload, CUDA graph capture) runs once untimed."""
+    gen = torch.Generator().manual_seed(seed)
+    ids: dict[int, torch.Tensor] = {}
+    seen: set[StepLayout] = set()
+
+    def time_step(layout: StepLayout, length: int) -> float:
+        if layout.size not in ids:
+            ids[layout.size] = torch.randint(0, worker.vocab_size, (layout.size,), generator=gen).to(worker.device)
+        worker.kv.reset()
+        worker.kv.commit(length)  # KV contents do not matter for timing, only the length
+        warm = 0 if layout in seen else 1
+        seen.add(layout)
+        return statistics.median(steps.timed(lambda: worker.step(ids[layout.size], layout, length + layout.m - 1),
+                                             worker.device, reps, warm))
+    return time_step
+
+
+@dataclass
+class Settings:
+    model: str = "smollm2-135m"
+    dataset: str = "spec_bench"
+    prompts: str = ""
+    per_category: int = 1
+    limit: int = 0
+    max_new_tokens: int = 128
+    configs: str = DEFAULT_CONFIGS
+    arch: str = "llama-7b"
+    device: str = "auto"
+    dtype: str = "auto"
+    graphs: str = "auto"
+    attention: str = "auto"
+    reps: int = 1
+    allgather_reps: int = 200
+    seed: int = 0
+    out: str = ""
+
+    def validate(self) -> "Settings":
+        for key, low in (("per_category", 1), ("limit", 0), ("max_new_tokens", 1), ("reps", 1), ("allgather_reps", 0)):
+            if getattr(self, key) < low:
+                raise LPError(f"{key} must be >= {low}, got {getattr(self, key)}")
+        parse_configs(self.configs)
+        self.engine.validate()
+        return self
+
+    @property
+    def shapes(self) -> list[Shape]:
+        return parse_configs(self.configs)
+
+    @property
+    def engine(self) -> steps.Settings:
+        """The replay's engine settings, as lp.bench.steps takes them."""
+        return steps.Settings(arch=self.arch, device=self.device, dtype=self.dtype, graphs=self.graphs,
+                              attention=self.attention, seed=self.seed)
+
+
+HELP = {
+    "model": "the real model whose decode is recorded (default smollm2-135m; a name or a directory)",
+    "dataset": "spec_bench | mt_bench | humaneval | gsm8k | jsonl (default spec_bench)",
+    "prompts": "prompts file overriding the dataset's",
+    "per_category": "prompts per category (1)",
+    "limit": "at most this many prompts in all (0: no limit)",
+    "max_new_tokens": "tokens each prompt decodes (128)",
+    "configs": f"P:WxNyGz,... one configuration per P (default {DEFAULT_CONFIGS})",
+    "arch": f"shape replayed, random weights: {', '.join(steps.ARCHS)} (default llama-7b)",
+    "device": "auto | cpu | cuda (auto: cuda when available); recording and replay",
+    "dtype": "auto | float32 | bfloat16 | float16 of the replay (auto: bfloat16 on cuda, float32 on cpu)",
+    "graphs": "auto | true | false: lp's fixed-shape steps, CUDA graphs on a GPU (auto: on cuda)",
+    "attention": "auto | sdpa | flex | split: lp's attention backend of the replay",
+    "reps": "timed repetitions of each rank's forward (median; 1)",
+    "allgather_reps": "all-gathers timed per P > 1 between P gloo processes (200; 0: not measured, counted 0)",
+    "seed": "seed of the random weights and ids (0)",
+    "out": "results directory (default $LP_CACHE/bench/project/ARCH-DEVICE-DTYPE-TIME)",
+}
+
+
+def _progress(message: str) -> None:
+    print(f"lp.bench.project: {message}", file=sys.stderr, flush=True)
+
+
+def run(cfg: Settings) -> dict:
+    """Record, measure the all-gathers, replay; return the result document."""
+    from lp import LP
+    from lp.bench.datasets import load
+    from lp.bench.host import allgather_seconds
+    from lp.config import DecodeConfig
+    from lp.message import message_size
+
+    device = cfg.engine.torch_device
+    bench = load(cfg.dataset, cfg.prompts or None, per_category=cfg.per_category, limit=cfg.limit or None)
+    lm = LP(cfg.model, device=str(device), graphs=False, compile=False)
+    prompts = [lm.encode(p.text, chat=p.chat and lm.tokenizer.chat_template is not None) for p in bench]
+    recordings = []
+    for shape in cfg.shapes:
+        t0 = time.perf_counter()
+        recordings.append(record(lm, prompts, shape, cfg.max_new_tokens))
+        _progress(f"recorded P={shape.P} W{shape.W}N{shape.N}G{shape.G}: {len(prompts)} prompts, "
+                  f"S={recordings[-1].S:.2f}, {time.perf_counter() - t0:.1f} s")
+    del lm
+    gather = {}
+    for shape in cfg.shapes:
+        c = DecodeConfig(W=shape.W, N=shape.N, G=shape.G)
+        size = message_size(shape.W, min(c.max_draft, c.verify_budget) + 1)
+        med = statistics.median(allgather_seconds(shape.P, size, cfg.allgather_reps)) \
+            if shape.P > 1 and cfg.allgather_reps else 0.0
+        gather[shape.P] = {"int64": size, "median_ms": 1e3 * med, "measured": shape.P > 1 and cfg.allgather_reps > 0}
+        _progress(f"all-gather P={shape.P}, {size} int64: {1e3 * med:.3f} ms")
+    t0 = time.perf_counter()
+    model = steps.build(cfg.arch, device, cfg.engine.torch_dtype, cfg.seed)
+    _progress(f"built {cfg.arch} with random weights in {time.perf_counter() - t0:.1f} s; replaying")
+    worker = steps._worker(model, cfg.engine)
+    layouts = [(s, rank_layouts(s, r.shape)) for r in recordings for s in r.steps]
+    try:
+        worker.reset(max(s.length + s.m for s, _ in layouts), max(lay.size for _, ls in layouts for lay in ls))
+    except LPError as e:
+        raise LPError(f"{cfg.arch} cannot replay this decode: {e}") from None
+    timer = worker_timer(worker, cfg.reps, cfg.seed)
+    rows = []
+    for rec in recordings:
+        t0 = time.perf_counter()
+        rows.append(project(rec, timer, gather[rec.shape.P]["median_ms"] / 1e3))
+        _progress(f"replayed P={rec.shape.P} on {cfg.arch}: {rows[-1]['tok_s']:.1f} tok/s projected, "
+                  f"{rows[-1]['speedup_vs_ar']:.2f}x mode=ar, {time.perf_counter() - t0:.1f} s")
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    return {"tool": "lp.bench.project", "projection": PROJECTION, "model": cfg.model, "dataset": cfg.dataset,
+            "arch": cfg.arch, "weights": "random weights (timing only)",
+            "device": str(device), "device_name": steps.device_name(device), "gpus": gpus,
+            "dtype": str(cfg.engine.torch_dtype).removeprefix("torch."), "graphs": cfg.engine.use_graphs,
+            "attention": worker.attention, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "settings": dataclasses.asdict(cfg), "allgather": gather,
+            "nvlink_measured": False, "rows": rows}
+
+
+def markdown(r: dict) -> str:
+    """The result as markdown, its first line the PROJECTION label."""
+    gathered = ("median over P gloo processes on this host (CPU)" if any(g["measured"] for g in r["allgather"].values())
+                else "not measured, counted as 0")
+    lines = [f"**{r['projection']}.**", "",
+             f"# lp strong scaling, projected: {r['arch']} ({r['dtype']}) on {r['device_name']}", "",
+             f"- S from {r['model']} decoding {r['dataset']} ({r['rows'][0]['prompts']} prompts, "
+             f"{r['settings']['max_new_tokens']} new tokens at most) at world size 1",
+             f"- forwards: {r['arch']}, {r['weights']}, on {r['device']} ({r['device_name']}); every rank's share "
+             f"of every recorded step, one rank after another; a step = slowest rank + all-gather",
+             f"- all-gather: {gathered}; NCCL/NVLink latency not measured ({r['gpus']} GPU(s) here)",
+             "- `mode=ar` (S = 1) replayed at the same cache lengths: the same engine's baseline", "",
+             "| P | W,N,G | prompts | S | step ms median | step ms mean | slowest rank ms (share) | "
+             "slowest rank tokens | all-gather ms | tok/s | mode=ar tok/s | speedup vs ar |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for w in r["rows"]:
+        lines.append(f"| {w['P']} | {w['W']},{w['N']},{w['G']} | {w['prompts']} | {w['S']:.2f} | "
+                     f"{w['step_ms_median']:.3f} | {w['step_ms_mean']:.3f} | {w['slowest_rank_ms_mean']:.3f} "
+                     f"({w['slowest_rank_share']:.0%}) | {w['slowest_rank_tokens_mean']:.1f} | "
+                     f"{w['allgather_ms']:.3f} | {w['tok_s']:.1f} | {w['ar_tok_s']:.1f} | {w['speedup_vs_ar']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict, path: Path) -> Path:
+    """Projected tokens/s (and mode=ar's) and speedup against P."""
+    from lp.bench.plots import _plt, _save
+
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.5))
+    Ps = [w["P"] for w in r["rows"]]
+    a.plot(Ps, [w["tok_s"] for w in r["rows"]], marker="o", label="lp (projected)")
+    a.plot(Ps, [w["ar_tok_s"] for w in r["rows"]], marker="s", ls="--", label="lp mode=ar (replayed)")
+    b.plot(Ps, [w["speedup_vs_ar"] for w in r["rows"]], marker="o", color="C2")
+    for ax, label in ((a, "tokens/s"), (b, "speedup vs mode=ar")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(Ps, [str(p) for p in Ps])
+        ax.set_xlabel("P (ranks)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    fig.suptitle(f"PROJECTION: {r['arch']} {r['dtype']} on {r['device_name']}, S from {r['model']} on "
+                 f"{r['dataset']}\nmeasured: S, forwards, gloo all-gather; not: cross-GPU interference, NVLink",
+                 fontsize=9)
+    return _save(plt, fig, path, rect=(0, 0, 1, 0.9))
+
+
+def write(r: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "project.json").write_text(json.dumps(clean(r), indent=1, allow_nan=False) + "\n")
+    (out / "project.md").write_text(markdown(r))
+    return [out / "project.json", out / "project.md", plot(r, out / "project.png")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        cfg = steps.parse_keys(sys.argv[1:] if argv is None else argv, Settings, HELP, "python -m lp.bench.project",
+                               __doc__.splitlines()[0])
+        r = run(cfg)
+    except LPError as e:
+        sys.exit(f"lp: error: {e}")
+    out = Path(cfg.out) if cfg.out else cache_dir() / "bench" / "project" / (
+        f"{cfg.arch}-{r['device']}-{r['dtype']}-{time.strftime('%Y%m%d-%H%M%S')}")
+    paths = write(r, out)
+    print(markdown(r))
+    _progress(f"results in {', '.join(map(str, paths))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
