@@ -54,7 +54,7 @@ def check_device(device: str) -> None:
 
 
 class Collective:
-    """Rank, world size, device, and the per-step all-gather. `calls` counts all-gathers."""
+    """Rank, world size, device, and the per-step all-gather."""
 
     def __init__(self, rank: int = 0, world_size: int = 1, device: torch.device | None = None,
                  staged: bool = False) -> None:
@@ -62,7 +62,6 @@ class Collective:
         self.world_size = world_size
         self.device = device or torch.device("cpu")
         self.staged = staged  # gather on the host: gloo for messages that live on a GPU
-        self.calls = 0
 
     @classmethod
     def from_env(cls, device: str = "auto", timeout_s: float = 300.0, backend: str = "auto") -> "Collective":
@@ -97,7 +96,6 @@ class Collective:
 
     def all_gather(self, message: torch.Tensor) -> torch.Tensor:
         """Gather every rank's 1D integer `message` (same size everywhere) into `[P, K]`."""
-        self.calls += 1
         if self.world_size == 1:
             return message[None]
         if self.staged:  # the result stays on the host, where the caller reads it anyway

@@ -49,7 +49,7 @@ def test_reference_is_not_degenerate(arch, refs):
 @pytest.mark.parametrize("N,W,G", CONFIGS)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_lookahead_equals_greedy(arch, N, W, G, tiny_models, refs):
-    col = Collective()
+    col = CountingCollective()
     g = decode(tiny_models[arch], PROMPT, collective=col, W=W, N=N, G=G, max_new_tokens=MAX_NEW)
     assert g.output_ids == refs[arch]
     assert g.new_tokens == MAX_NEW
@@ -99,7 +99,7 @@ def test_draft_and_tree_variants_equal_greedy(N, W, G, variant, tiny_models, ref
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_ar_mode(arch, tiny_models, refs):
-    col = Collective()
+    col = CountingCollective()
     g = decode(tiny_models[arch], PROMPT, collective=col, mode="ar", max_new_tokens=MAX_NEW)
     assert g.output_ids == refs[arch]
     assert g.steps == MAX_NEW and g.accepted_per_step == [1] * MAX_NEW
@@ -134,7 +134,7 @@ def test_eos_stops_generation(N, W, G, tiny_models, refs):
     for pos, tok in enumerate(ref):
         if tok in ref[:pos] or pos == 0:
             continue  # take tokens at their first occurrence, past the first position
-        col = Collective()
+        col = CountingCollective()
         g = decode(tiny_models["mistral"], PROMPT, eos=[tok, 100_000], collective=col,
                    W=W, N=N, G=G, max_new_tokens=MAX_NEW)
         assert g.output_ids == ref[:pos + 1], (tok, pos)
@@ -195,7 +195,19 @@ class _Hub:
         self.slots: list[torch.Tensor | None] = [None] * P
 
 
-class ThreadCollective(Collective):
+class CountingCollective(Collective):
+    """A collective that counts its all-gathers (`calls`)."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(rank, world_size)
+        self.calls = 0
+
+    def all_gather(self, message: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().all_gather(message)
+
+
+class ThreadCollective(CountingCollective):
     def __init__(self, hub: _Hub, rank: int, P: int) -> None:
         super().__init__(rank, P)
         self.hub = hub

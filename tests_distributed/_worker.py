@@ -187,7 +187,7 @@ def run_spec(spec_path: str) -> int:
         for task in spec["tasks"]:
             mine = dict(task, **task.get("per_rank", {}).get(str(rank), {}))
             lm = models[mine["model"]]
-            n_calls, n_pg, n_comm = len(CALLS), len(PG_CALLS), lm.comm.calls
+            n_calls, n_pg = len(CALLS), len(PG_CALLS)
             res: dict = {}
             t = time.time()
             try:
@@ -198,7 +198,7 @@ def run_spec(spec_path: str) -> int:
             except LPError as e:
                 res["error"] = {"type": type(e).__name__, "message": str(e)}
             res.update(calls=CALLS[n_calls:], pg_calls=PG_CALLS[n_pg:],
-                       comm_calls=lm.comm.calls - n_comm, seconds=time.time() - t)
+                       seconds=time.time() - t)
             doc["results"][task["id"]] = res
             save()
         doc["done"] = True

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lp.auto import LADDER, step_tokens
+from lp.auto import LADDER
 from lp.bench import metrics
 from lp.bench.report import clean
 from lp.errors import LPError

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -58,9 +58,6 @@ class NGramPool:
         `frequent` the most often inserted (ties: the newest)."""
         newest = self.lookup(key)[::-1]
         return sorted(newest, key=self._table[key].__getitem__, reverse=True) if frequent and newest else newest
-
-    def keys(self) -> Iterable[int]:
-        return self._table.keys()
 
     def __len__(self) -> int:
         return sum(len(e) for e in self._table.values())
