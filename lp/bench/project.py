@@ -20,7 +20,6 @@ forwards (`python -m lp.bench.host`). Writes OUT/project.json, .md and .png; pri
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import statistics
 import sys
@@ -33,12 +32,10 @@ import numpy as np
 import torch
 
 from lp.bench import steps
-from lp.bench.report import clean
 from lp.decoder import StepObserver, StepPlan
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.lookahead.tree import DraftTree
-from lp.models import cache_dir
 from lp.partition import partition
 
 PROJECTION = ("PROJECTION, not a multi-GPU run: measured: S (real decode), forward times (this device), "
@@ -322,29 +319,11 @@ def plot(r: dict, path: Path) -> Path:
     return _save(plt, fig, path, rect=(0, 0, 1, 0.9))
 
 
-def write(r: dict, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "project.json").write_text(json.dumps(clean(r), indent=1, allow_nan=False) + "\n")
-    (out / "project.md").write_text(markdown(r))
-    return [out / "project.json", out / "project.md", plot(r, out / "project.png")]
-
-
 def main(argv: list[str] | None = None) -> int:
-    from transformers.utils import logging as hf_logging
+    def parse(args: list[str]) -> Settings:
+        return steps.parse_keys(args, Settings, HELP, "python -m lp.bench.project", __doc__.splitlines()[0])
 
-    hf_logging.set_verbosity_error()
-    try:
-        cfg = steps.parse_keys(sys.argv[1:] if argv is None else argv, Settings, HELP, "python -m lp.bench.project",
-                               __doc__.splitlines()[0])
-        r = run(cfg)
-    except LPError as e:
-        sys.exit(f"lp: error: {e}")
-    out = Path(cfg.out) if cfg.out else cache_dir() / "bench" / "project" / (
-        f"{cfg.arch}-{r['device']}-{r['dtype']}-{time.strftime('%Y%m%d-%H%M%S')}")
-    paths = write(r, out)
-    print(markdown(r))
-    _progress(f"results in {', '.join(map(str, paths))}")
-    return 0
+    return steps.tool_main("project", sys.argv[1:] if argv is None else argv, parse, run, markdown, plot)
 
 
 if __name__ == "__main__":

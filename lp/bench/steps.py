@@ -480,28 +480,38 @@ def plot(r: dict, path: Path) -> Path:
     return _save(plt, fig, path)
 
 
-def write(r: dict, out: Path) -> list[Path]:
+def write(r: dict, out: Path, stem: str, markdown: Callable[[dict], str],
+          plot: Callable[[dict, Path], Path]) -> list[Path]:
+    """OUT/STEM.json, .md and .png of one tool's results."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "steps.json").write_text(json.dumps(clean(r), indent=1, allow_nan=False) + "\n")
-    (out / "steps.md").write_text(markdown(r))
-    return [out / "steps.json", out / "steps.md", plot(r, out / "steps.png")]
+    (out / f"{stem}.json").write_text(json.dumps(clean(r), indent=1, allow_nan=False) + "\n")
+    (out / f"{stem}.md").write_text(markdown(r))
+    return [out / f"{stem}.json", out / f"{stem}.md", plot(r, out / f"{stem}.png")]
 
 
-def main(argv: list[str] | None = None) -> int:
+def tool_main(name: str, argv: list[str], parse: Callable, run: Callable[..., dict], markdown: Callable[[dict], str],
+              plot: Callable[[dict, Path], Path]) -> int:
+    """The command line of a timing tool (`python -m lp.bench.NAME`): parse, run, write the results
+    under `out` (default $LP_CACHE/bench/NAME/ARCH-DEVICE-DTYPE-TIME), print the markdown; an
+    LPError is one `lp: error:` line."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     try:
-        cfg = parse(sys.argv[1:] if argv is None else argv)
+        cfg = parse(argv)
         r = run(cfg)
     except LPError as e:
         sys.exit(f"lp: error: {e}")
-    out = Path(cfg.out) if cfg.out else cache_dir() / "bench" / "steps" / (
+    out = Path(cfg.out) if cfg.out else cache_dir() / "bench" / name / (
         f"{cfg.arch}-{r['device']}-{r['dtype']}-{time.strftime('%Y%m%d-%H%M%S')}")
-    paths = write(r, out)
+    paths = write(r, out, name, markdown, plot)
     print(markdown(r))
-    print(f"lp.bench.steps: results in {', '.join(map(str, paths))}", file=sys.stderr)
+    print(f"lp.bench.{name}: results in {', '.join(map(str, paths))}", file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return tool_main("steps", sys.argv[1:] if argv is None else argv, parse, run, markdown, plot)
 
 
 if __name__ == "__main__":
