@@ -22,15 +22,10 @@ def text_drafts(tokens: np.ndarray, length: int, count: int) -> list[tuple[int, 
     same = (idx >= 0) & (tokens[np.maximum(idx, 0)] == tokens[n - 1 - back][None, :])
     match = np.cumprod(same, axis=1).sum(axis=1)
     keep = match >= MIN_MATCH
-    ends = ends[keep][np.lexsort((-ends[keep], -match[keep]))]
-    if not len(ends):
-        return []
-    # every continuation at once, padded with -1 past the sequence's end (repeated text gives
-    # many equal ones: each counts at its best occurrence)
-    padded = np.concatenate([tokens, np.full(length, -1, dtype=tokens.dtype)])
+    ends, match = ends[keep], match[keep]
     out: dict[tuple[int, ...], None] = {}
-    for row in np.lib.stride_tricks.sliding_window_view(padded, length)[ends + 1].tolist():
-        out.setdefault(tuple(t for t in row if t >= 0))
+    for e in ends[np.lexsort((-ends, -match))].tolist():
+        out.setdefault(tuple(tokens[e + 1:e + 1 + length].tolist()))
         if len(out) == count:
             break
     return list(out)
