@@ -57,8 +57,8 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     """Split W columns and G candidates over P ranks, minimising the largest rank's cost.
 
     Columns are taken in order (so a rank's prefix is shared by its columns), then candidates;
-    a binary search finds the smallest per-rank token limit the greedy fill can meet, which
-    is optimal for contiguous splits of that order. `groups` (sizes summing to G) keeps
+    a binary search finds a per-rank token limit the greedy fill can meet (the smallest one,
+    except in rare cases where the fill meets a limit but not the next: it is not monotone). `groups` (sizes summing to G) keeps
     consecutive candidates together on one rank: a tree's root subtrees, or the candidates
     that share their first draft token, as sampling needs. `width`: tokens per candidate
     (default N-1). Ranks may end up empty (they still compute the next token and
@@ -69,8 +69,7 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     if W < 0 or N < 2 or G < 0 or P < 1 or sum(groups) != G or min(groups, default=1) < 1 or width < 1:
         raise ValueError(f"bad partition request W={W} N={N} G={G} P={P} groups={groups} width={width}")
     ends = tuple(itertools.accumulate(groups))
-    hi = RankPlan(range(W), range(G)).cost(N, 1, width)
-    lo = -(-hi // P)  # ranks share the pending token and prefixes, so none carries less than this
+    lo, hi = 1, RankPlan(range(W), range(G)).cost(N, 1, width)
     while lo < hi:
         mid = (lo + hi) // 2
         if _greedy(W, N, ends, P, mid, width) is None:
