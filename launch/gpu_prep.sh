@@ -11,7 +11,7 @@
 # A device call carries at most 64 MiB (work tree + carried folders), hence the halves:
 #   call 1: `bash launch/gpu.sh part1`, carry [".whl", ".gpu1"]
 #   call 2: `bash launch/gpu.sh part2`, carry [".whl", ".gpu2"]  (at once, while the machine is warm)
-#   call 3: `bash launch/gpu.sh part3`, carry [".whl", ".gpu2"]  (at once again)
+#   calls 3, 4: `bash launch/gpu.sh part3`, then `part4`, each carrying [".whl", ".gpu2"] (at once again)
 # Knobs: PYTHON (the interpreter whose pip downloads; default python3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -69,7 +69,7 @@ mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 echo "work tree: $(mib "$tree")"
 for d in .whl .gpu1 .gpu2; do echo "$d: $(mib "$(folder "$d")")"; ls -l "$d" | tail -n +2; done
 status=0
-for call in "1 .whl .gpu1" "2 .whl .gpu2"; do
+for call in "1 .whl .gpu1" "2-4 .whl .gpu2"; do
   set -- $call
   total=$(( tree + $(folder "$2") + $(folder "$3") ))
   echo "call $1 carries $2 $3: $(mib "$total") of the 64 MiB limit"

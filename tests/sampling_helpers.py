@@ -65,8 +65,6 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], expected: dict[tuple[int, 
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
-
-
 def follow_first_drafts(first_token: int, tree, p_nodes: torch.Tensor, width: int):
     """A wrong sampling rule for the distribution tests' controls (same signature as
     lp.verify.sample_continue): always accept the drafts, from the first root carrying

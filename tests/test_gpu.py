@@ -25,7 +25,10 @@ def model():
     return build_tiny("llama", seed=7).to(CUDA)
 
 
-TIE = 1e-4  # fp32 logits of a random tiny model closer than this may flip between kernels
+# fp32 logits of a random tiny model closer than this may flip between kernels. On the H100 on
+# 2026-11-22 the two tests using it failed, a token 0.007 below the greedy one (README, GPU
+# tests): an open finding, not a tolerance to widen.
+TIE = 1e-4
 
 
 def _prompts(n: int) -> list[list[int]]:

@@ -22,11 +22,12 @@ class _Layouts(project._Recorder):
 
     def __init__(self) -> None:
         super().__init__()
-        self.layouts = []
+        self.layouts, self.trees = [], []
 
     def planned(self, step, position) -> None:
         super().planned(step, position)
         self.layouts.append(step.layout)
+        self.trees.append(step.tree)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,24 @@ def test_one_rank_replays_the_planned_layout(lm):
     for step, planned in zip(watch.steps, watch.layouts, strict=True):
         (mine,) = rank_layouts(step, Shape(1, W, N, G))
         assert mine.tokens == planned.tokens and mine.size == planned.size and mine.m == planned.m
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_every_rank_replays_what_the_decoder_would_plan(lm, P):
+    """At P ranks, each rank's replayed layout is the one lp.decoder.plan_step gives that rank
+    for the same step (the real tree, a window of the right shape: ids do not matter)."""
+    from lp.decoder import plan_step
+    from lp.lookahead import JacobiWindow
+
+    watch = _Layouts()
+    W, N, G = 4, 4, 3
+    for ids in PROMPTS:
+        lm.generate(ids, observer=watch, W=W, N=N, G=G, max_new_tokens=16)
+    window = JacobiWindow(W, N, PROMPTS[0], 0)
+    for step, tree in zip(watch.steps, watch.trees, strict=True):
+        replayed = rank_layouts(step, Shape(P, W, N, G))
+        planned = [plan_step([0] * step.m, window, tree, W, N, P, r).layout for r in range(P)]
+        assert [(a.tokens, a.tree) for a in replayed] == [(b.tokens, b.tree) for b in planned]
 
 
 def test_ranks_cover_the_step_exactly_once(recordings):

@@ -8,4 +8,6 @@ equals greedy decoding. Keys: configs/bench.yaml.
 Modules: `datasets` (prompt sets, offline), `decoders` (the `BenchDecoder` interface and its
 implementations), `tp` and `pp` (tensor and pipeline parallelism, applied to a baseline's own
 model), `metrics` (pure functions), `report` (JSONL / CSV / table), `plots` (PNG), `runner`
-(the loop), `__main__` (the hydra entry)."""
+(the loop), `__main__` (the hydra entry). Tools of their own: `steps` (step cost against step
+tokens on a real architecture), `host` (host work per step), `project` (LP's strong scaling
+projected from a real decode)."""

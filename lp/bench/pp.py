@@ -57,8 +57,8 @@ def split_layers(num_layers: int, world_size: int, head_cost: float = 0.0) -> li
 class PipelineStage:
     """This rank's stage of a model: layers [a, b) of `ranges[comm.rank]`, plus the embedding
     on the first rank and the final norm and LM head on the last. The stage takes those modules
-    from `model` (which it leaves unchanged) and moves them to the rank's device; the rest of
-    the model is the caller's to drop."""
+    from `model` (a copy of the baseline's own, never lp's: its modules move to the rank's device,
+    nothing is replaced); the rest of the model is the caller's to drop."""
 
     def __init__(self, model: torch.nn.Module, comm, ranges: list[tuple[int, int]]) -> None:
         """`comm`: the rank's lp.collective.Collective (rank, world size, device; its process

@@ -37,6 +37,7 @@ from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.lookahead.tree import DraftTree
 from lp.partition import partition
+from lp.throughput import compression
 
 PROJECTION = ("PROJECTION, not a multi-GPU run: measured: S (real decode), forward times (this device), "
               "all-gather (gloo processes on this host); not measured: cross-GPU interference, NCCL/NVLink "
@@ -73,7 +74,7 @@ class Recording:
 
     @property
     def S(self) -> float:
-        return self.new_tokens / max(len(self.steps), 1)
+        return compression(self.new_tokens, len(self.steps))
 
 
 class _Recorder(StepObserver):

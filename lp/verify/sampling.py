@@ -36,11 +36,12 @@ distribution: the first index whose cumsum >= u * total. Uniforms in (0, 1) neve
 zero-probability token. With one-hot P (temperature 0) the walk accepts exactly the drafts
 equal to the argmax: greedy verification with the bonus token.
 
-Lookahead Parallelism: `sample_accept` = `sample_first_level` then `sample_continue`.
+Lookahead Parallelism (lp/verify/verifier.py's SamplingVerifier): `sample_first_level`, then
+`sample_continue`.
   1. Every rank knows all the tree's root tokens (the drafts are replicated) and computes p_x0
      itself, so every rank runs `sample_first_level(p_x0, root tokens, u)` and gets the
      committed first token y1 and whether it was a draft.
-  2. If it was, the alive set is the roots carrying y1 (adjacent, `alive_after`); the rank
+  2. If it was, the alive set is the roots carrying y1 (adjacent); the rank
      holding their subtrees (the partitioner keeps them together) calls
      `sample_continue(y1, subtrees, p_nodes, u)` with the same u and publishes the result.
      Otherwise the step commits y1 alone.
