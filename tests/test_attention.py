@@ -58,3 +58,20 @@ def test_backend_choice():
                          (dict(max_seq_len=1), "max_seq_len must be an integer >= 2")):
         with pytest.raises(LPError, match=fragment):
             Worker(model, **kw)
+
+
+@pytest.mark.parametrize("W,N,G", [(2, 3, 2), (7, 5, 7)])  # 16 and 64 slots: 32 and 128 query rows
+def test_flex_fixed_steps_match_sdpa(W, N, G):
+    """FlexAttention over the whole cache with its block mask (eager here; compiled and captured on
+    CUDA) gives sdpa's logits, on both sides of DECODE_ROWS (the main kernel past it on CUDA)."""
+    prompt = torch.tensor([5, 6, 7, 8, 5, 6, 7, 8, 9, 10, 5, 6])
+    layout = step_layout(1, W, N, range(W), G * (N - 1))
+    ids = torch.randint(0, 200, (layout.size,), generator=torch.Generator().manual_seed(2))
+    model = build_tiny("llama")  # 2 query heads per kv head
+    logits = {}
+    for impl in ("sdpa", "flex"):
+        w = Worker(model, attention=impl, graphs=True, compile=False)
+        w.reset(64, layout.size)
+        w.prefill(prompt)
+        logits[impl] = w.step(ids, layout, len(prompt))
+    torch.testing.assert_close(logits["flex"], logits["sdpa"], rtol=1e-5, atol=1e-5)
