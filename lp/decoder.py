@@ -186,7 +186,7 @@ class Decoder:
             tree = build_tree(_drafts(cfg, pool, seq[:length]), budget, cfg.tree) if budget else build_tree([], 0)
             step = plan_step(pending, window, tree, W, N, P, rank)
             observe.planned(step, length - 1)
-            layout, cols = step.layout, len(step.plan.columns)
+            layout = step.layout
             ids = self.worker.upload(step.ids)
 
             # forward: one masked pass, no communication
@@ -197,10 +197,10 @@ class Decoder:
             # accept on this rank; the lookahead branch stays greedy
             argmax = logits.argmax(dim=-1)  # one pass over every used row
             on_device = self.worker.on_device(layout)  # cached: no per-step upload
-            y1, acc = verify(StepRows(logits, argmax, cols, tree, step.plan.candidates,
-                                      ids[layout.size - step.mine.size:], on_device.parents, on_device.tree_depth,
-                                      on_device.tree_ancestors, len(accepted), width))
-            new = argmax[1:1 + cols]
+            y1, acc = verify(StepRows(logits, argmax, layout, tree, step.plan.candidates, ids[layout.node_tokens],
+                                      on_device.parents, on_device.tree_depth, on_device.tree_ancestors,
+                                      len(accepted), width))
+            new = argmax[layout.column_rows]
 
             # all-gather and merge: the step's one device sync
             message = pack(y1, acc, step.plan.candidates.start, new, length, checksum, W)

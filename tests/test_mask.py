@@ -235,3 +235,17 @@ def test_chains_equal_the_classic_branch():
 
     a, b = step_layout(2, 5, 4, range(5), 3), step_layout(2, 5, 4, range(5), chain_parents(3, 3))
     assert a is b
+
+
+@pytest.mark.parametrize("m,W,N,cols,tree", [(1, 5, 3, range(5), (-1, 0, -1)), (2, 7, 5, range(2, 5), 3),
+                                             (1, 0, 2, range(0), ())])
+def test_named_parts_of_a_step(m, W, N, cols, tree):
+    """The row and position slices by name: x0's row, one row per column (its last level), one
+    per tree node; the tree nodes are the last input positions."""
+    lay = step_layout(m, W, N, cols, tree)
+    rows = lay.logit_rows
+    assert lay.tokens[rows[lay.X0_ROW]] == ("p", m - 1)
+    last_level = [lay.tokens[r] for r in rows[lay.column_rows]]
+    assert [t[-1] for t in last_level] == list(cols) and all(t[0] in ("w", "p") for t in last_level)
+    nodes = [lay.tokens[r] for r in rows[lay.node_rows]]
+    assert nodes == [("g", i) for i in range(len(nodes))] == list(lay.tokens[lay.node_tokens])

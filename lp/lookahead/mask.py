@@ -45,6 +45,24 @@ class StepLayout:
     def size(self) -> int:
         return len(self.tokens)
 
+    # The step's parts by name, so no caller decodes the row order by hand.
+    X0_ROW = 0  # logits row: the prediction after x0 (y1)
+
+    @property
+    def column_rows(self) -> slice:
+        """Logits rows: each window column's prediction (its new token), in column order."""
+        return slice(1, 1 + len(self.columns))
+
+    @property
+    def node_rows(self) -> slice:
+        """Logits rows: the prediction after each tree node, in node order."""
+        return slice(1 + len(self.columns), len(self.logit_rows))
+
+    @property
+    def node_tokens(self) -> slice:
+        """Input positions of the tree nodes (they come last)."""
+        return slice(self.size - len(self.tree), self.size)
+
 
 @lru_cache(maxsize=4096)
 def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | int) -> StepLayout:

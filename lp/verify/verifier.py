@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lp.lookahead.mask import StepLayout
 from lp.lookahead.tree import DraftTree
 from lp.sampling import uniforms, warp
 from lp.verify.greedy import Acceptance, greedy_accept
@@ -19,13 +20,13 @@ from lp.verify.sampling import Sampled, sample_continue, sample_first_level, uni
 
 @dataclass(frozen=True)
 class StepRows:
-    """One rank's step as a verifier reads it. `logits` `[R, V]` has x0's row first, then one
-    row per window column, then one per node of this rank's subtrees (`nodes`, device tensor:
-    their draft tokens). `argmax` is every row's argmax, computed once per step."""
+    """One rank's step as a verifier reads it: `logits` `[R, V]` and their `argmax` (computed once
+    per step) in `layout`'s row order (x0's row, the window columns', the tree nodes'), and the
+    nodes' draft tokens `nodes` (device tensor)."""
 
     logits: torch.Tensor
     argmax: torch.Tensor
-    columns: int  # window columns on this rank
+    layout: StepLayout
     tree: DraftTree  # the whole step's tree (the same on every rank)
     mine: range  # this rank's nodes in `tree`
     nodes: torch.Tensor
@@ -36,19 +37,23 @@ class StepRows:
     width: int  # message token slots: the most tokens a step commits
 
     @property
+    def x0_logits(self) -> torch.Tensor:
+        return self.logits[self.layout.X0_ROW]
+
+    @property
     def node_logits(self) -> torch.Tensor:
-        return self.logits[1 + self.columns:]
+        return self.logits[self.layout.node_rows]
 
     @property
     def node_argmax(self) -> torch.Tensor:
-        return self.argmax[1 + self.columns:]
+        return self.argmax[self.layout.node_rows]
 
 
 class GreedyVerifier:
     """Paper Algorithm 3 on a tree: the deepest path the model's argmax would generate."""
 
     def __call__(self, s: StepRows) -> tuple[torch.Tensor, Acceptance]:
-        y1 = s.argmax[0]
+        y1 = s.argmax[s.layout.X0_ROW]
         return y1, greedy_accept(y1, s.nodes, s.parents, s.depth, s.ancestors, s.node_argmax, s.width)
 
 
@@ -74,7 +79,7 @@ class SamplingVerifier:
         replicated); the rank holding the accepted roots' subtrees walks on."""
         u = uniforms(self.seed, self.stream, s.step, uniforms_needed(s.width - 1))
         roots = s.tree.roots
-        first = sample_first_level(self._warp(s.logits[0]), torch.from_numpy(s.tree.tokens[roots]), u)
+        first = sample_first_level(self._warp(s.x0_logits), torch.from_numpy(s.tree.tokens[roots]), u)
         token = s.logits.new_tensor(first.token, dtype=torch.long)
         mine = (roots >= s.mine.start) & (roots < s.mine.stop)
         alive = roots[(s.tree.tokens[roots] == first.token) & mine] if first.accepted else roots[:0]
