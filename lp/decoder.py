@@ -89,14 +89,21 @@ class StepPlan:
         return self.plans[self.rank]
 
 
+def rank_share(m: int, tree: DraftTree, W: int, N: int, P: int,
+               rank: int) -> tuple[tuple[RankPlan, ...], DraftTree, StepLayout]:
+    """A step with `m` pending tokens split over P ranks: every rank's plan, then rank `rank`'s
+    subtrees and layout (what lp.bench.project replays for each rank)."""
+    plans = partition(W, N, tree.size, P, tree.groups(), width=1)
+    plan = plans[rank]
+    mine = tree.slice(plan.candidates.start, plan.candidates.stop)
+    return plans, mine, step_layout(m, W, N, plan.columns, mine.parents)
+
+
 def plan_step(pending: list[int], window: JacobiWindow | None, tree: DraftTree, W: int, N: int, P: int,
               rank: int) -> StepPlan:
     """Split the step over P ranks and lay out rank `rank`'s forward: the pending tokens (x0
     last), its window columns with their row-0 prefix, then its verification subtrees."""
-    plans = partition(W, N, tree.size, P, tree.groups(), width=1)
-    plan = plans[rank]
-    mine = tree.slice(plan.candidates.start, plan.candidates.stop)
-    layout = step_layout(len(pending), W, N, plan.columns, mine.parents)
+    plans, mine, layout = rank_share(len(pending), tree, W, N, P, rank)
     rows = window.rows.ravel() if window is not None else mine.tokens[:0]
     source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.tokens])
     return StepPlan(source[layout.gather], layout, plans, rank, tree, mine)
@@ -234,4 +241,4 @@ class Decoder:
         return Generation(seq[L:length].tolist(), len(accepted), t1 - t0, t2 - t1, accepted, step_tokens)
 
 
-__all__ = ["Decoder", "Generation", "StepObserver", "StepPlan", "plan_step"]
+__all__ = ["Decoder", "Generation", "StepObserver", "StepPlan", "plan_step", "rank_share"]

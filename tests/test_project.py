@@ -120,7 +120,7 @@ def test_worker_timer_replays_on_tiny(recordings):
     from lp.bench import steps
 
     model = steps.build("tiny", torch.device("cpu"), torch.float32)
-    worker = steps._worker(model, steps.Settings(arch="tiny", device="cpu").validate())
+    worker = steps.Settings(arch="tiny", device="cpu").validate().worker(model)
     worker.reset(64, 64)
     timer = project.worker_timer(worker, reps=2)
     rec = recordings[1]

@@ -28,15 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from lp.bench import steps
-from lp.decoder import StepObserver, StepPlan
+from lp.decoder import StepObserver, StepPlan, rank_share
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.lookahead.tree import DraftTree
-from lp.partition import partition
 from lp.throughput import compression
 
 PROJECTION = ("PROJECTION, not a multi-GPU run: measured: S (real decode), forward times (this device), "
@@ -57,12 +55,15 @@ class Shape:
 
 @dataclass(frozen=True)
 class Step:
-    """A recorded step: pending tokens, committed cache length, the draft tree's shape."""
+    """A recorded step: pending tokens, committed cache length, the draft tree."""
 
     m: int
     length: int
-    parents: tuple[int, ...]
-    groups: tuple[int, ...]
+    tree: DraftTree
+
+    @property
+    def parents(self) -> tuple[int, ...]:
+        return self.tree.parents
 
 
 @dataclass
@@ -83,7 +84,7 @@ class _Recorder(StepObserver):
 
     def planned(self, step: StepPlan, position: int) -> None:
         m = step.layout.m
-        self.steps.append(Step(m, position + 1 - m, step.tree.parents, step.tree.groups()))
+        self.steps.append(Step(m, position + 1 - m, step.tree))
 
 
 def parse_configs(text: str) -> list[Shape]:
@@ -114,12 +115,7 @@ def record(lm, prompts: list[list[int]], shape: Shape, max_new_tokens: int) -> R
 
 def rank_layouts(step: Step, shape: Shape) -> list[StepLayout]:
     """Every rank's layout of `step` at `shape`, as lp.decoder.plan_step lays them out."""
-    tree = DraftTree(np.zeros(len(step.parents), dtype=np.int64), step.parents)  # tokens do not matter
-    out = []
-    for plan in partition(shape.W, shape.N, tree.size, shape.P, step.groups, width=1):
-        mine = tree.slice(plan.candidates.start, plan.candidates.stop)
-        out.append(step_layout(step.m, shape.W, shape.N, plan.columns, mine.parents))
-    return out
+    return [rank_share(step.m, step.tree, shape.W, shape.N, shape.P, r)[2] for r in range(shape.P)]
 
 
 def project(rec: Recording, time_step: Timer, allgather_s: float) -> dict:
@@ -160,7 +156,10 @@ def worker_timer(worker, reps: int, seed: int = 0) -> Timer:
 
 
 @dataclass
-class Settings:
+class Settings(steps.Engine):
+    """The tool's keys; the engine's (arch, device, dtype, graphs, attention, seed) are the
+    replay's, as lp.bench.steps takes them."""
+
     model: str = "smollm2-135m"
     dataset: str = "spec_bench"
     prompts: str = ""
@@ -168,14 +167,8 @@ class Settings:
     limit: int = 0
     max_new_tokens: int = 128
     configs: str = DEFAULT_CONFIGS
-    arch: str = "llama-7b"
-    device: str = "auto"
-    dtype: str = "auto"
-    graphs: str = "auto"
-    attention: str = "auto"
     reps: int = 1
     allgather_reps: int = 200
-    seed: int = 0
     out: str = ""
 
     def validate(self) -> "Settings":
@@ -183,18 +176,12 @@ class Settings:
             if getattr(self, key) < low:
                 raise LPError(f"{key} must be >= {low}, got {getattr(self, key)}")
         parse_configs(self.configs)
-        self.engine.validate()
+        self.validate_engine()
         return self
 
     @property
     def shapes(self) -> list[Shape]:
         return parse_configs(self.configs)
-
-    @property
-    def engine(self) -> steps.Settings:
-        """The replay's engine settings, as lp.bench.steps takes them."""
-        return steps.Settings(arch=self.arch, device=self.device, dtype=self.dtype, graphs=self.graphs,
-                              attention=self.attention, seed=self.seed)
 
 
 HELP = {
@@ -229,7 +216,7 @@ def run(cfg: Settings) -> dict:
     from lp.config import DecodeConfig
     from lp.message import message_size
 
-    device = cfg.engine.torch_device
+    device = cfg.torch_device
     bench = load(cfg.dataset, cfg.prompts or None, per_category=cfg.per_category, limit=cfg.limit or None)
     lm = LP(cfg.model, device=str(device), graphs=False, compile=False)
     prompts = [lm.encode(p.text, chat=p.chat and lm.tokenizer.chat_template is not None) for p in bench]
@@ -249,9 +236,9 @@ def run(cfg: Settings) -> dict:
         gather[shape.P] = {"int64": size, "median_ms": 1e3 * med, "measured": shape.P > 1 and cfg.allgather_reps > 0}
         _progress(f"all-gather P={shape.P}, {size} int64: {1e3 * med:.3f} ms")
     t0 = time.perf_counter()
-    model = steps.build(cfg.arch, device, cfg.engine.torch_dtype, cfg.seed)
+    model = steps.build(cfg.arch, device, cfg.torch_dtype, cfg.seed)
     _progress(f"built {cfg.arch} with random weights in {time.perf_counter() - t0:.1f} s; replaying")
-    worker = steps._worker(model, cfg.engine)
+    worker = cfg.worker(model)
     layouts = [(s, rank_layouts(s, r.shape)) for r in recordings for s in r.steps]
     try:
         worker.reset(max(s.length + s.m for s, _ in layouts), max(lay.size for _, ls in layouts for lay in ls))
@@ -268,7 +255,7 @@ def run(cfg: Settings) -> dict:
     return {"tool": "lp.bench.project", "projection": PROJECTION, "model": cfg.model, "dataset": cfg.dataset,
             "arch": cfg.arch, "weights": "random weights (timing only)",
             "device": str(device), "device_name": steps.device_name(device), "gpus": gpus,
-            "dtype": str(cfg.engine.torch_dtype).removeprefix("torch."), "graphs": cfg.engine.use_graphs,
+            "dtype": str(cfg.torch_dtype).removeprefix("torch."), "graphs": cfg.use_graphs,
             "attention": worker.attention, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "settings": dataclasses.asdict(cfg), "allgather": gather,
             "nvlink_measured": False, "rows": rows}

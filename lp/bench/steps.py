@@ -79,42 +79,25 @@ DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 120, 128, 240, 256, 480, 512)
 
 
 @dataclass
-class Settings:
-    """The tool's keys (`key=value` on the command line; lists as `1,2,4` or `[1,2,4]`)."""
+class Engine:
+    """Where and how a timing tool runs lp's engine on an architecture with random weights."""
 
     arch: str = "llama-7b"
     device: str = "auto"
     dtype: str = "auto"
-    prompt_len: int = 200
-    tokens: list[int] = field(default_factory=lambda: list(DEFAULT_TOKENS))
-    reps: int = 20
-    warmup: int = 3
-    new_tokens: int = 128
-    runs: int = 3
     graphs: str = "auto"
     attention: str = "auto"
-    copy_mib: int = 0
     seed: int = 0
-    out: str = ""
 
-    def validate(self) -> "Settings":
+    def validate_engine(self) -> None:
         if self.arch not in ARCHS:
             raise LPError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
         for key, allowed in (("device", ("auto", "cpu", "cuda")), ("dtype", ("auto", "float32", "bfloat16", "float16")),
                              ("graphs", ("auto", "true", "false"))):
             if getattr(self, key) not in allowed:
                 raise LPError(f"{key} must be one of {'|'.join(allowed)}, got {getattr(self, key)!r}")
-        for key, low in (("prompt_len", 1), ("reps", 1), ("warmup", 0), ("new_tokens", 2), ("runs", 1),
-                         ("copy_mib", 0)):
-            if getattr(self, key) < low:
-                raise LPError(f"{key} must be >= {low}, got {getattr(self, key)}")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise LPError("device=cuda, but torch sees no CUDA device")
-        if not self.tokens or min(self.tokens) < 1:
-            raise LPError(f"tokens must be step sizes >= 1, got {self.tokens}")
-        if self.prompt_len + self.new_tokens > ARCHS[self.arch].max_context:
-            raise LPError(f"prompt_len + new_tokens exceeds {self.arch}'s context here ({ARCHS[self.arch].max_context})")
-        return self
 
     @property
     def torch_device(self) -> torch.device:
@@ -133,6 +116,38 @@ class Settings:
     @property
     def use_graphs(self) -> bool:
         return self.torch_device.type == "cuda" if self.graphs == "auto" else self.graphs == "true"
+
+    def worker(self, model: torch.nn.Module):
+        """lp's Worker for `model`: the one place it is built, as its keyword arguments change."""
+        from lp.worker import Worker
+
+        return Worker(model, graphs=self.use_graphs, attention=self.attention, max_seq_len=ARCHS[self.arch].max_context)
+
+
+@dataclass
+class Settings(Engine):
+    """The tool's keys (`key=value` on the command line; lists as `1,2,4` or `[1,2,4]`)."""
+
+    prompt_len: int = 200
+    tokens: list[int] = field(default_factory=lambda: list(DEFAULT_TOKENS))
+    reps: int = 20
+    warmup: int = 3
+    new_tokens: int = 128
+    runs: int = 3
+    copy_mib: int = 0
+    out: str = ""
+
+    def validate(self) -> "Settings":
+        self.validate_engine()
+        for key, low in (("prompt_len", 1), ("reps", 1), ("warmup", 0), ("new_tokens", 2), ("runs", 1),
+                         ("copy_mib", 0)):
+            if getattr(self, key) < low:
+                raise LPError(f"{key} must be >= {low}, got {getattr(self, key)}")
+        if not self.tokens or min(self.tokens) < 1:
+            raise LPError(f"tokens must be step sizes >= 1, got {self.tokens}")
+        if self.prompt_len + self.new_tokens > ARCHS[self.arch].max_context:
+            raise LPError(f"prompt_len + new_tokens exceeds {self.arch}'s context here ({ARCHS[self.arch].max_context})")
+        return self
 
 
 HELP = {
@@ -201,13 +216,6 @@ def build(arch: str, device: torch.device, dtype: torch.dtype, seed: int = 0) ->
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
-
-
-def _worker(model: torch.nn.Module, cfg: Settings):
-    """lp's Worker for `model`: the one place it is built, as its keyword arguments change."""
-    from lp.worker import Worker
-
-    return Worker(model, graphs=cfg.use_graphs, attention=cfg.attention, max_seq_len=ARCHS[cfg.arch].max_context)
 
 
 def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
@@ -358,7 +366,7 @@ def run(cfg: Settings) -> dict:
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(cfg.seed)
     prompt = torch.randint(0, vocab, (cfg.prompt_len,), generator=gen)
-    worker = _worker(model, cfg)
+    worker = cfg.worker(model)
     steps = step_latencies(worker, prompt.to(device), cfg, vocab)
     decode = decode_rates(model, worker, prompt.tolist(), cfg)
     floor_tok_s = bandwidth / read
