@@ -5,7 +5,7 @@ prompt, every (N, W, G) config and every world size.
     python launch/exactness.py [--prompts 20] [--max-new-tokens 128] [--world-sizes 1,2,3,4]
         [--configs 2:5:5,3:3:3,5:7:7,5:15:15,3:5:0] [--out results/exactness]
 
-Configs are N:W:G. Quick slice for CI (about 1-2 minutes on 2 CPU cores):
+Configs are N:W:G, or N:W:G:B with a verification budget of B tokens. Quick slice for CI (about 1-2 minutes on 2 CPU cores):
 
     python launch/exactness.py --quick          # = --prompts 2 --max-new-tokens 24
                                                 #   --world-sizes 1,2 --configs 3:3:3
@@ -69,17 +69,20 @@ def pick_prompts(k: int, path: Path = DATA) -> list[dict]:
     return picked
 
 
-def parse_configs(text: str) -> list[tuple[int, int, int]]:
+def parse_configs(text: str) -> list[tuple[int, ...]]:
+    """N:W:G or N:W:G:B (B: verification budget in tokens) per config."""
     out = []
     for part in text.split(","):
-        n, w, g = (int(x) for x in part.strip().split(":"))
-        out.append((n, w, g))
+        c = tuple(int(x) for x in part.strip().split(":"))
+        if len(c) not in (3, 4):
+            raise SystemExit(f"exactness: a config is N:W:G or N:W:G:B, got {part!r}")
+        out.append(c)
     return out
 
 
 def cfg_name(c) -> str:
-    n, w, g = c
-    return f"N{n}W{w}G{g}"
+    n, w, g, *b = c
+    return f"N{n}W{w}G{g}" + (f"B{b[0]}" if b else "")
 
 
 def ids_key(ids: list[int], max_new: int) -> str:
@@ -130,12 +133,14 @@ def worker(args) -> None:
     try:
         bar = tqdm(todo, disable=not main, desc=f"ws{lm.comm.world_size}", file=sys.stderr,
                    mininterval=5, dynamic_ncols=False, ncols=100)
-        for p, (n, w, g) in bar:
-            bar.set_postfix_str(f"q{p['question_id']} {cfg_name((n, w, g))}")
-            r = lm.generate(p["ids"], W=w, N=n, G=g, max_new_tokens=spec["max_new_tokens"])
+        for p, c in bar:
+            n, w, g, *b = c
+            bar.set_postfix_str(f"q{p['question_id']} {cfg_name(c)}")
+            r = lm.generate(p["ids"], W=w, N=n, G=g, max_new_tokens=spec["max_new_tokens"],
+                            budget=b[0] if b else None)
             if main:
                 row = {"key": p["key"], "question_id": p["question_id"], "group": p["group"],
-                       "config": cfg_name((n, w, g)), "N": n, "W": w, "G": g,
+                       "config": cfg_name(c), "N": n, "W": w, "G": g,
                        "world_size": r.world_size, "output_ids": r.output_ids, "steps": r.steps,
                        "compression": r.compression, "accepted_per_step": r.accepted_per_step,
                        "seconds": round(r.seconds, 3), "prefill_seconds": round(r.prefill_seconds, 3)}
@@ -354,7 +359,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--world-sizes", default="1,2,3,4")
-    ap.add_argument("--configs", default="2:5:5,3:3:3,5:7:7,5:15:15,3:5:0", help="N:W:G,...")
+    ap.add_argument("--configs", default="2:5:5,3:3:3,5:7:7,5:15:15,3:5:0", help="N:W:G or N:W:G:B (B: verification budget, tokens),...")
     ap.add_argument("--out", default=None, help="default results/exactness (results/exactness_quick with --quick)")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="threads per rank = max(1, cores // P)")

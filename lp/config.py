@@ -31,7 +31,9 @@ class DecodeConfig:
     the token before x0 first, then newest; measured best), `recent` (newest first) or
     `frequent` (most often produced first). `tree`: verify candidates that share a prefix
     once (a token tree); false: G-style unshared chains. `budget`: verification tokens per step (None: G*(N-1), the
-    classic branch's size, so a shape keeps its cost)."""
+    classic branch's size, so a shape keeps its cost). `recycle`: the model's top-k next tokens
+    kept per token from every step's logits rows (lp/lookahead/successors.py); the likeliest
+    paths through them fill the budget the other drafts leave (0: off)."""
 
     W: int = 5
     N: int = 3
@@ -51,6 +53,7 @@ class DecodeConfig:
     text_drafts: int = 4
     pool_size: int | None = None
     rank: str = "context"
+    recycle: int = 8
 
     def validate(self) -> "DecodeConfig":
         if self.mode not in MODES:
@@ -66,7 +69,7 @@ class DecodeConfig:
             raise LPError(f"rank must be one of {RANKS}, got {self.rank!r}")
         if not isinstance(self.tree, bool):
             raise LPError(f"tree must be true or false, got {self.tree!r}")
-        for key in ("budget", "draft_len", "text_drafts", "pool_size"):
+        for key in ("budget", "draft_len", "text_drafts", "pool_size", "recycle"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise LPError(f"{key} must be an integer >= 0, got {value!r}")
@@ -86,6 +89,21 @@ class DecodeConfig:
     def max_draft(self) -> int:
         """The longest draft a step verifies (N-1 from the pool, `draft_len` from the text)."""
         return max(self.N - 1, self.draft_len if self.drafts == "pool+text" else 0)
+
+    @property
+    def step_shape(self) -> tuple[int, int, int, int]:
+        """(W, N, G, budget) as the steps run them: (0, 2, 0, 0) in `ar` mode."""
+        return (self.W, self.N, self.G, self.verify_budget) if self.lookahead else (0, 2, 0, 0)
+
+    @property
+    def step_width(self) -> int:
+        """The most tokens a step commits: the longest draft the budget holds, plus one."""
+        return min(self.max_draft, self.verify_budget) + 1 if self.lookahead else 1
+
+    @property
+    def successors_sent(self) -> int:
+        """Successors per logits row that steps send for the successor table (0: none)."""
+        return self.recycle if self.lookahead and self.verify_budget else 0
 
     @property
     def lookahead(self) -> bool:

@@ -18,8 +18,9 @@ from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool, step_layout
 from lp.lookahead.drafts import text_drafts
 from lp.lookahead.mask import StepLayout
+from lp.lookahead.successors import SuccessorTable
 from lp.lookahead.tree import DraftTree, build_tree
-from lp.message import merge, pack
+from lp.message import merge, pack, successor_rows
 from lp.partition import RankPlan, partition
 from lp.verify.verifier import StepRows, Verifier, verifier_for
 from lp.worker import Worker
@@ -63,13 +64,24 @@ def _drafts(cfg: DecodeConfig, pool: NGramPool, out: np.ndarray) -> list[tuple[i
     """The step's candidates, best first: the text's longest-suffix continuations, then the
     pool's n-grams under x0, newest (or most frequent) first (duplicates dropped). With
     `rank="context"` (the default), the pool's n-grams that start with the last two tokens come
-    first (what follows them, N-2 tokens): two matched tokens predict better than one."""
+    first (what follows them, N-2 tokens): two matched tokens predict better than one. The
+    successor table's paths fill what the budget has left (`_tree`)."""
     x0 = int(out[-1])
     ranked = text_drafts(out, cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
     if cfg.rank == "context" and len(out) > 1 and pool.n > 2:
         ranked += [t[1:] for t in pool.best(int(out[-2])) if t[0] == x0]
     ranked += pool.best(x0, cfg.rank == "frequent")
     return list(dict.fromkeys(ranked))
+
+
+def _tree(cfg: DecodeConfig, budget: int, pool: NGramPool, out: np.ndarray,
+          successors: SuccessorTable | None) -> DraftTree:
+    """The step's verification tree: `_drafts`, then the likeliest paths through the
+    successor table, within `budget` nodes."""
+    if not budget:
+        return build_tree([], 0)
+    grafts = successors.drafts(int(out[-1]), budget, cfg.max_draft) if successors is not None else ((), ())
+    return build_tree(_drafts(cfg, pool, out), budget, cfg.tree, grafts)
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,7 @@ class Decoder:
         self.comm = collective
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
+        self._successors: SuccessorTable | None = None  # kept between sequences, reset for each
 
     def _handshake(self, prompt: list[int], cfg: DecodeConfig) -> None:
         """Refuse to decode unless every rank got the same prompt and settings (one all-gather
@@ -146,6 +159,18 @@ class Decoder:
         if (seen != seen[0]).any():
             raise LPError(f"rank mismatch: ranks were given different prompts or settings "
                           f"(fingerprints {seen[:, :2].tolist()})")
+
+    def _successor_table(self, k: int) -> SuccessorTable | None:
+        """An empty successor table of k tokens per row (None for k = 0)."""
+        if not k:
+            return None
+        if k > self.worker.vocab_size:
+            raise LPError(f"recycle={k} is more than the model's {self.worker.vocab_size} tokens")
+        if self._successors is None or self._successors.k != k:
+            self._successors = SuccessorTable(self.worker.vocab_size, k)
+        else:
+            self._successors.reset()
+        return self._successors
 
     def generate(self, prompt_ids: list[int], cfg: DecodeConfig, stream: int = 0, *,
                  verifier: Verifier | None = None, observer: StepObserver | None = None) -> Generation:
@@ -163,9 +188,9 @@ class Decoder:
         self._handshake(prompt_ids, cfg)
         verify = verifier or verifier_for(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, stream)
         observe = observer or StepObserver()
-        W, N, G = (cfg.W, cfg.N, cfg.G) if cfg.lookahead else (0, 2, 0)
-        budget = cfg.verify_budget if cfg.lookahead else 0
-        width = min(cfg.max_draft, budget) + 1  # the most tokens a step commits
+        W, N, G, budget = cfg.step_shape
+        width, k, rows = cfg.step_width, cfg.successors_sent, successor_rows(W, budget)
+        successors = self._successor_table(k)
         P, rank, dev = self.comm.world_size, self.comm.rank, self.worker.device
         # the largest step: `width` pending tokens, every column and the whole tree on one rank
         self.worker.reset(L + cfg.max_new_tokens, RankPlan(range(W), range(budget)).cost(N, width, 1))
@@ -190,7 +215,7 @@ class Decoder:
         step_tokens: list[int] = []
         while length - L < cfg.max_new_tokens:
             # plan: drafts -> tree -> this rank's ids and layout
-            tree = build_tree(_drafts(cfg, pool, seq[:length]), budget, cfg.tree) if budget else build_tree([], 0)
+            tree = _tree(cfg, budget, pool, seq[:length], successors)
             step = plan_step(pending, window, tree, W, N, P, rank)
             observe.planned(step, length - 1)
             layout = step.layout
@@ -208,10 +233,13 @@ class Decoder:
                                       on_device.parents, on_device.tree_depth, on_device.tree_ancestors,
                                       len(accepted), width))
             new = argmax[layout.column_rows]
+            # every used row's input token and its top-k next tokens, for the successor table
+            top = torch.cat([ids[on_device.rows[:on_device.n_rows], None],
+                             logits.topk(k, dim=-1).indices], dim=1) if k else None
 
             # all-gather and merge: the step's one device sync
-            message = pack(y1, acc, step.plan.candidates.start, new, length, checksum, W)
-            outcome = merge(self.comm.all_gather(message).cpu().numpy(), step.plans, width)
+            message = pack(y1, acc, step.plan.candidates.start, new, length, checksum, W, top, rows)
+            outcome = merge(self.comm.all_gather(message).cpu().numpy(), step.plans, width, k)
 
             # advance: cache, window, pool, output
             self.worker.commit(len(pending))
@@ -223,6 +251,9 @@ class Decoder:
                 if G and window.ready:
                     pool.add_rows(window.ngrams(int(seq[length - 1]), outcome.new))
                 window.update(outcome.new)
+            if successors is not None:
+                successors.observe(np.asarray([seq[length - 1], *tokens]))  # the table the drafts used
+                successors.update(outcome.successors)
             for t in tokens:
                 checksum = (checksum * 31 + t) % _CHECK_MOD
             seq[length:length + len(tokens)] = tokens

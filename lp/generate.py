@@ -20,7 +20,7 @@ from lp.worker import check_options
 
 SETTINGS = ("W", "N", "G", "max_new_tokens", "mode", "seed", "pool_from_prompt", "pool_from_output",
             "temperature", "top_k", "top_p", "drafts", "tree", "budget", "draft_len", "text_drafts",
-            "pool_size", "rank")
+            "pool_size", "rank", "recycle")
 
 
 def _prompts(cfg: DictConfig) -> list[Prompt]:

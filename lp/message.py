@@ -1,11 +1,14 @@
 """The fixed-size integer message each rank contributes to a step's all-gather, and the merge
 that every rank applies identically to the gathered messages.
 
-Layout (int64, size 5 + K + W, K = the most tokens a step commits: the longest draft + 1):
+Layout (int64, size 5 + K + W + R(1+k), K = the most tokens a step commits: the longest
+draft + 1; R, k: logits rows and successors per row sent for the successor table, 0 without it):
   [0] y1, the rank's next token after x0   [1] global index of its best tree node (-1: none)
   [2] accepted draft tokens of that one    [3] output length  [4] output checksum
   [5 : 5+K]     tokens along the path to it (the committed tokens are its first accepted+1)
   [5+K : 5+K+W] new tokens of the rank's window columns (first len(columns) slots)
+  [5+K+W : ]    R rows of (input token, its top-k next tokens): the rank's logits rows, then
+                rows of -1 (lp/lookahead/successors.py)
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lp.config import DecodeConfig
 from lp.errors import LPError
 from lp.partition import RankPlan
 from lp.verify.greedy import Acceptance
@@ -21,19 +25,36 @@ from lp.verify.greedy import Acceptance
 HEADER = 5
 
 
-def message_size(W: int, width: int) -> int:
-    """Message length for W columns and steps committing at most `width` tokens."""
-    return HEADER + width + W
+def message_size(W: int, width: int, rows: int = 0, k: int = 0) -> int:
+    """Message length for W columns, steps committing at most `width` tokens and `rows` rows
+    of k successors (none when k is 0, whatever `rows`)."""
+    return HEADER + width + W + rows * (1 + k) if k else HEADER + width + W
+
+
+def successor_rows(W: int, budget: int) -> int:
+    """The most logits rows one rank's step has: x0's, a column's each, a tree node's each."""
+    return 1 + W + budget
+
+
+def step_message_size(cfg: DecodeConfig) -> int:
+    """The message length of the steps that decoding with `cfg` all-gathers."""
+    W, _, _, budget = cfg.step_shape
+    return message_size(W, cfg.step_width, successor_rows(W, budget), cfg.successors_sent)
 
 
 def pack(y1: torch.Tensor, acc: Acceptance, first_candidate: int, new: torch.Tensor,
-         length: int, checksum: int, W: int) -> torch.Tensor:
-    """Build the message on the device from the rank's step results (no host sync)."""
+         length: int, checksum: int, W: int, successors: torch.Tensor | None = None,
+         rows: int = 0) -> torch.Tensor:
+    """Build the message on the device from the rank's step results (no host sync).
+    `successors`: `[r, 1 + k]` rows (input token, top-k next tokens), padded to `rows`."""
     best = torch.where(acc.best >= 0, acc.best + first_candidate, acc.best)
     # new_full, not new_tensor: a fill kernel instead of a host-to-device copy, which syncs on CUDA
     head = torch.stack([y1, best, acc.accepted, y1.new_full((), length), y1.new_full((), checksum)])
     pad = new.new_full((W - new.numel(),), -1)
-    return torch.cat([head, acc.tokens, new, pad])
+    parts = [head, acc.tokens, new, pad]
+    if successors is not None:
+        parts += [successors.reshape(-1), new.new_full(((rows - successors.shape[0]) * successors.shape[1],), -1)]
+    return torch.cat(parts)
 
 
 @dataclass(frozen=True)
@@ -43,12 +64,13 @@ class Outcome:
     tokens: list[int]  # committed tokens: 1..width of them
     new: np.ndarray  # [W] the window's new level
     accepted: int  # draft tokens accepted (len(tokens) - 1)
+    successors: np.ndarray  # [rows, 1 + k] the step's successor rows: x0's, the columns', the nodes'
 
 
-def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], width: int) -> Outcome:
-    """Merge `[P, K]` messages of steps committing at most `width` tokens. Rank 0's y1 is
-    authoritative: a candidate counts only if its rank computed the same y1. The longest
-    acceptance wins, ties to the lowest candidate."""
+def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], width: int, k: int = 0) -> Outcome:
+    """Merge `[P, K]` messages of steps committing at most `width` tokens (and successor rows
+    of `k` tokens, if k > 0). Rank 0's y1 is authoritative: a candidate counts only if its rank
+    computed the same y1. The longest acceptance wins, ties to the lowest candidate."""
     if (gathered[:, 3] != gathered[0, 3]).any() or (gathered[:, 4] != gathered[0, 4]).any():
         raise LPError(f"ranks diverged: output lengths {gathered[:, 3].tolist()}, "
                       f"checksums {gathered[:, 4].tolist()}")
@@ -56,10 +78,24 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], width: int) -> Outc
     valid = (gathered[:, 0] == y1) & (gathered[:, 1] >= 0)
     tokens, accepted = [int(y1)], 0
     if valid.any():
-        rows = np.flatnonzero(valid)
+        ranks = np.flatnonzero(valid)
         # lexsort: last key is primary -> most accepted, then lowest global candidate index
-        r = rows[np.lexsort((gathered[rows, 1], -gathered[rows, 2]))[0]]
+        r = ranks[np.lexsort((gathered[ranks, 1], -gathered[ranks, 2]))[0]]
         accepted = int(gathered[r, 2])
         tokens = gathered[r, HEADER:HEADER + accepted + 1].tolist()
-    new = np.concatenate([gathered[r, HEADER + width:HEADER + width + len(p.columns)] for r, p in enumerate(plans)])
-    return Outcome(tokens, new, accepted)
+    start = HEADER + width
+    new = np.concatenate([gathered[r, start:start + len(p.columns)] for r, p in enumerate(plans)])
+    return Outcome(tokens, new, accepted, _successor_rows(gathered[:, start + len(new):], plans, k))
+
+
+def _successor_rows(section: np.ndarray, plans: tuple[RankPlan, ...], k: int) -> np.ndarray:
+    """The messages' successor sections `[P, R(1 + k)]` as one list of rows, in the order one
+    rank would have them (x0, every column, every node): the table keeps a token's last row, so
+    it then ends up as one rank would have left it (up to near-ties that a top-k computed in
+    another batch shape may order differently)."""
+    if not k:
+        return np.zeros((0, 1), dtype=np.int64)
+    rows = section.reshape(len(plans), -1, 1 + k)
+    cols = [1 + len(p.columns) for p in plans]
+    return np.concatenate([rows[0, :1]] + [rows[r, 1:c] for r, c in enumerate(cols)]
+                          + [rows[r, c:c + len(p.candidates)] for r, (c, p) in enumerate(zip(cols, plans))])

@@ -196,14 +196,16 @@ class _Hub:
 
 
 class CountingCollective(Collective):
-    """A collective that counts its all-gathers (`calls`)."""
+    """A collective that counts its all-gathers (`calls`) and keeps their sizes (`sizes`)."""
 
     def __init__(self, rank: int = 0, world_size: int = 1) -> None:
         super().__init__(rank, world_size)
         self.calls = 0
+        self.sizes: list[int] = []
 
     def all_gather(self, message: torch.Tensor) -> torch.Tensor:
         self.calls += 1
+        self.sizes.append(message.numel())
         return super().all_gather(message)
 
 
@@ -326,3 +328,42 @@ def test_draft_ranking():
     assert _drafts(DecodeConfig(drafts="pool", rank="frequent"), pool, out) == [(2, 2, 2), (3, 3, 3), (1, 1, 1)]
     assert _drafts(DecodeConfig(drafts="pool"), pool, out) == [(3, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
     assert _drafts(DecodeConfig(draft_len=2), pool, out)[0] == (6, 4)
+
+
+def test_recycled_drafts_come_last_and_fill_the_budget():
+    """The successor table's paths follow the text and pool drafts, up to the budget."""
+    from lp.decoder import _tree
+    from lp.lookahead.successors import SuccessorTable
+
+    pool = NGramPool(3, 4)
+    pool.add(5, (1, 1))
+    table = SuccessorTable(16, 2)
+    table.update(np.asarray([[5, 7, 8], [7, 9, 10], [1, 7, 9]], dtype=np.int64))
+    out = np.asarray([4, 5], dtype=np.int64)
+    tree = _tree(DecodeConfig(N=3, G=1), 5, pool, out, table)
+    # the pool's (1, 1) first; then 7, (7, 9), 8, (7, 10) by chance (rates 1/3 each), cut at 5 nodes
+    assert tree.tokens.tolist() == [1, 1, 7, 9, 8] and tree.parents == (-1, 0, -1, 2, -1)
+    assert _tree(DecodeConfig(N=3, G=1), 5, pool, out, None).size == 2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recycled_drafts_keep_the_output_and_raise_acceptance(arch, tiny_models, refs):
+    """With the successor table off (recycle=0) and on, the output is greedy's; on, the tree
+    takes more of the budget and commits at least as many tokens over the decode."""
+    off = decode(tiny_models[arch], PROMPT, W=5, N=3, G=5, max_new_tokens=MAX_NEW, recycle=0)
+    on = decode(tiny_models[arch], PROMPT, W=5, N=3, G=5, max_new_tokens=MAX_NEW)
+    assert off.output_ids == on.output_ids == refs[arch]
+    assert np.mean(on.step_tokens) > np.mean(off.step_tokens)
+    assert on.steps <= off.steps
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(recycle=0), dict(G=0), dict(G=0, budget=8), dict(mode="ar"),
+                                      dict(N=2, tree=False, recycle=3, budget=30)])
+def test_message_size_is_what_steps_send(settings, tiny_models):
+    """lp.bench's all-gather timings use step_message_size: it must be the real message."""
+    from lp.message import step_message_size
+
+    cfg = {**dict(W=5, N=3, G=5, max_new_tokens=12), **settings}
+    col = CountingCollective()
+    decode(tiny_models["llama"], PROMPT, collective=col, **cfg)
+    assert set(col.sizes[1:]) == {step_message_size(DecodeConfig(**cfg))}  # after the handshake

@@ -171,3 +171,27 @@ def test_ar_mode_message():
     assert msgs[0].numel() == message_size(0, 2)
     out = merge(gather(*msgs), plans, 2)
     assert out.tokens == [7] and out.new.size == 0
+
+
+def test_successor_rows_merge_in_one_rank_order():
+    """Each rank sends its logits rows (x0, its columns, its nodes) padded to a fixed count; the
+    merge lists them as one rank running the whole step would: x0, every column, every node."""
+    k, rows = 2, 6
+    plans = (RankPlan(range(0, 2), range(0, 1)), RankPlan(range(2, 3), range(1, 3)))
+
+    def rank_message(plan: RankPlan, tokens: list[int]) -> torch.Tensor:
+        succ = t([[tok, tok * 10, tok * 10 + 1] for tok in tokens])
+        return pack(t(4), acceptance(-1, 0, [4, -1, -1]), plan.candidates.start, t([7] * len(plan.columns)),
+                    10, 77, 3, succ, rows)
+
+    # rank 0: x0 (token 1), columns 2 3, node 5; rank 1: x0, column 4, nodes 6 8
+    msgs = [rank_message(plans[0], [1, 2, 3, 5]), rank_message(plans[1], [1, 4, 6, 8])]
+    assert msgs[0].numel() == message_size(3, N, rows, k)
+    out = merge(gather(*msgs), plans, N, k)
+    assert out.successors[:, 0].tolist() == [1, 2, 3, 4, 5, 6, 8]
+    assert out.successors[:, 1:].tolist() == [[t * 10, t * 10 + 1] for t in [1, 2, 3, 4, 5, 6, 8]]
+
+
+def test_no_successor_rows_without_k():
+    out = merge(gather(message(4, 1, 2, [4, 5, 6], 0, new=[10, 11, 12, 13, 14])), partition(W, N, 2, 1), N)
+    assert len(out.successors) == 0

@@ -15,6 +15,9 @@ ALPHA = 1e-3
 SAMPLES = 1500
 LENGTH = 2
 SETTINGS = dict(W=3, N=3, G=3, max_new_tokens=LENGTH, temperature=0.9, top_k=6)
+# Drafts from the successor table alone (no pool, no text drafts): the table starts empty, so
+# they appear from the second step on, and three tokens are sampled to reach them.
+RECYCLED = dict(G=0, budget=6, drafts="pool", max_new_tokens=3)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +40,14 @@ def expected(model, prompt):
     return exact_distribution(model, prompt, LENGTH, SETTINGS["temperature"], SETTINGS["top_k"])
 
 
+@pytest.fixture(scope="module")
+def expected_recycled(model, prompt):
+    return exact_distribution(model, prompt, RECYCLED["max_new_tokens"], SETTINGS["temperature"], SETTINGS["top_k"])
+
+
 def _lp_samples(model, prompt, rule=None, **overrides) -> tuple[list[tuple[int, ...]], float]:
-    """SAMPLES decodes, stream i each (`rule`: a walk below the first token instead of Algorithm 4's)."""
+    """SAMPLES decodes, stream i each (`rule`: a walk below the first token instead of Algorithm 4's),
+    and the share of them in which some step accepted a draft."""
     dec = Decoder(Worker(model), Collective(), set(), 128)
     cfg = DecodeConfig(**{**SETTINGS, **overrides})
     samples, multi = [], 0
@@ -46,14 +55,25 @@ def _lp_samples(model, prompt, rule=None, **overrides) -> tuple[list[tuple[int, 
         verifier = SamplingVerifier(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, i, rule) if rule else None
         g = dec.generate(prompt, cfg, stream=i, verifier=verifier)
         samples.append(tuple(g.output_ids))
-        multi += g.accepted_per_step[0] > 1
+        multi += max(g.accepted_per_step) > 1
     return samples, multi / SAMPLES
 
 
 def test_lookahead_sampling_matches_the_model(model, prompt, expected):
     samples, multi = _lp_samples(model, prompt)
-    assert multi > 0.3, f"drafts accepted in only {multi:.0%} of first steps: the test would be weak"
+    assert multi > 0.3, f"drafts accepted in only {multi:.0%} of the decodes: the test would be weak"
     assert chi_square_pvalue(samples, expected) > ALPHA
+
+
+def test_sampling_with_recycled_drafts_matches_the_model(model, prompt, expected_recycled):
+    samples, multi = _lp_samples(model, prompt, **RECYCLED)
+    assert multi > 0.3, f"recycled drafts accepted in only {multi:.0%} of the decodes: the test would be weak"
+    assert chi_square_pvalue(samples, expected_recycled) > ALPHA
+
+
+def test_accepting_recycled_drafts_always_is_caught(model, prompt, expected_recycled):
+    samples, _ = _lp_samples(model, prompt, rule=_accept_always, **RECYCLED)
+    assert chi_square_pvalue(samples, expected_recycled) < ALPHA
 
 
 def test_autoregressive_sampling_matches_the_model(model, prompt, expected):
@@ -70,11 +90,12 @@ def test_transformers_sampling_matches_the_model(model, prompt, expected):
     assert chi_square_pvalue(samples, expected) > ALPHA
 
 
-def test_accepting_drafts_always_is_caught(model, prompt, expected):
-    def accept_always(first_token, tree, p_nodes, u, width):
-        return follow_first_drafts(first_token, tree, p_nodes, width)
+def _accept_always(first_token, tree, p_nodes, u, width):
+    return follow_first_drafts(first_token, tree, p_nodes, width)
 
-    samples, _ = _lp_samples(model, prompt, rule=accept_always)
+
+def test_accepting_drafts_always_is_caught(model, prompt, expected):
+    samples, _ = _lp_samples(model, prompt, rule=_accept_always)
     assert chi_square_pvalue(samples, expected) < ALPHA
 
 

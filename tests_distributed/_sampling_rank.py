@@ -1,9 +1,10 @@
 """One rank of the LP sampling-distribution test: SAMPLES short samples of the peaked tiny
 model through lp's decoder under Lookahead Parallelism; rank 0 writes them as JSON.
 
-    python _sampling_rank.py OUT.json SAMPLES [wrong]
+    python _sampling_rank.py OUT.json SAMPLES [wrong] [recycled]
 
-`wrong` swaps in an acceptance rule that always accepts the drafts, which the test must catch."""
+`wrong` swaps in an acceptance rule that always accepts the drafts, which the test must catch;
+`recycled` takes drafts from the successor table alone and samples 3 tokens (tests/test_sampling_decoder.py)."""
 import json
 import sys
 
@@ -15,6 +16,7 @@ from lp.worker import Worker
 from tests.sampling_helpers import follow_first_drafts, peaked_llama
 
 SETTINGS = dict(W=3, N=3, G=3, max_new_tokens=2, temperature=0.9, top_k=6)
+RECYCLED = dict(G=0, budget=6, drafts="pool", max_new_tokens=3)
 
 
 def accept_always(first_token, tree, p_nodes, u, width):
@@ -23,17 +25,17 @@ def accept_always(first_token, tree, p_nodes, u, width):
 
 def main() -> None:
     out, samples = sys.argv[1], int(sys.argv[2])
-    wrong = sys.argv[3:] == ["wrong"]
+    wrong = "wrong" in sys.argv[3:]
     model, prompt = peaked_llama()
     comm = Collective.from_env("cpu", timeout_s=60)
     dec = Decoder(Worker(model), comm, set(), 128)
-    cfg = DecodeConfig(**SETTINGS)
+    cfg = DecodeConfig(**{**SETTINGS, **(RECYCLED if "recycled" in sys.argv[3:] else {})})
     rows, multi = [], 0
     for i in range(samples):
         verifier = SamplingVerifier(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, i, accept_always) if wrong else None
         g = dec.generate(prompt, cfg, stream=i, verifier=verifier)
         rows.append(g.output_ids)
-        multi += g.accepted_per_step[0] > 1
+        multi += max(g.accepted_per_step) > 1
     if comm.is_main:
         with open(out, "w") as f:
             json.dump({"samples": rows, "multi": multi / samples, "world_size": comm.world_size}, f)

@@ -1,6 +1,6 @@
 """Lossless sampling under Lookahead Parallelism: with 2 gloo ranks, lp's lookahead samples
-follow the model's exact distribution of the first tokens (false-alarm rate ALPHA), and an
-always-accept rule is caught by the same test."""
+follow the model's exact distribution of the first tokens (false-alarm rate ALPHA), with pool
+and text drafts and with recycled ones, and an always-accept rule is caught by the same test."""
 import json
 
 import pytest
@@ -19,6 +19,12 @@ def expected():
     return exact_distribution(model, prompt, 2, 0.9, 6)
 
 
+@pytest.fixture(scope="module")
+def expected_recycled():
+    model, prompt = peaked_llama()
+    return exact_distribution(model, prompt, 3, 0.9, 6)
+
+
 def _samples(tmp_path, *extra: str) -> dict:
     out = tmp_path / "samples.json"
     run = spawn_ranks([RANK_PROGRAM, str(out), str(SAMPLES), *extra], 2, timeout=240)
@@ -31,6 +37,13 @@ def test_lp_sampling_matches_the_model(tmp_path, expected):
     assert result["world_size"] == 2
     assert result["multi"] > 0.3, "drafts were rarely accepted: the test would be weak"
     assert chi_square_pvalue([tuple(s) for s in result["samples"]], expected) > ALPHA
+
+
+def test_lp_sampling_with_recycled_drafts_matches_the_model(tmp_path, expected_recycled):
+    """Drafts from the successor table, whose rows both ranks gather from each other."""
+    result = _samples(tmp_path, "recycled")
+    assert result["multi"] > 0.3, "recycled drafts were rarely accepted: the test would be weak"
+    assert chi_square_pvalue([tuple(s) for s in result["samples"]], expected_recycled) > ALPHA
 
 
 def test_lp_wrong_rule_is_caught(tmp_path, expected):

@@ -126,7 +126,7 @@ class LPDecoder(BenchDecoder):
     def __init__(self, lm, *, mode: str = "lookahead", W: int | str = 5, N: int | str = 3, G: int | str = 5,
                  seed: int = 0, pool_from_prompt: bool = True, **options) -> None:
         """`options`: further DecodeConfig settings (drafts, tree, budget, draft_len, text_drafts,
-        pool_size), named in the label as in `parse_lookahead`."""
+        pool_size, recycle), named in the label as in `parse_lookahead`."""
         self.name = "lp" if mode == "lookahead" else "lp-ar"
         auto = (W, N, G) == ("auto",) * 3
         suffix = "".join(f"-{_option_name(k, v)}" for k, v in options.items())
@@ -344,16 +344,17 @@ LOOKAHEAD_OPTIONS = {"pool": ("drafts", "pool"), "text": ("drafts", "pool+text")
                      "tree": ("tree", True),
                      "recent": ("rank", "recent"), "frequent": ("rank", "frequent"),
                      "context": ("rank", "context")}
-NUMBER_OPTIONS = {"B": "budget", "D": "draft_len", "T": "text_drafts", "P": "pool_size"}  # -B80 etc.
+NUMBER_OPTIONS = {"B": "budget", "D": "draft_len", "T": "text_drafts", "P": "pool_size", "R": "recycle"}  # -B80 etc.
 
 
 def parse_lookahead(spec: str) -> dict:
     """lp's settings from a config name: "W15N5G15" -> W=15 N=5 G=15; "auto": W/N/G chosen from a
-    measured step-cost curve (lp/auto.py). Options follow with dashes: `-pool` (pool drafts
-    only), `-text` (pool and text drafts), `-chains` (no shared prefixes), `-tree`, `-recent`, `-frequent`, `-context` (pool candidate order), `-B80`
+    measured step-cost curve (lp/auto.py). Options follow with dashes: `-pool` (no text
+    drafts), `-text` (pool and text drafts), `-chains` (no shared prefixes), `-tree`, `-recent`, `-frequent`, `-context` (pool candidate order), `-B80`
     (budget: 80 verification tokens), `-D6` (text drafts of at most 6 tokens), `-T8` (8 text
-    drafts per step), `-P60` (the pool keeps 60 n-grams per first token); e.g.
-    "W15N5G15-pool-chains-recent" is the classic verification branch."""
+    drafts per step), `-P60` (the pool keeps 60 n-grams per first token), `-R8` (the successor
+    table keeps each token's top 8 next tokens; `-R0`: no recycled drafts); e.g.
+    "W15N5G15-pool-chains-recent-R0" is the classic verification branch."""
     import re
 
     head, *options = str(spec).strip().split("-")
@@ -363,17 +364,17 @@ def parse_lookahead(spec: str) -> dict:
         m = re.fullmatch(r"W(\d+)N(\d+)G(\d+)", head, flags=re.IGNORECASE)
         if not m:
             raise ValueError(f"lookahead config must look like W15N5G15 or auto (options: -pool, -text, "
-                             f"-chains, -tree, -recent, -frequent, -context, -B<budget>, -D<draft length>, -T<text drafts>, -P<pool size>), got {spec!r}")
+                             f"-chains, -tree, -recent, -frequent, -context, -B<budget>, -D<draft length>, -T<text drafts>, -P<pool size>, -R<successors>), got {spec!r}")
         out = dict(W=int(m[1]), N=int(m[2]), G=int(m[3]))
     for opt in options:
-        number = re.fullmatch(r"([BDTP])(\d+)", opt, flags=re.IGNORECASE)
+        number = re.fullmatch(r"([BDTPR])(\d+)", opt, flags=re.IGNORECASE)
         if number:
             out[NUMBER_OPTIONS[number[1].upper()]] = int(number[2])
         elif opt.lower() in LOOKAHEAD_OPTIONS:
             key, value = LOOKAHEAD_OPTIONS[opt.lower()]
             out[key] = value
         else:
-            raise ValueError(f"unknown lookahead option {opt!r} in {spec!r} (known: pool, text, chains, tree, recent, frequent, context, B<n>, D<n>, T<n>, P<n>)")
+            raise ValueError(f"unknown lookahead option {opt!r} in {spec!r} (known: pool, text, chains, tree, recent, frequent, context, B<n>, D<n>, T<n>, P<n>, R<n>)")
     return out
 
 

@@ -29,7 +29,7 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder, StepObserver
 from lp.errors import LPError
-from lp.message import HEADER
+from lp.message import HEADER, step_message_size
 from lp.worker import Worker
 
 
@@ -48,13 +48,16 @@ class _Spans(StepObserver):
 
 
 class _Ranks(Collective):
-    """Rank 0 of P, with every other rank's message a copy of rank 0's (see the module doc)."""
+    """Rank 0 of P, with every other rank's message a copy of rank 0's (see the module doc).
+    `successors`: where the messages' successor rows start (they are copied as they are)."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, successors: int) -> None:
         super().__init__(0, world_size)
+        self.successors = successors
 
     def all_gather(self, message: torch.Tensor) -> torch.Tensor:
-        others = message.clamp(min=0)  # valid token ids in their window slots
+        others = message.clone()
+        others[:self.successors].clamp_(min=0)  # valid token ids in their window slots
         if message.numel() > HEADER:
             others[1] = -1  # no candidate: only rank 0's acceptance counts
         return torch.cat([message[None], others[None].expand(self.world_size - 1, -1)])
@@ -76,7 +79,8 @@ def host_gaps(cfg: DecodeConfig, P: int, vocab: int = 512, prompt_len: int = 400
     prompt = np.tile(rng.integers(3, vocab, 40), prompt_len // 40).tolist()
     worker = Worker(_model(vocab, prompt_len + cfg.max_new_tokens + 16), graphs=False)
     watch = _Spans()
-    g = Decoder(worker, _Ranks(P), set(), prompt_len + cfg.max_new_tokens).generate(prompt, cfg, observer=watch)
+    ranks = _Ranks(P, HEADER + cfg.step_width + cfg.step_shape[0])
+    g = Decoder(worker, ranks, set(), prompt_len + cfg.max_new_tokens).generate(prompt, cfg, observer=watch)
     gaps = [b[0] - a[1] for a, b in zip(watch.spans[:-1], watch.spans[1:])]
     return gaps, g.step_tokens
 
@@ -122,8 +126,9 @@ def _ms(xs: list[float]) -> tuple[float, float]:
     return statistics.median(xs) * 1e3, float(np.percentile(xs, 95)) * 1e3
 
 
-DEFAULTS = {"W": 60, "N": 5, "G": 60, "P": 8, "tokens": 200, "threads": 1, "allgather": 1}
+DEFAULTS = {"W": 60, "N": 5, "G": 60, "P": 8, "recycle": 8, "tokens": 200, "threads": 1, "allgather": 1}
 HELP = {"W": "lookahead columns", "N": "n-gram size", "G": "verification n-grams", "P": "ranks",
+        "recycle": "successors kept per token for recycled drafts (0: none)",
         "tokens": "new tokens decoded (one gap per step)", "threads": "torch threads",
         "allgather": "1: also time a gloo all-gather between P processes"}
 
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         s[key] = int(value)
     torch.set_num_threads(s["threads"])
     try:
-        cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], max_new_tokens=s["tokens"]).validate()
+        cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], recycle=s["recycle"], max_new_tokens=s["tokens"]).validate()
     except LPError as e:
         sys.exit(f"lp: error: {e}")
     gaps, step_tokens = host_gaps(cfg, s["P"])
@@ -150,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
           f"({len(gaps)} steps, {statistics.mean(step_tokens):.0f} tokens per rank-0 forward on average), "
           f"{_cpu_name()}: median {med:.3f} ms, p95 {p95:.3f} ms")
     if s["allgather"] and s["P"] > 1:
-        size = HEADER + cfg.max_draft + 1 + cfg.W
+        size = step_message_size(cfg)
         med, p95 = _ms(allgather_seconds(s["P"], size))
         print(f"all-gather of {size} int64 between {s['P']} gloo processes on this machine: "
               f"median {med:.3f} ms, p95 {p95:.3f} ms")

@@ -214,7 +214,7 @@ def run(cfg: Settings) -> dict:
     from lp.bench.datasets import load
     from lp.bench.host import allgather_seconds
     from lp.config import DecodeConfig
-    from lp.message import message_size
+    from lp.message import step_message_size
 
     device = cfg.torch_device
     bench = load(cfg.dataset, cfg.prompts or None, per_category=cfg.per_category, limit=cfg.limit or None)
@@ -229,8 +229,7 @@ def run(cfg: Settings) -> dict:
     del lm
     gather = {}
     for shape in cfg.shapes:
-        c = DecodeConfig(W=shape.W, N=shape.N, G=shape.G)
-        size = message_size(shape.W, min(c.max_draft, c.verify_budget) + 1)
+        size = step_message_size(DecodeConfig(W=shape.W, N=shape.N, G=shape.G))
         med = statistics.median(allgather_seconds(shape.P, size, cfg.allgather_reps)) \
             if shape.P > 1 and cfg.allgather_reps else 0.0
         gather[shape.P] = {"int64": size, "median_ms": 1e3 * med, "measured": shape.P > 1 and cfg.allgather_reps > 0}

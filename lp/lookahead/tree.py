@@ -61,11 +61,17 @@ def chain_parents(G: int, L: int) -> tuple[int, ...]:
     return tuple(-1 if k == 0 else c * L + k - 1 for c in range(G) for k in range(L))
 
 
-def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True) -> DraftTree:
+def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True,
+               grafts: tuple[Sequence[int], Sequence[int]] = ((), ())) -> DraftTree:
     """The tree of `drafts` (best first) within `budget` nodes: drafts are inserted in order,
     each adding the nodes its prefix does not share, the last one truncated to what is left.
+    Then `grafts`, nodes given as `(parents, tokens)` (parent -1: x0; parents first, as
+    SuccessorTable.drafts makes them), are inserted one by one while the budget lasts (without
+    sharing, each of their leaves' paths is one more draft).
     Root subtrees are then laid out grouped by first token, in the order the tokens first
     appear, nodes in depth-first order."""
+    if not share and grafts[1]:
+        drafts = [*drafts, *_leaf_paths(*grafts)]
     root: dict = {}  # key -> (token, children)
     used = 0
     for i, draft in enumerate(drafts):
@@ -81,6 +87,15 @@ def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True)
             level = node[1]
         if used == budget:
             break
+    if share:
+        placed: list[dict | None] = []  # each graft's children, None where the budget cut it off
+        for parent, tok in zip(*grafts):
+            level = root if parent < 0 else placed[parent]
+            node = level.get(tok) if level is not None else None
+            if node is None and level is not None and used < budget:
+                node = level[tok] = (int(tok), {})
+                used += 1
+            placed.append(node[1] if node is not None else None)
     rank = {}
     for tok, _ in root.values():
         rank.setdefault(tok, len(rank))
@@ -95,6 +110,15 @@ def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True)
         if kids:
             stack.extend(zip(reversed(kids.values()), repeat(here)))
     return DraftTree(np.asarray(tokens, dtype=np.int64), tuple(parents))
+
+
+def _leaf_paths(parents: Sequence[int], tokens: Sequence[int]) -> list[tuple[int, ...]]:
+    """The token paths from x0 to each leaf of a node list (parents first), in leaf order."""
+    paths: list[tuple[int, ...]] = []
+    inner = set(parents)
+    for p, tok in zip(parents, tokens):
+        paths.append((paths[p] if p >= 0 else ()) + (int(tok),))
+    return [path for i, path in enumerate(paths) if i not in inner]
 
 
 __all__ = ["DraftTree", "build_tree", "chain_parents"]
