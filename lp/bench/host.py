@@ -29,7 +29,7 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder, StepObserver
 from lp.errors import LPError
-from lp.message import HEADER, step_message_size
+from lp.message import HEADER, message_size, step_message_size
 from lp.worker import Worker
 
 
@@ -79,7 +79,7 @@ def host_gaps(cfg: DecodeConfig, P: int, vocab: int = 512, prompt_len: int = 400
     prompt = np.tile(rng.integers(3, vocab, 40), prompt_len // 40).tolist()
     worker = Worker(_model(vocab, prompt_len + cfg.max_new_tokens + 16), graphs=False)
     watch = _Spans()
-    ranks = _Ranks(P, HEADER + cfg.step_width + cfg.step_shape[0])
+    ranks = _Ranks(P, message_size(cfg.step_shape[0], cfg.step_width))  # the successor rows follow
     g = Decoder(worker, ranks, set(), prompt_len + cfg.max_new_tokens).generate(prompt, cfg, observer=watch)
     gaps = [b[0] - a[1] for a, b in zip(watch.spans[:-1], watch.spans[1:])]
     return gaps, g.step_tokens
