@@ -19,7 +19,7 @@ from lp.lookahead import JacobiWindow, NGramPool, step_layout
 from lp.lookahead.drafts import text_drafts
 from lp.lookahead.mask import StepLayout
 from lp.lookahead.successors import SuccessorTable
-from lp.lookahead.tree import DraftTree, build_tree
+from lp.lookahead.tree import DraftTree, TreeBuilder
 from lp.message import merge, pack, successor_rows
 from lp.partition import RankPlan, partition
 from lp.verify.verifier import StepRows, Verifier, verifier_for
@@ -77,11 +77,21 @@ def _drafts(cfg: DecodeConfig, pool: NGramPool, out: np.ndarray) -> list[tuple[i
 def _tree(cfg: DecodeConfig, budget: int, pool: NGramPool, out: np.ndarray,
           successors: SuccessorTable | None) -> DraftTree:
     """The step's verification tree: `_drafts`, then the likeliest paths through the
-    successor table, within `budget` nodes."""
-    if not budget:
-        return build_tree([], 0)
-    grafts = successors.drafts(int(out[-1]), budget, cfg.max_draft) if successors is not None else ((), ())
-    return build_tree(_drafts(cfg, pool, out), budget, cfg.tree, grafts)
+    successor table, within `budget` nodes (without sharing: the paths to its leaves)."""
+    builder = TreeBuilder(budget, cfg.tree)
+    for draft in _drafts(cfg, pool, out) if budget else ():
+        builder.add(draft)
+        if builder.full:
+            break
+    if successors is not None and not builder.full:
+        if cfg.tree:
+            successors.grow(builder, int(out[-1]), cfg.max_draft)
+        else:  # each recycled path to a leaf is a chain of its own
+            recycled = TreeBuilder(budget - builder.size)
+            successors.grow(recycled, int(out[-1]), cfg.max_draft)
+            for path in recycled.leaf_paths():
+                builder.add(path)
+    return builder.tree()
 
 
 @dataclass(frozen=True)
@@ -139,6 +149,10 @@ class StepObserver:
     def forward_done(self) -> None:
         """A step's forward is queued."""
 
+    def message_read(self) -> None:
+        """A step's gathered messages are on the host: from here to the next `forward_start`
+        is host work that a device waits for."""
+
 
 class Decoder:
     """Decodes with one Worker per rank; all ranks call `generate` with the same arguments."""
@@ -148,7 +162,6 @@ class Decoder:
         self.comm = collective
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
-        self._successors: SuccessorTable | None = None  # kept between sequences, reset for each
 
     def _handshake(self, prompt: list[int], cfg: DecodeConfig) -> None:
         """Refuse to decode unless every rank got the same prompt and settings (one all-gather
@@ -162,15 +175,9 @@ class Decoder:
 
     def _successor_table(self, k: int) -> SuccessorTable | None:
         """An empty successor table of k tokens per row (None for k = 0)."""
-        if not k:
-            return None
         if k > self.worker.vocab_size:
             raise LPError(f"recycle={k} is more than the model's {self.worker.vocab_size} tokens")
-        if self._successors is None or self._successors.k != k:
-            self._successors = SuccessorTable(self.worker.vocab_size, k)
-        else:
-            self._successors.reset()
-        return self._successors
+        return SuccessorTable(self.worker.vocab_size, k) if k else None
 
     def generate(self, prompt_ids: list[int], cfg: DecodeConfig, stream: int = 0, *,
                  verifier: Verifier | None = None, observer: StepObserver | None = None) -> Generation:
@@ -239,7 +246,9 @@ class Decoder:
 
             # all-gather and merge: the step's one device sync
             message = pack(y1, acc, step.plan.candidates.start, new, length, checksum, W, top, rows)
-            outcome = merge(self.comm.all_gather(message).cpu().numpy(), step.plans, width, k)
+            gathered = self.comm.all_gather(message).cpu().numpy()
+            observe.message_read()
+            outcome = merge(gathered, step.plans, width, k)
 
             # advance: cache, window, pool, output
             self.worker.commit(len(pending))
@@ -252,7 +261,7 @@ class Decoder:
                     pool.add_rows(window.ngrams(int(seq[length - 1]), outcome.new))
                 window.update(outcome.new)
             if successors is not None:
-                successors.observe(np.asarray([seq[length - 1], *tokens]))  # the table the drafts used
+                successors.observe([int(seq[length - 1]), *tokens])  # the table the drafts used
                 successors.update(outcome.successors)
             for t in tokens:
                 checksum = (checksum * 31 + t) % _CHECK_MOD

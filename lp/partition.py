@@ -36,18 +36,23 @@ def _tokens(first_col: int, stop_col: int, candidates: int, N: int, pending: int
     return pending + prefix + (N - 2) * (stop_col - first_col) + width * candidates
 
 
-def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int, width: int) -> list[RankPlan] | None:
+def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int,
+            width: int) -> list[tuple[int, int, int, int]] | None:
     """Fill ranks in order up to `limit` tokens each: columns first, then whole candidate
-    groups (`ends` are the groups' exclusive end indices). Cost grows with each column and
-    group added, so each rank's fill is a bisection, not a walk."""
+    groups (`ends` are the groups' exclusive end indices). Both fills are closed forms: columns
+    [a, b) cost (N-1)b - (N-2)a tokens (b > a; a rank without columns costs 1), and the groups
+    that fit are a bisection of `ends`. Each rank's share as (first column, column stop, first
+    candidate, candidate stop)."""
     plans, col, g = [], 0, 0
     for _ in range(P):
-        start_col = col
-        col = start_col + bisect_right(range(start_col + 1, W + 1), limit,
-                                       key=lambda stop: _tokens(start_col, stop, 0, N, 1, width))
-        start_cand = ends[g - 1] if g else 0
-        g = bisect_right(ends, limit, lo=g, key=lambda end: _tokens(start_col, col, end - start_cand, N, 1, width))
-        plans.append(RankPlan(range(start_col, col), range(start_cand, ends[g - 1] if g else 0)))
+        start_col, start_cand = col, ends[g - 1] if g else 0
+        col = min(W, (limit + (N - 2) * start_col) // (N - 1))
+        if col > start_col:
+            used = (N - 1) * col - (N - 2) * start_col
+        else:
+            col, used = start_col, 1
+        g = bisect_right(ends, start_cand + (limit - used) // width, lo=g)
+        plans.append((start_col, col, start_cand, ends[g - 1] if g else 0))
     return plans if col == W and g == len(ends) else None
 
 
@@ -69,7 +74,11 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     if W < 0 or N < 2 or G < 0 or P < 1 or sum(groups) != G or min(groups, default=1) < 1 or width < 1:
         raise ValueError(f"bad partition request W={W} N={N} G={G} P={P} groups={groups} width={width}")
     ends = tuple(itertools.accumulate(groups))
-    lo, hi = 1, RankPlan(range(W), range(G)).cost(N, 1, width)
+    # no limit below these fits: a whole group on one rank, or the mean rank's share (every
+    # rank feeds its pending token, and the last column's rank the whole row-0 prefix)
+    total = P + max(W - 1, 0) + (N - 2) * W + width * G
+    lo = max(1 + width * max(groups, default=0), -(-total // P))
+    hi = max(lo, RankPlan(range(W), range(G)).cost(N, 1, width))
     while lo < hi:
         mid = (lo + hi) // 2
         if _greedy(W, N, ends, P, mid, width) is None:
@@ -78,4 +87,4 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
             hi = mid
     plans = _greedy(W, N, ends, P, lo, width)
     assert plans is not None
-    return tuple(plans)
+    return tuple(RankPlan(range(a, b), range(c, d)) for a, b, c, d in plans)

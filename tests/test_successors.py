@@ -1,11 +1,11 @@
-"""The successor table (recycled drafts): last row wins, hit rates, best-first paths."""
+"""The successor table (recycled drafts): last row wins, hit rates, best-first growth of a tree."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from lp.lookahead.successors import SuccessorTable
-from lp.lookahead.tree import build_tree
+from lp.lookahead.tree import TreeBuilder, build_tree
 
 
 def rows(*r: tuple[int, ...]) -> np.ndarray:
@@ -14,37 +14,47 @@ def rows(*r: tuple[int, ...]) -> np.ndarray:
 
 def test_update_keeps_each_tokens_last_row_and_skips_padding():
     table = SuccessorTable(10, 2)
-    table.update(rows((3, 1, 2), (-1, -1, -1), (3, 4, 5), (6, 7, 8)))
-    assert table.next[3].tolist() == [4, 5] and table.next[6].tolist() == [7, 8]
-    assert table.next[1].tolist() == [-1, -1]
+    table.update(rows((3, 1, 2), (-1, -1, -1), (3, 4, 5), (6, 7, 8), (12, 1, 1)))
+    assert table.next == {3: [4, 5], 6: [7, 8]}  # 12 is past the vocabulary
 
 
 def test_observe_counts_the_rank_each_token_had():
     table = SuccessorTable(10, 3)
     table.update(rows((1, 2, 3, 4), (2, 5, 6, 7)))
-    table.observe(np.asarray([1, 3, 0]))  # 3 was rank 1 after 1; 0 follows unseen 3: not counted
-    table.observe(np.asarray([2, 9]))  # 9 is none of 2's successors
-    assert table.hits.tolist() == [1, 2, 1, 2]
+    table.observe([1, 3, 0])  # 3 was rank 1 after 1; 0 follows unseen 3: not counted
+    table.observe([2, 9])  # 9 is none of 2's successors
+    assert table.hits == [1, 2, 1, 2]
     q = table.rates()
     assert (np.diff(q) <= 0).all() and q[0] == pytest.approx(1 / 6)  # made non-increasing
 
 
-def paths(nodes: tuple[list[int], list[int]]) -> list[tuple[int, ...]]:
-    """Each node's token path from x0."""
+def grown(table: SuccessorTable, x0: int, budget: int, depth: int, drafts=()) -> TreeBuilder:
+    """A builder holding `drafts`, then grown from x0 through the table."""
+    builder = TreeBuilder(budget)
+    for draft in drafts:
+        builder.add(draft)
+    table.grow(builder, x0, depth)
+    return builder
+
+
+def paths(builder: TreeBuilder) -> list[tuple[int, ...]]:
+    """Each node's token path from x0, in insertion order."""
     out: list[tuple[int, ...]] = []
-    for p, tok in zip(*nodes):
+    for p, tok in zip(builder.parents, builder.tokens):
         out.append((out[p] if p >= 0 else ()) + (tok,))
     return out
 
 
-def test_drafts_are_the_likeliest_paths_best_first():
+def test_growth_takes_the_likeliest_paths_best_first():
     table = SuccessorTable(20, 2)
     table.update(rows((1, 2, 3), (2, 4, 5), (3, 6, 7), (4, 8, 9)))
     table.hits[:] = [6, 3, 1]  # rates 0.6 and 0.3
     # chances: (2) .6, (2,4) .36, (3) .3, (2,4,8) .216, then (2,5) and (3,6) .18
-    assert table.drafts(1, 4, depth=3) == ([-1, 0, -1, 1], [2, 4, 3, 8])
-    assert paths(table.drafts(1, 3, depth=1)) == [(2,), (3,)]  # depth 1: only x0's successors
-    assert table.drafts(7, 5, depth=3) == ([], [])  # 7 was never an input row
+    assert paths(grown(table, 1, 4, depth=3)) == [(2,), (2, 4), (3,), (2, 4, 8)]
+    assert paths(grown(table, 1, 3, depth=1)) == [(2,), (3,)]  # depth 1: only x0's successors
+    assert grown(table, 7, 5, depth=3).size == 0  # 7 was never an input row
+    # a node the drafts made is free, and grown on
+    assert paths(grown(table, 1, 3, depth=3, drafts=[(2, 4)])) == [(2,), (2, 4), (3,)]
 
 
 def random_table(seed: int, vocab: int = 50, k: int = 4) -> SuccessorTable:
@@ -52,33 +62,41 @@ def random_table(seed: int, vocab: int = 50, k: int = 4) -> SuccessorTable:
     table = SuccessorTable(vocab, k)
     successors = np.stack([rng.permutation(vocab)[:k] for _ in range(vocab)])  # distinct, as a top-k is
     table.update(np.concatenate([np.arange(vocab)[:, None], successors], axis=1))
-    table.hits[:] = rng.integers(1, 20, k + 1)
+    table.hits[:] = rng.integers(1, 20, k + 1).tolist()
     return table
-
-
-def test_drafts_make_a_tree_of_one_node_each():
-    nodes = random_table(0).drafts(0, 40, depth=6)
-    assert len(nodes[0]) == 40 and all(p < i for i, p in enumerate(nodes[0]))
-    assert max(map(len, paths(nodes))) <= 6
-    assert build_tree([], 40, grafts=nodes).size == 40
 
 
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("budget", [7, 30])
-def test_grafting_nodes_is_inserting_their_paths(seed, budget):
-    """build_tree's grafts give the tree that inserting each node's path after the drafts
-    gives, on the trees' shared prefixes and at the budget's cut."""
+def test_growth_is_best_first_among_all_paths(seed, budget):
+    """The grown nodes are the `budget` likeliest paths of at most `depth` tokens (a brute-force
+    enumeration), and the tree is the one inserting their paths in that order gives."""
     table = random_table(seed)
-    nodes = table.drafts(3, budget, depth=5)
-    drafts = [paths(table.drafts(3, 6, depth=3))[-1], (7, 8, 9)]
-    want = build_tree(drafts + paths(nodes), budget)
-    got = build_tree(drafts, budget, grafts=nodes)
-    assert got.tokens.tolist() == want.tokens.tolist() and got.parents == want.parents
-    # without sharing, the grafts' leaves become chains of their own
-    leaves = [p for p in paths(nodes) if not any(q[:len(p)] == p and q != p for q in paths(nodes))]
-    chains = build_tree(drafts + leaves, budget, share=False)
-    unshared = build_tree(drafts, budget, share=False, grafts=nodes)
-    assert unshared.tokens.tolist() == chains.tokens.tolist() and unshared.parents == chains.parents
+    q, depth = table.rates(), 3
+    chances: dict[tuple[int, ...], float] = {}
+
+    def walk(path: tuple[int, ...], token: int, chance: float) -> None:
+        for r, nxt in enumerate(table.next[token]):
+            chances[path + (nxt,)] = chance * q[r]
+            if len(path) + 1 < depth:
+                walk(path + (nxt,), nxt, chance * q[r])
+
+    walk((), 3, 1.0)
+    builder = grown(table, 3, budget, depth)
+    got = paths(builder)
+    assert len(got) == budget == len(set(got))
+    assert min(chances[p] for p in got) >= sorted(chances.values(), reverse=True)[budget - 1]
+    want = build_tree(got, budget)
+    tree = builder.tree()
+    assert tree.tokens.tolist() == want.tokens.tolist() and tree.parents == want.parents
+
+
+def test_growth_needs_sharing():
+    table = random_table(0)
+    assert grown(table, 3, 10, 3).size == 10
+    builder = TreeBuilder(10, share=False)
+    table.grow(builder, 3, 3)
+    assert builder.size == 0
 
 
 def test_k_must_be_positive():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from lp.lookahead.drafts import text_drafts
-from lp.lookahead.tree import build_tree
+from lp.lookahead.tree import TreeBuilder, build_tree
 from unit_helpers import chains
 
 
@@ -72,3 +72,13 @@ def test_text_drafts_continue_the_longest_suffix_match():
     # a lone token match (x0 only) is the pool's job
     assert text_drafts(np.array([3, 8, 4, 3]), length=2, count=4) == []
     assert text_drafts(np.array([5]), length=2, count=4) == []
+
+
+def test_builder_leaf_paths_and_insertion_order_within_subtrees():
+    builder = TreeBuilder(100)
+    for draft in [(1, 2, 3), (4,), (1, 5), (4, 6)]:
+        builder.add(draft)
+    assert builder.leaf_paths() == [(1, 2, 3), (1, 5), (4, 6)]
+    tree = builder.tree()
+    # root 1's subtree first (its nodes in insertion order: 1, 2, 3, 5), then root 4's
+    assert tree.tokens.tolist() == [1, 2, 3, 5, 4, 6] and tree.parents == (-1, 0, 1, 0, -1, 4)

@@ -1,10 +1,14 @@
 """`python -m lp.bench.host`: the host work of a decode step, measured without the model's cost.
 
-The host work is everything a rank does between two forwards: acceptance of the last step, the
-merge of the all-gathered messages, the window and pool updates, then the next step's drafts,
-tree, partition, layout, id gather and upload. The GPU hides none of it: a step costs its
-forward plus this. The tool runs lp's own decode loop (lp/decoder.py) as rank 0 of P ranks on a
-one-layer random model, times the gaps between forwards, and reports their median and p95.
+The host work is everything a rank does between two forwards: acceptance of the last step and
+its message (device ops queued after the forward), then, once the gathered messages are read,
+the merge, the window, pool and successor-table updates, and the next step's drafts, tree,
+partition, layout, id gather and upload. The tool runs lp's own decode loop (lp/decoder.py) as
+rank 0 of P ranks on a one-layer random model and reports, per step, the median and p95 of
+  * all of it (the gap between forwards, less the stand-in all-gather below): what a step costs
+    on a synchronous device such as this CPU, on top of its forward;
+  * the part after the message read: what an asynchronous device (a GPU) waits for, since the
+    ops queued after its forward run while it computes.
 
 The other ranks are stood in for by `_Ranks`: the all-gather returns rank 0's message for every
 rank (their window tokens made valid, their candidates withdrawn), so rank 0 merges P messages
@@ -20,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
@@ -34,17 +39,21 @@ from lp.worker import Worker
 
 
 class _Spans(StepObserver):
-    """Records when each forward starts and ends."""
+    """Records when each forward starts and ends, and when each step's messages are read."""
 
     def __init__(self) -> None:
-        self.spans: list[tuple[float, float]] = []
-        self._start = 0.0
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.reads: list[float] = []
 
     def forward_start(self) -> None:
-        self._start = time.perf_counter()
+        self.starts.append(time.perf_counter())
 
     def forward_done(self) -> None:
-        self.spans.append((self._start, time.perf_counter()))
+        self.ends.append(time.perf_counter())
+
+    def message_read(self) -> None:
+        self.reads.append(time.perf_counter())
 
 
 class _Ranks(Collective):
@@ -54,13 +63,17 @@ class _Ranks(Collective):
     def __init__(self, world_size: int, successors: int) -> None:
         super().__init__(0, world_size)
         self.successors = successors
+        self.seconds: list[float] = []  # each call's own cost, not host work of lp's
 
     def all_gather(self, message: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
         others = message.clone()
         others[:self.successors].clamp_(min=0)  # valid token ids in their window slots
         if message.numel() > HEADER:
             others[1] = -1  # no candidate: only rank 0's acceptance counts
-        return torch.cat([message[None], others[None].expand(self.world_size - 1, -1)])
+        out = torch.cat([message[None], others[None].expand(self.world_size - 1, -1)])
+        self.seconds.append(time.perf_counter() - t0)
+        return out
 
 
 def _model(vocab: int, context: int) -> torch.nn.Module:
@@ -72,17 +85,28 @@ def _model(vocab: int, context: int) -> torch.nn.Module:
     return LlamaForCausalLM(config).eval()
 
 
-def host_gaps(cfg: DecodeConfig, P: int, vocab: int = 512, prompt_len: int = 400) -> tuple[list[float], list[int]]:
-    """Seconds of host work between consecutive forwards, and each step's token count, for one
-    `max_new_tokens` decode by rank 0 of P on a random model and a repetitive random prompt."""
+@dataclass(frozen=True)
+class HostTimes:
+    """Seconds of host work per step (between consecutive forwards): `total`, and `exposed`,
+    the part after the step's messages were read; `step_tokens`: rank 0's forward sizes."""
+
+    total: list[float]
+    exposed: list[float]
+    step_tokens: list[int]
+
+
+def host_gaps(cfg: DecodeConfig, P: int, vocab: int = 512, prompt_len: int = 400) -> HostTimes:
+    """The host work of one `max_new_tokens` decode by rank 0 of P on a random model and a
+    repetitive random prompt."""
     rng = np.random.default_rng(0)
     prompt = np.tile(rng.integers(3, vocab, 40), prompt_len // 40).tolist()
     worker = Worker(_model(vocab, prompt_len + cfg.max_new_tokens + 16), graphs=False)
     watch = _Spans()
     ranks = _Ranks(P, message_size(cfg.step_shape[0], cfg.step_width))  # the successor rows follow
     g = Decoder(worker, ranks, set(), prompt_len + cfg.max_new_tokens).generate(prompt, cfg, observer=watch)
-    gaps = [b[0] - a[1] for a, b in zip(watch.spans[:-1], watch.spans[1:])]
-    return gaps, g.step_tokens
+    steps = zip(watch.ends, watch.reads, ranks.seconds[1:], watch.starts[1:])  # [0]: the handshake
+    total, exposed = zip(*[(start - end - gather, start - read) for end, read, gather, start in steps])
+    return HostTimes(list(total), list(exposed), g.step_tokens)
 
 
 def _gather_rank(rank: int, world: int, port: int, size: int, reps: int, out: "torch.multiprocessing.Queue") -> None:
@@ -149,11 +173,12 @@ def main(argv: list[str] | None = None) -> None:
         cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], recycle=s["recycle"], max_new_tokens=s["tokens"]).validate()
     except LPError as e:
         sys.exit(f"lp: error: {e}")
-    gaps, step_tokens = host_gaps(cfg, s["P"])
-    med, p95 = _ms(gaps)
-    print(f"host work per step, rank 0 of P={s['P']} at W={cfg.W} N={cfg.N} G={cfg.G} "
-          f"({len(gaps)} steps, {statistics.mean(step_tokens):.0f} tokens per rank-0 forward on average), "
-          f"{_cpu_name()}: median {med:.3f} ms, p95 {p95:.3f} ms")
+    times = host_gaps(cfg, s["P"])
+    (med, p95), (after_med, after_p95) = _ms(times.total), _ms(times.exposed)
+    print(f"host work per step, rank 0 of P={s['P']} at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.recycle} "
+          f"({len(times.total)} steps, {statistics.mean(times.step_tokens):.0f} tokens per rank-0 forward on "
+          f"average), {_cpu_name()}: median {med:.3f} ms, p95 {p95:.3f} ms; after the message read "
+          f"(what a GPU waits for): median {after_med:.3f} ms, p95 {after_p95:.3f} ms")
     if s["allgather"] and s["P"] > 1:
         size = step_message_size(cfg)
         med, p95 = _ms(allgather_seconds(s["P"], size))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -21,19 +21,30 @@ class NGramPool:
 
     def add(self, key: int, tail: tuple[int, ...]) -> None:
         """Insert one n-gram `(key, *tail)`."""
-        self.add_rows(np.asarray([(key, *tail)], dtype=np.int64))
+        self._insert([key], [tuple(tail)])
 
     def add_rows(self, grams: np.ndarray) -> None:
-        """Insert each row of an int array `[k, N]` as one n-gram, in row order (`add`, inlined:
-        this runs for every window column of every step)."""
-        if self.capacity == 0:
+        """Insert each row of an int array `[k, N]` as one n-gram, in row order."""
+        if self.capacity == 0 or not len(grams):
             return
+        self._insert(grams[:, 0].tolist(), map(tuple, grams[:, 1:].tolist()))
+
+    def add_sequence(self, tokens: Sequence[int]) -> None:
+        """Insert every n-gram of a token sequence (the prompt, or the output's newest tokens)."""
+        n = len(tokens) - self.n + 1
+        if self.capacity == 0 or n < 1:
+            return
+        tokens = tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
+        self._insert(tokens[:n], (tuple(tokens[i + 1:i + self.n]) for i in range(n)))
+
+    def _insert(self, keys: Sequence[int], tails: Iterable[tuple[int, ...]]) -> None:
+        """Insert n-grams `(key, *tail)` in order (this runs for every window column and every
+        committed token of every step)."""
         table, capacity = self._table, self.capacity
-        for key, *tail in grams.tolist():
+        for key, tail in zip(keys, tails):
             entries = table.get(key)
             if entries is None:
                 entries = table[key] = OrderedDict()
-            tail = tuple(tail)
             if tail in entries:
                 entries[tail] += 1
                 entries.move_to_end(tail)
@@ -41,12 +52,6 @@ class NGramPool:
                 entries[tail] = 1
                 if len(entries) > capacity:
                     entries.popitem(last=False)
-
-    def add_sequence(self, tokens: Sequence[int]) -> None:
-        """Insert every n-gram of a token sequence (used to seed the pool from the prompt)."""
-        n = self.n
-        if len(tokens) >= n:
-            self.add_rows(np.lib.stride_tricks.sliding_window_view(np.asarray(tokens, dtype=np.int64), n))
 
     def lookup(self, key: int) -> list[tuple[int, ...]]:
         """The tails stored under `key`, oldest first (at most `capacity`)."""

@@ -7,89 +7,59 @@ The table is replicated state like the pool: every rank applies the same gathere
 same order (lp/message.py), so every rank builds the same drafts."""
 from __future__ import annotations
 
-import heapq
+from collections.abc import Sequence
 
 import numpy as np
+
+from lp.lookahead.tree import TreeBuilder
 
 
 class SuccessorTable:
     """`next[t]`: the k tokens the model ranked highest after token t (best first), the last
-    time t was the input of a logits row; -1 where t has not been seen (or is past the table).
+    time t was the input of a logits row (tokens never seen, or not below `vocab_size`, have
+    none). A dict of lists: a step reads a few hundred rows one by one (the search below) and
+    writes a few hundred, which numpy rows would cost more for.
 
     How often the rank-r successor turned out to be the next committed token is counted as the
-    decode goes (`observe`), so the drafts' order follows this decode's own hit rates. A
-    decoder keeps one table and `reset`s it per sequence (allocating it costs more)."""
+    decode goes (`observe`), so the drafts' order follows this decode's own hit rates."""
 
     def __init__(self, vocab_size: int, k: int) -> None:
         if k < 1:
             raise ValueError(f"successors per token must be >= 1, got {k}")
-        self.k = k
-        self.next = np.empty((vocab_size, k), dtype=np.int32)
-        self.hits = np.empty(k + 1)
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget every row and count."""
-        self.next.fill(-1)
+        self.vocab_size, self.k = vocab_size, k
+        self.next: dict[int, list[int]] = {}
         # hits[r]: committed tokens that were their predecessor's rank-r successor; hits[k]: none
         # of them. One pseudo-count each, so the first steps spread drafts evenly over ranks.
-        self.hits.fill(1.0)
+        self.hits = [1] * (k + 1)
 
     def update(self, rows: np.ndarray) -> None:
         """Apply rows `[n, 1 + k]` (input token, its top-k successors) in order: a token's last
         row wins. Rows whose input token is negative are padding."""
-        rows = rows[(rows[:, 0] >= 0) & (rows[:, 0] < len(self.next))]
-        if not len(rows):
-            return
-        last = rows[::-1]
-        _, first = np.unique(last[:, 0], return_index=True)  # each token's last row
-        keep = last[first]
-        self.next[keep[:, 0]] = keep[:, 1:]
+        rows = rows[(rows[:, 0] >= 0) & (rows[:, 0] < self.vocab_size)]
+        self.next.update(zip(rows[:, 0].tolist(), rows[:, 1:].tolist()))
 
-    def observe(self, tokens: np.ndarray) -> None:
+    def observe(self, tokens: Sequence[int]) -> None:
         """Count, for each token of `tokens` after the first, which rank of its predecessor's
         successors it was (call with the committed sequence's tail before `update`)."""
-        if len(tokens) < 2:
-            return
-        inside = tokens[:-1] < len(self.next)
-        seen = self.next[np.where(inside, tokens[:-1], 0)]
-        known = inside & (seen[:, 0] >= 0)
-        match = seen[known] == tokens[1:][known, None]
-        rank = np.where(match.any(axis=1), match.argmax(axis=1), self.k)
-        self.hits += np.bincount(rank, minlength=self.k + 1)
+        for before, token in zip(tokens, tokens[1:]):
+            row = self.next.get(before)
+            if row is not None:
+                self.hits[row.index(token) if token in row else self.k] += 1
 
-    def rates(self) -> np.ndarray:
-        """`[k]` the estimated chance that the rank-r successor is the next token, made
-        non-increasing in r (what the best-first search below relies on)."""
-        return np.minimum.accumulate(self.hits[:self.k] / self.hits.sum())
+    def rates(self) -> list[float]:
+        """The estimated chance that the rank-r successor is the next token, for r < k, made
+        non-increasing in r (what the best-first search relies on)."""
+        total = sum(self.hits)
+        rates = [h / total for h in self.hits[:self.k]]
+        for r in range(1, self.k):
+            rates[r] = min(rates[r], rates[r - 1])
+        return rates
 
-    def drafts(self, x0: int, count: int, depth: int) -> tuple[list[int], list[int]]:
-        """The `count` likeliest paths from x0 through the table, at most `depth` tokens each,
-        as tree nodes, most likely first (a path's chance: the product of its steps' rates):
-        `(parents, tokens)`, node i being `tokens[i]` after node `parents[i]` (-1: x0). A
-        node's parent comes before it, so the first n nodes form a tree (lp/lookahead/tree.py)."""
-        parents: list[int] = []
-        tokens: list[int] = []
-        if count < 1 or depth < 1 or x0 >= len(self.next) or self.next[x0, 0] < 0:
-            return parents, tokens
-        q = self.rates().tolist()
-        table, k = self.next, self.k
-        # best-first over (-chance, order, parent node, parent's token, rank, depth); a popped node
-        # offers its first child and its next sibling, so the heap stays small
-        heap = [(-q[0], 0, -1, x0, 0, 1)]
-        order = 1
-        while heap and len(tokens) < count:
-            neg, _, parent, above, r, d = heapq.heappop(heap)
-            here = len(tokens)
-            parents.append(parent)
-            tokens.append(int(table[above, r]))
-            if r + 1 < k and table[above, r + 1] >= 0:
-                heapq.heappush(heap, (neg / q[r] * q[r + 1], order, parent, above, r + 1, d))
-                order += 1
-            if d < depth and table[tokens[here], 0] >= 0:
-                heapq.heappush(heap, (neg * q[0], order, here, tokens[here], 0, d + 1))
-                order += 1
-        return parents, tokens
+    def grow(self, tree: TreeBuilder, x0: int, depth: int) -> None:
+        """Graft onto `tree` the likeliest paths from x0 through the table, at most `depth`
+        tokens each, most likely first (a path's chance: the product of its steps' rates),
+        until its budget is spent (TreeBuilder.grow)."""
+        tree.grow(x0, self.next, self.rates(), depth)
 
 
 __all__ = ["SuccessorTable"]

@@ -9,9 +9,10 @@ its own chain: the classic verification branch of G n-grams.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from functools import cached_property
+from heapq import heappop, heappush
 
 import numpy as np
 
@@ -35,10 +36,15 @@ class DraftTree:
             depth[i] = 1 if p < 0 else depth[p] + 1
         return depth
 
+    @cached_property
+    def parent_array(self) -> np.ndarray:
+        """`parents` as an int64 array."""
+        return np.asarray(self.parents, dtype=np.int64)
+
     @property
     def roots(self) -> np.ndarray:
         """Indices of x0's children, in order."""
-        return np.flatnonzero(np.asarray(self.parents, dtype=np.int64) < 0)
+        return np.flatnonzero(self.parent_array < 0)
 
     def groups(self) -> tuple[int, ...]:
         """Node counts of the runs of adjacent root subtrees that share their first token."""
@@ -50,10 +56,11 @@ class DraftTree:
 
     def slice(self, start: int, stop: int) -> "DraftTree":
         """Nodes start..stop-1 (whole root subtrees) as a tree of their own."""
-        parents = tuple(p - start if p >= 0 else -1 for p in self.parents[start:stop])
-        if any(p >= stop - start for p in parents) or (stop > start and self.parents[start] >= 0):
+        inside = self.parent_array[start:stop]
+        parents = np.where(inside >= 0, inside - start, -1)
+        if (parents >= stop - start).any() or (stop > start and inside[0] >= 0):
             raise ValueError(f"nodes {start}..{stop - 1} are not whole subtrees")
-        return DraftTree(self.tokens[start:stop], parents)
+        return DraftTree(self.tokens[start:stop], tuple(parents.tolist()))
 
 
 def chain_parents(G: int, L: int) -> tuple[int, ...]:
@@ -61,64 +68,138 @@ def chain_parents(G: int, L: int) -> tuple[int, ...]:
     return tuple(-1 if k == 0 else c * L + k - 1 for c in range(G) for k in range(L))
 
 
-def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True,
-               grafts: tuple[Sequence[int], Sequence[int]] = ((), ())) -> DraftTree:
+class TreeBuilder:
+    """Grows a tree node by node within `budget` nodes: drafts (`add`), then single nodes
+    (`child`, as lp/lookahead/successors.py grafts them). Shared prefixes cost nothing; without
+    sharing (`share=False`) every draft is a chain of its own."""
+
+    def __init__(self, budget: int, share: bool = True) -> None:
+        self.budget, self.share = budget, share
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self._roots: list[int] = []  # each node's root ancestor
+        self._index: dict[tuple[int, int], int] = {}  # (parent, token) -> node, when sharing
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def full(self) -> bool:
+        return len(self.tokens) >= self.budget
+
+    def child(self, parent: int, token: int) -> int | None:
+        """The node of `token` under node `parent` (-1: x0): the existing one when sharing, else
+        a new one while the budget lasts (None when it is spent)."""
+        if self.share:
+            node = self._index.get((parent, token))
+            if node is not None:
+                return node
+        if len(self.tokens) >= self.budget:
+            return None
+        node = len(self.tokens)
+        if self.share:
+            self._index[parent, token] = node
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self._roots.append(node if parent < 0 else self._roots[parent])
+        return node
+
+    def add(self, draft: Sequence[int]) -> None:
+        """Insert a draft below x0, truncated where the budget runs out."""
+        if not self.share:
+            node = -1
+            for token in draft:
+                node = self.child(node, int(token))
+                if node is None:
+                    return
+            return
+        # `child` inlined: this runs for every token of every draft of every step
+        index, tokens, parents, roots, budget = self._index, self.tokens, self.parents, self._roots, self.budget
+        node = -1
+        for token in draft:
+            found = index.get((node, token))
+            if found is None:
+                found = len(tokens)
+                if found >= budget:
+                    return
+                index[node, token] = found
+                tokens.append(token)
+                parents.append(node)
+                roots.append(found if node < 0 else roots[node])
+            node = found
+
+    def grow(self, x0: int, successors: Mapping[int, list[int]], rates: Sequence[float], depth: int) -> None:
+        """Graft the likeliest paths below x0 until the budget is spent, most likely first:
+        `successors[t]` lists the k tokens expected after token t, best first (absent where
+        unknown), the rank-r one right with chance `rates[r]` (non-increasing in r), and a path's
+        chance is the product of its steps'. At most `depth` tokens a path; nodes the tree
+        already has cost nothing and are grown on. Sharing only."""
+        row = successors.get(x0)
+        if not self.share or depth < 1 or not rates or row is None:
+            return
+        index, tokens, parents, roots, budget = self._index, self.tokens, self.parents, self._roots, self.budget
+        k, q0 = min(len(rates), len(row)), rates[0]
+        # best-first over (-chance, order, parent node, parent's successors, rank, depth); a popped
+        # node offers its first child and its next sibling, so the heap stays small
+        heap = [(-q0, 0, -1, row, 0, 1)]
+        order = 1
+        while heap:
+            neg, _, parent, above, r, d = heappop(heap)
+            token = above[r]
+            node = index.get((parent, token))
+            if node is None:  # `child`, inlined: this runs for every node grafted
+                node = len(tokens)
+                if node >= budget:
+                    return
+                index[parent, token] = node
+                tokens.append(token)
+                parents.append(parent)
+                roots.append(node if parent < 0 else roots[parent])
+            if r + 1 < k:
+                heappush(heap, (neg / rates[r] * rates[r + 1], order, parent, above, r + 1, d))
+                order += 1
+            if d < depth:
+                below = successors.get(token)
+                if below is not None:
+                    heappush(heap, (neg * q0, order, node, below, 0, d + 1))
+                    order += 1
+
+    def tree(self) -> DraftTree:
+        """The tree so far in subtree order: root subtrees grouped by first token, in the order
+        the tokens first appeared; within a subtree, nodes in insertion order (a parent before
+        its children, siblings best first)."""
+        roots = np.asarray(self._roots, dtype=np.int64)
+        tokens = np.asarray(self.tokens, dtype=np.int64)
+        group = roots  # sharing: one root per first token
+        if not self.share:  # roots with the same first token adjacent: keyed by the first such root
+            first: dict[int, int] = {}
+            group = np.asarray([first.setdefault(self.tokens[r], r) for r in self._roots], dtype=np.int64)
+        order = np.lexsort((roots, group))  # then node index: stable
+        where = np.empty_like(order)
+        where[order] = np.arange(len(order))
+        parents = np.asarray(self.parents, dtype=np.int64)[order]
+        parents = np.where(parents >= 0, where[np.maximum(parents, 0)], -1)
+        return DraftTree(tokens[order], tuple(parents.tolist()))
+
+    def leaf_paths(self) -> list[tuple[int, ...]]:
+        """The token path from x0 to each leaf, in insertion order."""
+        paths: list[tuple[int, ...]] = []
+        for p, token in zip(self.parents, self.tokens):
+            paths.append((paths[p] if p >= 0 else ()) + (token,))
+        inner = set(self.parents)
+        return [path for i, path in enumerate(paths) if i not in inner]
+
+
+def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True) -> DraftTree:
     """The tree of `drafts` (best first) within `budget` nodes: drafts are inserted in order,
-    each adding the nodes its prefix does not share, the last one truncated to what is left.
-    Then `grafts`, nodes given as `(parents, tokens)` (parent -1: x0; parents first, as
-    SuccessorTable.drafts makes them), are inserted one by one while the budget lasts (without
-    sharing, each of their leaves' paths is one more draft).
-    Root subtrees are then laid out grouped by first token, in the order the tokens first
-    appear, nodes in depth-first order."""
-    if not share and grafts[1]:
-        drafts = [*drafts, *_leaf_paths(*grafts)]
-    root: dict = {}  # key -> (token, children)
-    used = 0
-    for i, draft in enumerate(drafts):
-        level = root
-        for k, tok in enumerate(draft):
-            key = tok if share or k > 0 else (tok, i)  # unshared: one root child per draft
-            node = level.get(key)
-            if node is None:
-                if used == budget:
-                    break
-                node = level[key] = (int(tok), {})
-                used += 1
-            level = node[1]
-        if used == budget:
+    each adding the nodes its prefix does not share, the last one truncated to what is left."""
+    builder = TreeBuilder(budget, share)
+    for draft in drafts:
+        if builder.full:
             break
-    if share:
-        placed: list[dict | None] = []  # each graft's children, None where the budget cut it off
-        for parent, tok in zip(*grafts):
-            level = root if parent < 0 else placed[parent]
-            node = level.get(tok) if level is not None else None
-            if node is None and level is not None and used < budget:
-                node = level[tok] = (int(tok), {})
-                used += 1
-            placed.append(node[1] if node is not None else None)
-    rank = {}
-    for tok, _ in root.values():
-        rank.setdefault(tok, len(rank))
-    tokens: list[int] = []
-    parents: list[int] = []
-    stack = [(node, -1) for node in reversed(sorted(root.values(), key=lambda n: rank[n[0]]))]
-    while stack:
-        (tok, kids), parent = stack.pop()
-        here = len(tokens)
-        parents.append(parent)
-        tokens.append(tok)
-        if kids:
-            stack.extend(zip(reversed(kids.values()), repeat(here)))
-    return DraftTree(np.asarray(tokens, dtype=np.int64), tuple(parents))
+        builder.add(draft)
+    return builder.tree()
 
 
-def _leaf_paths(parents: Sequence[int], tokens: Sequence[int]) -> list[tuple[int, ...]]:
-    """The token paths from x0 to each leaf of a node list (parents first), in leaf order."""
-    paths: list[tuple[int, ...]] = []
-    inner = set(parents)
-    for p, tok in zip(parents, tokens):
-        paths.append((paths[p] if p >= 0 else ()) + (int(tok),))
-    return [path for i, path in enumerate(paths) if i not in inner]
-
-
-__all__ = ["DraftTree", "build_tree", "chain_parents"]
+__all__ = ["DraftTree", "TreeBuilder", "build_tree", "chain_parents"]
