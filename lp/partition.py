@@ -73,6 +73,8 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     width = N - 1 if width is None else width
     if W < 0 or N < 2 or G < 0 or P < 1 or sum(groups) != G or min(groups, default=1) < 1 or width < 1:
         raise ValueError(f"bad partition request W={W} N={N} G={G} P={P} groups={groups} width={width}")
+    if P == 1:
+        return (RankPlan(range(W), range(G)),)
     ends = tuple(itertools.accumulate(groups))
     # no limit below these fits: a whole group on one rank, or the mean rank's share (every
     # rank feeds its pending token, and the last column's rank the whole row-0 prefix)

@@ -82,3 +82,15 @@ def test_builder_leaf_paths_and_insertion_order_within_subtrees():
     tree = builder.tree()
     # root 1's subtree first (its nodes in insertion order: 1, 2, 3, 5), then root 4's
     assert tree.tokens.tolist() == [1, 2, 3, 5, 4, 6] and tree.parents == (-1, 0, 1, 0, -1, 4)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_builder_groups_are_the_trees_own(share):
+    """The groups a builder hands over are those DraftTree computes from the nodes."""
+    from lp.lookahead.tree import DraftTree
+
+    rng = np.random.default_rng(0)
+    drafts = [tuple(rng.integers(0, 4, rng.integers(1, 5)).tolist()) for _ in range(30)]
+    tree = build_tree(drafts, budget=40, share=share)
+    assert tree.groups() == DraftTree(tree.tokens, tree.parents).groups()
+    assert all(p < i for i, p in enumerate(tree.parents))

@@ -10,7 +10,7 @@ its own chain: the classic verification branch of G n-grams.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from heapq import heappop, heappush
 
@@ -23,6 +23,7 @@ class DraftTree:
 
     tokens: np.ndarray
     parents: tuple[int, ...]
+    known_groups: tuple[int, ...] | None = field(default=None, repr=False)  # `groups()`, if the maker knows
 
     @property
     def size(self) -> int:
@@ -48,6 +49,8 @@ class DraftTree:
 
     def groups(self) -> tuple[int, ...]:
         """Node counts of the runs of adjacent root subtrees that share their first token."""
+        if self.known_groups is not None:
+            return self.known_groups
         roots = self.roots
         if not len(roots):
             return ()
@@ -56,6 +59,8 @@ class DraftTree:
 
     def slice(self, start: int, stop: int) -> "DraftTree":
         """Nodes start..stop-1 (whole root subtrees) as a tree of their own."""
+        if start == 0 and stop == self.size:
+            return self
         inside = self.parent_array[start:stop]
         parents = np.where(inside >= 0, inside - start, -1)
         if (parents >= stop - start).any() or (stop > start and inside[0] >= 0):
@@ -91,13 +96,14 @@ class TreeBuilder:
     def child(self, parent: int, token: int) -> int | None:
         """The node of `token` under node `parent` (-1: x0): the existing one when sharing, else
         a new one while the budget lasts (None when it is spent)."""
-        if self.share:
-            node = self._index.get((parent, token))
-            if node is not None:
-                return node
-        if len(self.tokens) >= self.budget:
-            return None
+        node = self._index.get((parent, token)) if self.share else None
+        return self._new(parent, token) if node is None else node
+
+    def _new(self, parent: int, token: int) -> int | None:
+        """A new node of `token` under `parent`, or None when the budget is spent."""
         node = len(self.tokens)
+        if node >= self.budget:
+            return None
         if self.share:
             self._index[parent, token] = node
         self.tokens.append(token)
@@ -107,27 +113,13 @@ class TreeBuilder:
 
     def add(self, draft: Sequence[int]) -> None:
         """Insert a draft below x0, truncated where the budget runs out."""
-        if not self.share:
-            node = -1
-            for token in draft:
-                node = self.child(node, int(token))
-                if node is None:
-                    return
-            return
-        # `child` inlined: this runs for every token of every draft of every step
-        index, tokens, parents, roots, budget = self._index, self.tokens, self.parents, self._roots, self.budget
-        node = -1
-        for token in draft:
+        index, new = self._index if self.share else {}, self._new
+        node: int | None = -1
+        for token in draft:  # `child`, its lookup inlined: this runs for every draft token of every step
             found = index.get((node, token))
-            if found is None:
-                found = len(tokens)
-                if found >= budget:
-                    return
-                index[node, token] = found
-                tokens.append(token)
-                parents.append(node)
-                roots.append(found if node < 0 else roots[node])
-            node = found
+            node = new(node, int(token)) if found is None else found
+            if node is None:
+                return
 
     def grow(self, x0: int, successors: Mapping[int, list[int]], rates: Sequence[float], depth: int) -> None:
         """Graft the likeliest paths below x0 until the budget is spent, most likely first:
@@ -138,7 +130,7 @@ class TreeBuilder:
         row = successors.get(x0)
         if not self.share or depth < 1 or not rates or row is None:
             return
-        index, tokens, parents, roots, budget = self._index, self.tokens, self.parents, self._roots, self.budget
+        index, new = self._index, self._new
         k, q0 = min(len(rates), len(row)), rates[0]
         # best-first over (-chance, order, parent node, parent's successors, rank, depth); a popped
         # node offers its first child and its next sibling, so the heap stays small
@@ -147,15 +139,11 @@ class TreeBuilder:
         while heap:
             neg, _, parent, above, r, d = heappop(heap)
             token = above[r]
-            node = index.get((parent, token))
-            if node is None:  # `child`, inlined: this runs for every node grafted
-                node = len(tokens)
-                if node >= budget:
+            node = index.get((parent, token))  # `child`, its lookup inlined
+            if node is None:
+                node = new(parent, token)
+                if node is None:
                     return
-                index[parent, token] = node
-                tokens.append(token)
-                parents.append(parent)
-                roots.append(node if parent < 0 else roots[parent])
             if r + 1 < k:
                 heappush(heap, (neg / rates[r] * rates[r + 1], order, parent, above, r + 1, d))
                 order += 1
@@ -171,16 +159,20 @@ class TreeBuilder:
         its children, siblings best first)."""
         roots = np.asarray(self._roots, dtype=np.int64)
         tokens = np.asarray(self.tokens, dtype=np.int64)
-        group = roots  # sharing: one root per first token
-        if not self.share:  # roots with the same first token adjacent: keyed by the first such root
+        if self.share:  # one root per first token: a group is a root's subtree
+            order = np.argsort(roots, kind="stable")
+            sizes = np.bincount(roots, minlength=1)
+            groups = tuple(sizes[sizes > 0].tolist())
+        else:  # roots with the same first token adjacent: keyed by the first such root
             first: dict[int, int] = {}
             group = np.asarray([first.setdefault(self.tokens[r], r) for r in self._roots], dtype=np.int64)
-        order = np.lexsort((roots, group))  # then node index: stable
+            order = np.lexsort((roots, group))  # then node index: stable
+            groups = None
         where = np.empty_like(order)
         where[order] = np.arange(len(order))
         parents = np.asarray(self.parents, dtype=np.int64)[order]
         parents = np.where(parents >= 0, where[np.maximum(parents, 0)], -1)
-        return DraftTree(tokens[order], tuple(parents.tolist()))
+        return DraftTree(tokens[order], tuple(parents.tolist()), groups)
 
     def leaf_paths(self) -> list[tuple[int, ...]]:
         """The token path from x0 to each leaf, in insertion order."""
