@@ -86,8 +86,8 @@ def _tree(cfg: DecodeConfig, budget: int, pool: NGramPool, out: np.ndarray,
     if successors is not None and not builder.full:
         if cfg.tree:
             successors.grow(builder, int(out[-1]), cfg.max_draft)
-        else:  # each recycled path to a leaf is a chain of its own
-            recycled = TreeBuilder(budget - builder.size)
+        else:  # each path to a leaf of the budget's likeliest recycled nodes is a chain of its own
+            recycled = TreeBuilder(budget)
             successors.grow(recycled, int(out[-1]), cfg.max_draft)
             for path in recycled.leaf_paths():
                 builder.add(path)

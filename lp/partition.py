@@ -76,11 +76,9 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     if P == 1:
         return (RankPlan(range(W), range(G)),)
     ends = tuple(itertools.accumulate(groups))
-    # no limit below these fits: a whole group on one rank, or the mean rank's share (every
-    # rank feeds its pending token, and the last column's rank the whole row-0 prefix)
-    total = P + max(W - 1, 0) + (N - 2) * W + width * G
-    lo = max(1 + width * max(groups, default=0), -(-total // P))
-    hi = max(lo, RankPlan(range(W), range(G)).cost(N, 1, width))
+    # every limit from 1 up (the fill is not monotone in the limit: a higher first probe can land
+    # on another, possibly worse, feasible limit)
+    lo, hi = 1, RankPlan(range(W), range(G)).cost(N, 1, width)
     while lo < hi:
         mid = (lo + hi) // 2
         if _greedy(W, N, ends, P, mid, width) is None:

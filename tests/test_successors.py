@@ -91,6 +91,24 @@ def test_growth_is_best_first_among_all_paths(seed, budget):
     assert tree.tokens.tolist() == want.tokens.tolist() and tree.parents == want.parents
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_unshared_trees_take_the_recycled_leaf_paths_as_chains(seed):
+    """Without sharing, the budget's likeliest recycled nodes come as the chains of their paths
+    to the leaves, after the drafts (a path that is a prefix of another is no chain of its own)."""
+    from lp.config import DecodeConfig
+    from lp.decoder import _tree
+    from lp.lookahead.pool import NGramPool
+
+    table, budget = random_table(seed), 12
+    pool = NGramPool(3, 4)
+    pool.add(3, (7, 8))
+    nodes = paths(grown(table, 3, budget, depth=4))
+    leaves = [p for p in nodes if not any(q[:len(p)] == p and q != p for q in nodes)]
+    got = _tree(DecodeConfig(N=3, G=1, tree=False, draft_len=4), budget, pool, np.asarray([5, 3]), table)
+    want = build_tree([(7, 8), *leaves], budget, share=False)
+    assert got.tokens.tolist() == want.tokens.tolist() and got.parents == want.parents
+
+
 def test_growth_needs_sharing():
     table = random_table(0)
     assert grown(table, 3, 10, 3).size == 10

@@ -85,12 +85,17 @@ def test_builder_leaf_paths_and_insertion_order_within_subtrees():
 
 
 @pytest.mark.parametrize("share", [True, False])
-def test_builder_groups_are_the_trees_own(share):
-    """The groups a builder hands over are those DraftTree computes from the nodes."""
-    from lp.lookahead.tree import DraftTree
-
+def test_builder_groups_are_runs_of_root_subtrees_with_one_first_token(share):
+    """The groups a tree reports (handed over by the builder when sharing) are the node counts
+    of the runs of adjacent root subtrees that start with the same token."""
     rng = np.random.default_rng(0)
     drafts = [tuple(rng.integers(0, 4, rng.integers(1, 5)).tolist()) for _ in range(30)]
     tree = build_tree(drafts, budget=40, share=share)
-    assert tree.groups() == DraftTree(tree.tokens, tree.parents).groups()
     assert all(p < i for i, p in enumerate(tree.parents))
+    runs: list[list[int]] = []  # [first token, nodes] per run, counted by walking the nodes
+    for i, p in enumerate(tree.parents):
+        if p < 0 and (not runs or runs[-1][0] != tree.tokens[i]):
+            runs.append([int(tree.tokens[i]), 0])
+        runs[-1][1] += 1
+    assert tree.groups() == tuple(n for _, n in runs)
+    assert len({t for t, _ in runs}) == len(runs)  # one run per first token: they are adjacent

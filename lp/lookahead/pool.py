@@ -21,18 +21,17 @@ class NGramPool:
 
     def add(self, key: int, tail: tuple[int, ...]) -> None:
         """Insert one n-gram `(key, *tail)`."""
-        self._insert([key], [tuple(tail)])
+        self._insert([int(key)], [tuple(map(int, tail))])
 
     def add_rows(self, grams: np.ndarray) -> None:
         """Insert each row of an int array `[k, N]` as one n-gram, in row order."""
-        if self.capacity == 0 or not len(grams):
-            return
-        self._insert(grams[:, 0].tolist(), map(tuple, grams[:, 1:].tolist()))
+        if len(grams):
+            self._insert(grams[:, 0].tolist(), map(tuple, grams[:, 1:].tolist()))
 
     def add_sequence(self, tokens: Sequence[int]) -> None:
         """Insert every n-gram of a token sequence (the prompt, or the output's newest tokens)."""
         n = len(tokens) - self.n + 1
-        if self.capacity == 0 or n < 1:
+        if n < 1:
             return
         tokens = tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
         self._insert(tokens[:n], (tuple(tokens[i + 1:i + self.n]) for i in range(n)))
@@ -41,6 +40,8 @@ class NGramPool:
         """Insert n-grams `(key, *tail)` in order (this runs for every window column and every
         committed token of every step)."""
         table, capacity = self._table, self.capacity
+        if capacity == 0:
+            return
         for key, tail in zip(keys, tails):
             entries = table.get(key)
             if entries is None:

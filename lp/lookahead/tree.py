@@ -74,9 +74,9 @@ def chain_parents(G: int, L: int) -> tuple[int, ...]:
 
 
 class TreeBuilder:
-    """Grows a tree node by node within `budget` nodes: drafts (`add`), then single nodes
-    (`child`, as lp/lookahead/successors.py grafts them). Shared prefixes cost nothing; without
-    sharing (`share=False`) every draft is a chain of its own."""
+    """Grows a tree within `budget` nodes: drafts (`add`), then the likeliest paths through a
+    successor table, node by node (`grow`). Shared prefixes cost nothing; without sharing
+    (`share=False`) every draft is a chain of its own."""
 
     def __init__(self, budget: int, share: bool = True) -> None:
         self.budget, self.share = budget, share
@@ -92,12 +92,6 @@ class TreeBuilder:
     @property
     def full(self) -> bool:
         return len(self.tokens) >= self.budget
-
-    def child(self, parent: int, token: int) -> int | None:
-        """The node of `token` under node `parent` (-1: x0): the existing one when sharing, else
-        a new one while the budget lasts (None when it is spent)."""
-        node = self._index.get((parent, token)) if self.share else None
-        return self._new(parent, token) if node is None else node
 
     def _new(self, parent: int, token: int) -> int | None:
         """A new node of `token` under `parent`, or None when the budget is spent."""
@@ -115,7 +109,7 @@ class TreeBuilder:
         """Insert a draft below x0, truncated where the budget runs out."""
         index, new = self._index if self.share else {}, self._new
         node: int | None = -1
-        for token in draft:  # `child`, its lookup inlined: this runs for every draft token of every step
+        for token in draft:  # runs for every draft token of every step
             found = index.get((node, token))
             node = new(node, int(token)) if found is None else found
             if node is None:
@@ -139,7 +133,7 @@ class TreeBuilder:
         while heap:
             neg, _, parent, above, r, d = heappop(heap)
             token = above[r]
-            node = index.get((parent, token))  # `child`, its lookup inlined
+            node = index.get((parent, token))
             if node is None:
                 node = new(parent, token)
                 if node is None:
