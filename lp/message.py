@@ -64,7 +64,7 @@ class Outcome:
     tokens: list[int]  # committed tokens: 1..width of them
     new: np.ndarray  # [W] the window's new level
     accepted: int  # draft tokens accepted (len(tokens) - 1)
-    successors: np.ndarray  # [rows, 1 + k] the step's successor rows: x0's, the columns', the nodes'
+    successors: np.ndarray  # [rows, 1 + k] the step's successor rows: x0's, the columns', the nodes' (last first)
 
 
 def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], width: int, k: int = 0) -> Outcome:
@@ -89,13 +89,16 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], width: int, k: int 
 
 
 def _successor_rows(section: np.ndarray, plans: tuple[RankPlan, ...], k: int) -> np.ndarray:
-    """The messages' successor sections `[P, R(1 + k)]` as one list of rows, in the order one
-    rank would have them (x0, every column, every node): the table keeps a token's last row, so
-    it then ends up as one rank would have left it (up to near-ties that a top-k computed in
-    another batch shape may order differently)."""
+    """The messages' successor sections `[P, R(1 + k)]` as one list of rows, in the order that
+    every rank applies them: x0, every column, then every node from the last to the first. The
+    table keeps a token's last row, so a token's row computed after its likeliest node (the tree
+    puts the best drafts first) wins over those after later nodes and after the window's guesses
+    (on 12 Spec-Bench prompts, S 2.72 -> 2.77 at W15 N5 G15 against nodes first to last). The
+    order is one rank's at any P (up to near-ties that a top-k computed in another batch shape
+    may order differently)."""
     if not k:
         return np.zeros((0, 1), dtype=np.int64)
     rows = section.reshape(len(plans), -1, 1 + k)
     cols = [1 + len(p.columns) for p in plans]
-    return np.concatenate([rows[0, :1]] + [rows[r, 1:c] for r, c in enumerate(cols)]
-                          + [rows[r, c:c + len(p.candidates)] for r, (c, p) in enumerate(zip(cols, plans))])
+    nodes = [rows[r, c:c + len(p.candidates)] for r, (c, p) in enumerate(zip(cols, plans))]
+    return np.concatenate([rows[0, :1]] + [rows[r, 1:c] for r, c in enumerate(cols)] + [n[::-1] for n in nodes[::-1]])

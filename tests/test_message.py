@@ -175,7 +175,8 @@ def test_ar_mode_message():
 
 def test_successor_rows_merge_in_one_rank_order():
     """Each rank sends its logits rows (x0, its columns, its nodes) padded to a fixed count; the
-    merge lists them as one rank running the whole step would: x0, every column, every node."""
+    merge lists them in one order whatever the split: x0, every column, then every node from
+    the last to the first (applied in that order, the first node's row of a token wins)."""
     k, rows = 2, 6
     plans = (RankPlan(range(0, 2), range(0, 1)), RankPlan(range(2, 3), range(1, 3)))
 
@@ -188,8 +189,8 @@ def test_successor_rows_merge_in_one_rank_order():
     msgs = [rank_message(plans[0], [1, 2, 3, 5]), rank_message(plans[1], [1, 4, 6, 8])]
     assert msgs[0].numel() == message_size(3, N, rows, k)
     out = merge(gather(*msgs), plans, N, k)
-    assert out.successors[:, 0].tolist() == [1, 2, 3, 4, 5, 6, 8]
-    assert out.successors[:, 1:].tolist() == [[t * 10, t * 10 + 1] for t in [1, 2, 3, 4, 5, 6, 8]]
+    assert out.successors[:, 0].tolist() == [1, 2, 3, 4, 8, 6, 5]
+    assert out.successors[:, 1:].tolist() == [[t * 10, t * 10 + 1] for t in [1, 2, 3, 4, 8, 6, 5]]
 
 
 def test_no_successor_rows_without_k():
