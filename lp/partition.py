@@ -40,17 +40,14 @@ def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int,
             width: int) -> list[tuple[int, int, int, int]] | None:
     """Fill ranks in order up to `limit` tokens each: columns first, then whole candidate
     groups (`ends` are the groups' exclusive end indices). Both fills are closed forms: columns
-    [a, b) cost (N-1)b - (N-2)a tokens (b > a; a rank without columns costs 1), and the groups
-    that fit are a bisection of `ends`. Each rank's share as (first column, column stop, first
+    [a, b) cost `_tokens` = (N-1)b - (N-2)a tokens (b > a), so b is that solved for the limit, and
+    the groups that fit are a bisection of `ends`. Each rank's share as (first column, column stop, first
     candidate, candidate stop)."""
     plans, col, g = [], 0, 0
     for _ in range(P):
         start_col, start_cand = col, ends[g - 1] if g else 0
-        col = min(W, (limit + (N - 2) * start_col) // (N - 1))
-        if col > start_col:
-            used = (N - 1) * col - (N - 2) * start_col
-        else:
-            col, used = start_col, 1
+        col = max(start_col, min(W, (limit + (N - 2) * start_col) // (N - 1)))
+        used = _tokens(start_col, col, 0, N, 1, width)
         g = bisect_right(ends, start_cand + (limit - used) // width, lo=g)
         plans.append((start_col, col, start_cand, ends[g - 1] if g else 0))
     return plans if col == W and g == len(ends) else None
