@@ -20,7 +20,10 @@
 #        against transformers' eager generate (bf16, one prompt a category).
 # part4: lp.bench.project: LP's strong scaling projected from SmolLM2's decode (P = 1, 2, 4, 8
 #        with the default configs), every rank's share replayed for llama-7b bf16 on this one GPU,
-#        on Spec-Bench (one prompt per category), and on HumanEval where .gpu2/HumanEval.jsonl exists.
+#        on Spec-Bench (one prompt per category); lp.bench.host: the host work per step at W60 N5
+#        G60 P=8 on this machine's CPU (a SmolLM2 decode by 8 CPU ranks, replayed) and the gloo
+#        all-gather between 8 processes; then the projection on HumanEval where
+#        .gpu2/HumanEval.jsonl exists.
 # Every step has a time limit that keeps the part under BUDGET_S (9 min), logs under $OUT, and a
 # failed step does not stop the next; the exit status is 1 if any step failed. Back under $OUT:
 # PART.log (everything printed, each step's exit status at the end), PART.tgz (every step's log
@@ -30,7 +33,7 @@
 # with attention=sdpa; empty: none), CDT_ARCH (the arch also run with inductor's coordinate-descent
 # tuning of its generated kernels, as gpt-fast does; empty: none), STEPS_ARGS, DTYPES,
 # PER_CATEGORY, MAX_NEW_TOKENS, LOOKAHEAD, REAL_TESTS, PROJECT_DATASETS (empty: no projection),
-# PROJECT_NEW_TOKENS, SITE, STASH, BUDGET_S.
+# PROJECT_NEW_TOKENS, HOST_PROMPTS (0: no host benchmark), SITE, STASH, BUDGET_S.
 set -uo pipefail
 PART="${1:-}"
 [[ "$PART" =~ ^part[1-4]$ ]] || { echo "usage: launch/gpu.sh part1|part2|part3|part4" >&2; exit 2; }
@@ -51,6 +54,7 @@ MAX_NEW_TOKENS="${MAX_NEW_TOKENS:-128}"
 LOOKAHEAD="${LOOKAHEAD:-[auto,W15N5G15,W15N5G15-R0,W8N5G15-B88]}"
 PROJECT_DATASETS="${PROJECT_DATASETS-spec_bench humaneval}"
 PROJECT_NEW_TOKENS="${PROJECT_NEW_TOKENS:-64}"
+HOST_PROMPTS="${HOST_PROMPTS:-2}"
 SITE="${SITE:-/tmp/site}"
 STASH="${STASH:-/tmp/lp-gpu}"
 BUDGET_S="${BUDGET_S:-530}"
@@ -184,6 +188,10 @@ part4() {
       "max_new_tokens=$PROJECT_NEW_TOKENS" "out=$WORK/project-$ds"
     keep "$WORK/project-$ds/project.md" "project-$ds.md"
     keep "$WORK/project-$ds/project.png" "project-$ds.png"
+    # after the first projection: the host work per step on this GPU machine's own CPU
+    if [[ $ds == "${PROJECT_DATASETS%% *}" ]] && ((HOST_PROMPTS > 0)); then
+      step host-w60-p8 150 "$PYTHON" -m lp.bench.host W=60 N=5 G=60 P=8 "prompts=$HOST_PROMPTS"
+    fi
   done
 }
 

@@ -16,7 +16,7 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool, step_layout
-from lp.lookahead.drafts import text_drafts
+from lp.lookahead.drafts import TextIndex
 from lp.lookahead.mask import StepLayout
 from lp.lookahead.successors import SuccessorTable
 from lp.lookahead.tree import DraftTree, TreeBuilder
@@ -60,35 +60,38 @@ def _fingerprint(*parts: object) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-def _drafts(cfg: DecodeConfig, pool: NGramPool, out: np.ndarray) -> list[tuple[int, ...]]:
-    """The step's candidates, best first: the text's longest-suffix continuations, then the
-    pool's n-grams under x0, newest (or most frequent) first (duplicates dropped). With
-    `rank="context"` (the default), the pool's n-grams that start with the last two tokens come
-    first (what follows them, N-2 tokens): two matched tokens predict better than one. The
-    successor table's paths fill what the budget has left (`_tree`)."""
-    x0 = int(out[-1])
-    ranked = text_drafts(out, cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
+def _drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[tuple[int, ...]]:
+    """The step's candidates, best first: the text's longest-suffix continuations (with
+    `drafts="pool+text"`), then the pool's n-grams under x0, newest (or most frequent) first
+    (duplicates dropped). With `rank="context"` (the default), the pool's n-grams that start
+    with the last two tokens come first (what follows them, N-2 tokens): two matched tokens
+    predict better than one. The successor table's paths fill what the budget has left
+    (`_tree`)."""
+    out = text.tokens
+    x0 = out[-1]
+    ranked = text.drafts(cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
     if cfg.rank == "context" and len(out) > 1 and pool.n > 2:
-        ranked += [t[1:] for t in pool.best(int(out[-2])) if t[0] == x0]
+        ranked += [t[1:] for t in pool.best(out[-2]) if t[0] == x0]
     ranked += pool.best(x0, cfg.rank == "frequent")
     return list(dict.fromkeys(ranked))
 
 
-def _tree(cfg: DecodeConfig, budget: int, pool: NGramPool, out: np.ndarray,
+def _tree(cfg: DecodeConfig, budget: int, pool: NGramPool, text: TextIndex,
           successors: SuccessorTable | None) -> DraftTree:
     """The step's verification tree: `_drafts`, then the likeliest paths through the
     successor table, within `budget` nodes (without sharing: the paths to its leaves)."""
     builder = TreeBuilder(budget, cfg.tree)
-    for draft in _drafts(cfg, pool, out) if budget else ():
+    for draft in _drafts(cfg, pool, text) if budget else ():
         builder.add(draft)
         if builder.full:
             break
     if successors is not None and not builder.full:
+        x0 = text.tokens[-1]
         if cfg.tree:
-            successors.grow(builder, int(out[-1]), cfg.max_draft)
+            successors.grow(builder, x0, cfg.max_draft)
         else:  # each path to a leaf of the budget's likeliest recycled nodes is a chain of its own
             recycled = TreeBuilder(budget)
-            successors.grow(recycled, int(out[-1]), cfg.max_draft)
+            successors.grow(recycled, x0, cfg.max_draft)
             for path in recycled.leaf_paths():
                 builder.add(path)
     return builder.tree()
@@ -177,7 +180,7 @@ class Decoder:
         """An empty successor table of k tokens per row (None for k = 0)."""
         if k > self.worker.vocab_size:
             raise LPError(f"recycle={k} is more than the model's {self.worker.vocab_size} tokens")
-        return SuccessorTable(self.worker.vocab_size, k) if k else None
+        return SuccessorTable(k) if k else None
 
     def generate(self, prompt_ids: list[int], cfg: DecodeConfig, stream: int = 0, *,
                  verifier: Verifier | None = None, observer: StepObserver | None = None) -> Generation:
@@ -205,6 +208,11 @@ class Decoder:
         t0 = time.perf_counter()
         self.worker.prefill(torch.tensor(prompt_ids[:-1], dtype=torch.long, device=dev))
         observe.prefill_done()
+        # the prompt's n-grams are host work on the prompt's length: done while a GPU prefills
+        pool = NGramPool(N, cfg.pool_capacity)
+        text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
+        if G and cfg.pool_from_prompt:
+            pool.add_sequence(prompt_ids)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t1 = time.perf_counter()
@@ -215,14 +223,11 @@ class Decoder:
         pending = [prompt_ids[-1]]  # committed tokens whose KV the next step writes (x0 last)
         checksum = _fingerprint(prompt_ids)
         window = JacobiWindow(W, N, prompt_ids, cfg.seed) if W else None
-        pool = NGramPool(N, cfg.pool_capacity)
-        if G and cfg.pool_from_prompt:
-            pool.add_sequence(prompt_ids)
         accepted: list[int] = []
         step_tokens: list[int] = []
         while length - L < cfg.max_new_tokens:
             # plan: drafts -> tree -> this rank's ids and layout
-            tree = _tree(cfg, budget, pool, seq[:length], successors)
+            tree = _tree(cfg, budget, pool, text, successors)
             step = plan_step(pending, window, tree, W, N, P, rank)
             observe.planned(step, length - 1)
             layout = step.layout
@@ -266,6 +271,7 @@ class Decoder:
             for t in tokens:
                 checksum = (checksum * 31 + t) % _CHECK_MOD
             seq[length:length + len(tokens)] = tokens
+            text.extend(tokens)
             length += len(tokens)
             if G and cfg.pool_from_output:
                 # the n-grams that end in the new tokens: free candidates, as in prompt lookup

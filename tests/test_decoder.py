@@ -13,6 +13,7 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder, _drafts
 from lp.lookahead import NGramPool
+from lp.lookahead.drafts import TextIndex
 from lp.errors import LPError
 from lp.worker import Worker
 
@@ -323,7 +324,7 @@ def test_draft_ranking():
     pool = NGramPool(4, 8)
     for gram in ((5, 1, 1, 1), (5, 2, 2, 2), (5, 2, 2, 2), (5, 3, 3, 3), (4, 5, 3, 9)):
         pool.add(gram[0], gram[1:])
-    out = np.asarray([4, 5, 6, 4, 5], dtype=np.int64)  # "4 5" occurred before, followed by 6 4 5
+    out = TextIndex([4, 5, 6, 4, 5])  # "4 5" occurred before, followed by 6 4 5
     assert _drafts(DecodeConfig(drafts="pool", rank="recent"), pool, out) == [(3, 3, 3), (2, 2, 2), (1, 1, 1)]
     assert _drafts(DecodeConfig(drafts="pool", rank="frequent"), pool, out) == [(2, 2, 2), (3, 3, 3), (1, 1, 1)]
     assert _drafts(DecodeConfig(drafts="pool"), pool, out) == [(3, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
@@ -337,9 +338,9 @@ def test_recycled_drafts_come_last_and_fill_the_budget():
 
     pool = NGramPool(3, 4)
     pool.add(5, (1, 1))
-    table = SuccessorTable(16, 2)
+    table = SuccessorTable(2)
     table.update(np.asarray([[5, 7, 8], [7, 9, 10], [1, 7, 9]], dtype=np.int64))
-    out = np.asarray([4, 5], dtype=np.int64)
+    out = TextIndex([4, 5])
     tree = _tree(DecodeConfig(N=3, G=1), 5, pool, out, table)
     # the pool's (1, 1) first; then 7, (7, 9), 8, (7, 10) by chance (rates 1/3 each), cut at 5 nodes
     assert tree.tokens.tolist() == [1, 1, 7, 9, 8] and tree.parents == (-1, 0, -1, 2, -1)

@@ -1,22 +1,60 @@
-"""The host-work micro-benchmark (lp/bench/host.py): lp's real decode loop as rank 0 of P, one
-gap of host work per step, each step's size recorded."""
-from lp.bench.host import host_gaps, main
+"""The host-work benchmark (lp/bench/host.py): a decode recorded by P gloo processes, then
+replayed as rank 0 alone, one gap of host work per step."""
+import dataclasses
+
+import pytest
+
+from lp.bench.host import load_recording, main, record, replay
 from lp.config import DecodeConfig
+from lp.errors import LPError
 
 
-def test_host_gaps_one_per_step():
-    cfg = DecodeConfig(W=8, N=4, G=8, max_new_tokens=12)
-    times = host_gaps(cfg, P=4, prompt_len=80)
-    step_tokens = times.step_tokens
-    assert len(times.total) == len(times.exposed) == len(step_tokens) - 1
+@pytest.fixture(scope="module")
+def recorded():
+    cfg = DecodeConfig(W=8, N=4, G=8, max_new_tokens=24)
+    return cfg, record(cfg, 2, "random")
+
+
+def test_replay_times_every_step_of_the_recorded_decode(recorded):
+    cfg, rec = recorded
+    assert rec.world_size == 2 and len(rec.prompts) == 1 and rec.vocab == 512
+    steps = len(rec.gathered) - 1  # one handshake, then one all-gather a step
+    assert all(g.shape[0] == 2 for g in rec.gathered)
+    times = replay(cfg, rec)
+    assert len(times.step_tokens) == steps and len(times.total) == len(times.exposed) == steps - 1
     assert all(0 < e < t for e, t in zip(times.exposed, times.total))
-    # rank 0 of 4 runs 2 of the 8 columns: far fewer tokens than the whole step
-    whole = 1 + 7 + 8 * 2
-    assert max(step_tokens) < whole + cfg.verify_budget
+    # rank 0 of 2 runs 4 of the 8 columns: fewer tokens than the whole step
+    assert max(times.step_tokens) < 1 + 7 + 8 * 2 + cfg.verify_budget
 
 
-def test_cli_prints_median_and_p95(capsys):
-    main(["W=4", "N=3", "G=4", "P=2", "tokens=8", "allgather=0"])
+def test_replay_refuses_a_decode_it_did_not_record(recorded):
+    cfg, rec = recorded
+    with pytest.raises(LPError, match="drifted"):
+        replay(DecodeConfig(W=8, N=4, G=8, max_new_tokens=24, seed=1), rec)
+    cut = dataclasses.replace(rec, gathered=rec.gathered[:-1])
+    with pytest.raises(LPError, match="drifted"):
+        replay(cfg, cut)
+
+
+def test_cli_records_once_then_replays_the_file(tmp_path, capsys):
+    args = ["model=random", "W=4", "N=3", "G=4", "P=2", "tokens=8", "replays=2", "allgather=0",
+            f"recording={tmp_path / 'rec'}"]
+    main(args)
     out = capsys.readouterr().out
     assert "host work per step, rank 0 of P=2 at W=4 N=3 G=4" in out and "median" in out and "p95" in out
-    assert "after the message read" in out
+    assert "after the message read" in out and "replaying a random decode" in out and "fastest of 2" in out
+    kept = load_recording(str(tmp_path / "rec.npz"))
+    assert kept.model == "random" and kept.world_size == 2
+    written = (tmp_path / "rec.npz").stat().st_mtime_ns
+    main(args)  # the file exists: replayed, not recorded again
+    assert "replaying a random decode" in capsys.readouterr().out
+    assert (tmp_path / "rec.npz").stat().st_mtime_ns == written
+    with pytest.raises(SystemExit, match="records 2 ranks, not P=3"):
+        main([a if a != "P=2" else "P=3" for a in args])
+
+
+def test_cli_refuses_bad_keys():
+    with pytest.raises(SystemExit, match="lp: error"):
+        main(["W=x"])
+    with pytest.raises(SystemExit, match="lp: error"):
+        main(["model=random", "P=0"])

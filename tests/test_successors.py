@@ -12,14 +12,15 @@ def rows(*r: tuple[int, ...]) -> np.ndarray:
     return np.asarray(r, dtype=np.int64)
 
 
-def test_update_keeps_each_tokens_last_row_and_skips_padding():
-    table = SuccessorTable(10, 2)
-    table.update(rows((3, 1, 2), (-1, -1, -1), (3, 4, 5), (6, 7, 8), (12, 1, 1)))
-    assert table.next == {3: [4, 5], 6: [7, 8]}  # 12 is past the vocabulary
+def test_update_keeps_each_tokens_last_row():
+    table = SuccessorTable(2)
+    table.update(rows((3, 1, 2), (6, 1, 1), (3, 4, 5)))
+    table.update(rows((6, 7, 8)))
+    assert table.next == {3: [4, 5], 6: [7, 8]}
 
 
 def test_observe_counts_the_rank_each_token_had():
-    table = SuccessorTable(10, 3)
+    table = SuccessorTable(3)
     table.update(rows((1, 2, 3, 4), (2, 5, 6, 7)))
     table.observe([1, 3, 0])  # 3 was rank 1 after 1; 0 follows unseen 3: not counted
     table.observe([2, 9])  # 9 is none of 2's successors
@@ -46,7 +47,7 @@ def paths(builder: TreeBuilder) -> list[tuple[int, ...]]:
 
 
 def test_growth_takes_the_likeliest_paths_best_first():
-    table = SuccessorTable(20, 2)
+    table = SuccessorTable(2)
     table.update(rows((1, 2, 3), (2, 4, 5), (3, 6, 7), (4, 8, 9)))
     table.hits[:] = [6, 3, 1]  # rates 0.6 and 0.3
     # chances: (2) .6, (2,4) .36, (3) .3, (2,4,8) .216, then (2,5) and (3,6) .18
@@ -59,7 +60,7 @@ def test_growth_takes_the_likeliest_paths_best_first():
 
 def random_table(seed: int, vocab: int = 50, k: int = 4) -> SuccessorTable:
     rng = np.random.default_rng(seed)
-    table = SuccessorTable(vocab, k)
+    table = SuccessorTable(k)
     successors = np.stack([rng.permutation(vocab)[:k] for _ in range(vocab)])  # distinct, as a top-k is
     table.update(np.concatenate([np.arange(vocab)[:, None], successors], axis=1))
     table.hits[:] = rng.integers(1, 20, k + 1).tolist()
@@ -97,6 +98,7 @@ def test_unshared_trees_take_the_recycled_leaf_paths_as_chains(seed):
     to the leaves, after the drafts (a path that is a prefix of another is no chain of its own)."""
     from lp.config import DecodeConfig
     from lp.decoder import _tree
+    from lp.lookahead.drafts import TextIndex
     from lp.lookahead.pool import NGramPool
 
     table, budget = random_table(seed), 12
@@ -104,7 +106,7 @@ def test_unshared_trees_take_the_recycled_leaf_paths_as_chains(seed):
     pool.add(3, (7, 8))
     nodes = paths(grown(table, 3, budget, depth=4))
     leaves = [p for p in nodes if not any(q[:len(p)] == p and q != p for q in nodes)]
-    got = _tree(DecodeConfig(N=3, G=1, tree=False, draft_len=4), budget, pool, np.asarray([5, 3]), table)
+    got = _tree(DecodeConfig(N=3, G=1, tree=False, draft_len=4), budget, pool, TextIndex([5, 3]), table)
     want = build_tree([(7, 8), *leaves], budget, share=False)
     assert got.tokens.tolist() == want.tokens.tolist() and got.parents == want.parents
 
@@ -119,4 +121,4 @@ def test_growth_needs_sharing():
 
 def test_k_must_be_positive():
     with pytest.raises(ValueError, match="successors"):
-        SuccessorTable(10, 0)
+        SuccessorTable(0)

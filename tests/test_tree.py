@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lp.lookahead.drafts import text_drafts
+from lp.lookahead.drafts import MAX_MATCH, MIN_MATCH, TextIndex
 from lp.lookahead.tree import TreeBuilder, build_tree
 from unit_helpers import chains
 
@@ -62,16 +62,49 @@ def test_chains_layout():
     assert tree.parents == (-1, 0, -1, 2) and tree.tokens.tolist() == [1, 2, 3, 4]
 
 
+def text_drafts(tokens, length: int, count: int) -> list[tuple[int, ...]]:
+    return TextIndex(tokens).drafts(length, count)
+
+
 def test_text_drafts_continue_the_longest_suffix_match():
     #          0  1  2  3  4  5  6  7  8  9 10 11
-    text = np.array([7, 1, 2, 3, 4, 9, 2, 3, 5, 6, 1, 2, 3])
+    text = [7, 1, 2, 3, 4, 9, 2, 3, 5, 6, 1, 2, 3]
     # suffix (1, 2, 3) occurred at 1..3 (then 4, 9, ...); (2, 3) also at 6..7 (then 5, 6)
     got = text_drafts(text, length=3, count=4)
     assert got[0] == (4, 9, 2) and got[1] == (5, 6, 1)
     assert text_drafts(text, length=3, count=1) == [(4, 9, 2)]
     # a lone token match (x0 only) is the pool's job
-    assert text_drafts(np.array([3, 8, 4, 3]), length=2, count=4) == []
-    assert text_drafts(np.array([5]), length=2, count=4) == []
+    assert text_drafts([3, 8, 4, 3], length=2, count=4) == []
+    assert text_drafts([5], length=2, count=4) == []
+    assert TextIndex(text, indexed=False).drafts(3, 4) == []
+
+
+def scanned_drafts(tokens: list[int], length: int, count: int) -> list[tuple[int, ...]]:
+    """The definition, by brute force: every earlier position that ends a match of at least
+    MIN_MATCH suffix tokens, by longest match (capped at MAX_MATCH), then most recent."""
+    n = len(tokens)
+
+    def match(e: int) -> int:
+        m = 0
+        while m < min(MAX_MATCH, e + 1) and tokens[e - m] == tokens[n - 1 - m]:
+            m += 1
+        return m
+
+    ends = sorted((e for e in range(n - 1) if match(e) >= MIN_MATCH), key=lambda e: (-match(e), -e))
+    out = dict.fromkeys(tuple(tokens[e + 1:e + 1 + length]) for e in ends)
+    return list(out)[:count]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_text_index_extended_step_by_step_equals_a_scan(seed):
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.integers(2, 6))  # few tokens: long, overlapping matches
+    tokens = rng.integers(0, vocab, int(rng.integers(1, 60))).tolist()
+    index = TextIndex(tokens[:5])
+    for end in range(5, len(tokens) + 1):
+        index.extend(tokens[len(index.tokens):end])
+        length, count = int(rng.integers(1, 12)), int(rng.integers(1, 6))
+        assert index.drafts(length, count) == scanned_drafts(tokens[:end], length, count)
 
 
 def test_builder_leaf_paths_and_insertion_order_within_subtrees():

@@ -1,19 +1,25 @@
-"""`python -m lp.bench.host`: the host work of a decode step, measured without the model's cost.
+"""`python -m lp.bench.host`: the host work of a decode step, measured on a real decode.
 
 The host work is everything a rank does between two forwards: acceptance of the last step and
 its message (device ops queued after the forward), then, once the gathered messages are read,
 the merge, the window, pool and successor-table updates, and the next step's drafts, tree,
-partition, layout, id gather and upload. The tool runs lp's own decode loop (lp/decoder.py) as
-rank 0 of P ranks on a one-layer random model and reports, per step, the median and p95 of
-  * all of it (the gap between forwards, less the stand-in all-gather below): what a step costs
-    on a synchronous device such as this CPU, on top of its forward;
+partition, layout, id gather and upload. The tool
+  1. records a decode by P gloo processes on this machine: `prompts` Spec-Bench prompts on
+     `model` (default SmolLM2-135M; `random`: a one-layer random model on a repetitive random
+     prompt, seconds instead of minutes), rank 0 keeping every all-gather's result;
+  2. replays rank 0 alone: lp's own decode loop (lp/decoder.py), its all-gathers answered from
+     the recording, its forwards stood in for by a worker that computes nothing. Window,
+     pool, successor table, trees and plans are rebuilt from the recorded messages exactly as
+     the real rank 0 built them, so the host work is the real decode's, while no real forward
+     evicts the host's caches between steps (a GPU's would not) and no other rank competes
+     for this machine's cores.
+It reports the median and p95 over steps (each step's fastest of `replays` replays, leaving out
+what other processes on a shared machine add to some) of
+  * all of it (the gap between forwards, less the replayed all-gather): the host's whole share
+    of a step, the dispatch of the acceptance ops included (they compute nothing here);
   * the part after the message read: what an asynchronous device (a GPU) waits for, since the
     ops queued after its forward run while it computes.
-
-The other ranks are stood in for by `_Ranks`: the all-gather returns rank 0's message for every
-rank (their window tokens made valid, their candidates withdrawn), so rank 0 merges P messages
-and updates a P-rank window without P processes competing for this machine's cores. The
-all-gather itself is measured apart, between P real gloo processes (`allgather=true`).
+The all-gather itself is timed apart, between P gloo processes (`allgather=1`).
 
     python -m lp.bench.host W=60 N=5 G=60 P=8
 """
@@ -21,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,8 +42,12 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder, StepObserver
 from lp.errors import LPError
-from lp.message import HEADER, message_size, step_message_size
+from lp.lookahead.mask import StepLayout, step_layout
+from lp.message import HEADER, step_message_size
+from lp.partition import partition
 from lp.worker import Worker
+
+RANDOM_VOCAB, RANDOM_PROMPT = 512, 400  # model=random: its vocabulary and its prompt's length
 
 
 class _Spans(StepObserver):
@@ -56,33 +68,84 @@ class _Spans(StepObserver):
         self.reads.append(time.perf_counter())
 
 
-class _Ranks(Collective):
-    """Rank 0 of P, with every other rank's message a copy of rank 0's (see the module doc).
-    `successors`: where the messages' successor rows start (they are copied as they are)."""
+class _Recorder(Collective):
+    """A rank's collective that keeps every all-gather's result."""
 
-    def __init__(self, world_size: int, successors: int) -> None:
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__(rank, world_size)
+        self.kept: list[np.ndarray] = []
+
+    def all_gather(self, message: torch.Tensor) -> torch.Tensor:
+        out = super().all_gather(message)
+        self.kept.append(out.numpy().copy())
+        return out
+
+
+class _Replay(Collective):
+    """Rank 0 of P whose all-gather answers the recorded results in order. Rank 0's own message
+    must match the recorded one where it says where the decode is (the handshake, then each
+    step's output length and checksum): a replay that drifted from the recording stops."""
+
+    def __init__(self, world_size: int, kept: list[np.ndarray]) -> None:
         super().__init__(0, world_size)
-        self.successors = successors
+        self.kept = iter(kept)
         self.seconds: list[float] = []  # each call's own cost, not host work of lp's
 
     def all_gather(self, message: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        others = message.clone()
-        others[:self.successors].clamp_(min=0)  # valid token ids in their window slots
-        if message.numel() > HEADER:
-            others[1] = -1  # no candidate: only rank 0's acceptance counts
-        out = torch.cat([message[None], others[None].expand(self.world_size - 1, -1)])
+        gathered = next(self.kept, None)
+        mine = message.tolist()
+        where = slice(None) if len(mine) < HEADER else slice(3, 5)  # a handshake, or a step's length and checksum
+        if gathered is None or gathered.shape[1] != len(mine) or mine[where] != gathered[0, where].tolist():
+            raise LPError("the replay drifted from the recorded decode (other settings, or an lp that plans "
+                          "other steps?)")
+        out = torch.from_numpy(gathered)
         self.seconds.append(time.perf_counter() - t0)
         return out
 
 
 def _model(vocab: int, context: int) -> torch.nn.Module:
+    """A one-layer Llama with random weights (seeded: every rank builds the same one)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                          num_key_value_heads=1, vocab_size=vocab, max_position_embeddings=context)
     return LlamaForCausalLM(config).eval()
+
+
+class _NoForward(Worker):
+    """The replay's worker: lp's cache bookkeeping, layout cache and id uploads, but a step
+    computes nothing, its logits zeros over `columns` tokens (the recording replaces rank 0's
+    results), so no vocabulary-wide tensor passes through this host's caches, as on a GPU."""
+
+    def __init__(self, model: torch.nn.Module, columns: int) -> None:
+        super().__init__(model, graphs=False)
+        self.columns = columns
+
+    def step(self, ids: torch.Tensor, layout: StepLayout, x0_position: int) -> torch.Tensor:
+        self.on_device(layout)
+        return torch.zeros(len(layout.logit_rows), self.columns)
+
+
+def _random_prompt() -> list[int]:
+    """model=random's prompt: a random 40-token phrase, repeated (the pool and the text find
+    drafts in it)."""
+    rng = np.random.default_rng(0)
+    return np.tile(rng.integers(3, RANDOM_VOCAB, 40), RANDOM_PROMPT // 40).tolist()
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A decode by P ranks of `model`: its prompts, the model's vocabulary and end-of-sequence
+    ids, and every all-gather result that rank 0 read (`[P, K]` each, the handshakes included)."""
+
+    model: str
+    world_size: int
+    prompts: list[list[int]]
+    vocab: int
+    eos_ids: set[int]
+    gathered: list[np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -95,18 +158,115 @@ class HostTimes:
     step_tokens: list[int]
 
 
-def host_gaps(cfg: DecodeConfig, P: int, vocab: int = 512, prompt_len: int = 400) -> HostTimes:
-    """The host work of one `max_new_tokens` decode by rank 0 of P on a random model and a
-    repetitive random prompt."""
-    rng = np.random.default_rng(0)
-    prompt = np.tile(rng.integers(3, vocab, 40), prompt_len // 40).tolist()
-    worker = Worker(_model(vocab, prompt_len + cfg.max_new_tokens + 16), graphs=False)
-    watch = _Spans()
-    ranks = _Ranks(P, message_size(cfg.step_shape[0], cfg.step_width))  # the successor rows follow
-    g = Decoder(worker, ranks, set(), prompt_len + cfg.max_new_tokens).generate(prompt, cfg, observer=watch)
-    steps = zip(watch.ends, watch.reads, ranks.seconds[1:], watch.starts[1:])  # [0]: the handshake
-    total, exposed = zip(*[(start - end - gather, start - read) for end, read, gather, start in steps])
-    return HostTimes(list(total), list(exposed), g.step_tokens)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _record_rank(rank: int, world: int, port: int, cfg: DecodeConfig, model: str, prompts: int, path: str) -> None:
+    """One rank of the recording: decode the prompts; rank 0 saves what it gathered."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # P processes share this machine's cores
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=900))
+    comm = _Recorder(rank, world)
+    if model == "random":
+        ids = [_random_prompt()]
+        net, eos = _model(RANDOM_VOCAB, RANDOM_PROMPT + cfg.max_new_tokens + 16), set()
+    else:
+        from lp.bench.datasets import load
+        from lp.runtime import LP
+
+        lm = LP(model, device="cpu", graphs=False, compile=False)  # its own collective: unused
+        ids = [lm.encode(p.text, chat=p.chat and lm.tokenizer.chat_template is not None)
+               for p in load("spec_bench", limit=prompts)]
+        net, eos = lm.model, set(lm.decoder.eos_ids)
+    worker = Worker(net, graphs=False)
+    decoder = Decoder(worker, comm, eos, worker.max_seq_len)
+    for i, prompt in enumerate(ids):
+        decoder.generate(prompt, cfg)
+        if rank == 0:
+            print(f"lp.bench.host: recorded prompt {i + 1}/{len(ids)} on {world} ranks", file=sys.stderr, flush=True)
+    if rank == 0:
+        np.savez_compressed(path, model=model, vocab=worker.vocab_size, eos=np.asarray(sorted(eos), dtype=np.int64),
+                            lengths=np.asarray([len(p) for p in ids]),
+                            tokens=np.concatenate([np.asarray(p) for p in ids]), gathered=np.asarray(len(comm.kept)),
+                            **{f"g{i}": g for i, g in enumerate(comm.kept)})
+    dist.destroy_process_group()
+
+
+def record(cfg: DecodeConfig, P: int, model: str = "smollm2-135m", prompts: int = 4,
+           path: str | None = None) -> Recording:
+    """Decode with P gloo processes on this machine: the first `prompts` Spec-Bench prompts
+    (one per category first) on `model`, or (`model="random"`) one repetitive random prompt on a
+    one-layer random model. `path`: also keep the recording there (.npz), to replay later."""
+    import torch.multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = _npz(path) if path else os.path.join(tmp, "recording.npz")
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        procs = [ctx.Process(target=_record_rank, args=(r, P, port, cfg, model, prompts, out)) for r in range(P)]
+        for p in procs:
+            p.start()
+        running = {p.sentinel: p for p in procs}
+        while running:  # a rank that fails ends the others at once, not at the gloo timeout
+            for sentinel in wait(list(running)):
+                if running.pop(sentinel).exitcode:
+                    for p in procs:
+                        p.kill()
+                    raise LPError(f"recording the decode failed: rank exit codes {[p.exitcode for p in procs]}")
+        return load_recording(out)
+
+
+def _npz(path: str) -> str:
+    return path if path.endswith(".npz") else path + ".npz"  # as numpy.savez_compressed names it
+
+
+def load_recording(path: str) -> Recording:
+    """A recording that `record` kept at `path`."""
+    try:
+        with np.load(_npz(path)) as f:
+            tokens = np.split(f["tokens"], np.cumsum(f["lengths"])[:-1])
+            gathered = [f[f"g{i}"] for i in range(int(f["gathered"]))]
+            return Recording(str(f["model"]), gathered[0].shape[0], [t.tolist() for t in tokens], int(f["vocab"]),
+                             set(f["eos"].tolist()), gathered)
+    except (OSError, KeyError, ValueError, IndexError) as e:
+        raise LPError(f"cannot read a recording from {path}: {e}") from None
+
+
+def replay(cfg: DecodeConfig, rec: Recording) -> HostTimes:
+    """Rank 0's host work in the recorded decode: lp's decode loop, its all-gathers answered
+    from the recording, its forwards stood in for by `_NoForward`."""
+    context = max(map(len, rec.prompts)) + cfg.max_new_tokens + 16
+    partition.cache_clear()  # cold, as in a fresh process: a replay after a replay would
+    step_layout.cache_clear()  # find every shape cached
+    worker = _NoForward(_model(rec.vocab, context), max(2, cfg.successors_sent + 1))
+    ranks = _Replay(rec.world_size, rec.gathered)
+    decoder = Decoder(worker, ranks, rec.eos_ids, context)
+    times = HostTimes([], [], [])
+    for prompt in rec.prompts:
+        watch = _Spans()
+        calls = len(ranks.seconds)
+        g = decoder.generate(prompt, cfg, observer=watch)
+        gathers = ranks.seconds[calls + 1:]  # after the handshake: one per step
+        for end, read, gather, start in zip(watch.ends, watch.reads, gathers, watch.starts[1:]):
+            times.total.append(start - end - gather)
+            times.exposed.append(start - read)
+        times.step_tokens.extend(g.step_tokens)
+    if next(ranks.kept, None) is not None:
+        raise LPError("the replay ended before the recorded decode did")
+    return times
+
+
+def fastest(runs: list[HostTimes]) -> HostTimes:
+    """Each step's least host work over several replays of one decode: the cost of the work
+    itself, less what other processes on a shared machine added to some runs."""
+    return HostTimes([min(t) for t in zip(*(r.total for r in runs))],
+                     [min(t) for t in zip(*(r.exposed for r in runs))], runs[0].step_tokens)
 
 
 def _gather_rank(rank: int, world: int, port: int, size: int, reps: int, out: "torch.multiprocessing.Queue") -> None:
@@ -128,15 +288,11 @@ def _gather_rank(rank: int, world: int, port: int, size: int, reps: int, out: "t
 
 def allgather_seconds(P: int, size: int, reps: int = 500) -> list[float]:
     """Durations of `reps` all-gathers of `size` int64 between P gloo processes (rank 0's view)."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
+    port = _free_port()
     procs = [ctx.Process(target=_gather_rank, args=(r, P, port, size, reps, out)) for r in range(P)]
     for p in procs:
         p.start()
@@ -150,35 +306,55 @@ def _ms(xs: list[float]) -> tuple[float, float]:
     return statistics.median(xs) * 1e3, float(np.percentile(xs, 95)) * 1e3
 
 
-DEFAULTS = {"W": 60, "N": 5, "G": 60, "P": 8, "recycle": 8, "tokens": 200, "threads": 1, "allgather": 1}
+DEFAULTS: dict[str, int | str] = {"W": 60, "N": 5, "G": 60, "P": 8, "recycle": 8, "model": "smollm2-135m",
+                                   "prompts": 4, "tokens": 128, "replays": 5, "threads": 1, "allgather": 1,
+                                   "recording": ""}
 HELP = {"W": "lookahead columns", "N": "n-gram size", "G": "verification n-grams", "P": "ranks",
         "recycle": "successors kept per token for recycled drafts (0: none)",
-        "tokens": "new tokens decoded (one gap per step)", "threads": "torch threads",
-        "allgather": "1: also time a gloo all-gather between P processes"}
+        "model": "the recorded decode's model (random: a one-layer random model)",
+        "prompts": "Spec-Bench prompts decoded (model=random: one random prompt)",
+        "tokens": "new tokens per prompt", "replays": "replays of the decode: each step's fastest counts",
+        "threads": "torch threads of the replay",
+        "allgather": "1: also time a gloo all-gather between P processes",
+        "recording": "a .npz file: replay it if it exists, else record into it (A/B of two lp versions)"}
 
 
 def main(argv: list[str] | None = None) -> None:
-    epilog = "keys:\n" + "\n".join(f"  {k}={v:<6} {HELP[k]}" for k, v in DEFAULTS.items())
+    epilog = "keys:\n" + "\n".join(f"  {f'{k}={v}':<20} {HELP[k]}" for k, v in DEFAULTS.items())
     ap = argparse.ArgumentParser(prog="python -m lp.bench.host", description=__doc__.splitlines()[0],
                                  epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("settings", nargs="*", metavar="key=value")
     s = dict(DEFAULTS)
     for item in ap.parse_args(argv).settings:
         key, eq, value = item.partition("=")
-        if not eq or key not in DEFAULTS or not value.lstrip("-").isdigit():
-            sys.exit(f"lp: error: expected key=INT with a key among {', '.join(DEFAULTS)}, got {item!r}")
-        s[key] = int(value)
+        text = isinstance(DEFAULTS.get(key), str)
+        if not eq or key not in DEFAULTS or not (text or value.lstrip("-").isdigit()):
+            sys.exit(f"lp: error: expected key=INT (model=NAME, recording=FILE) with a key among "
+                     f"{', '.join(DEFAULTS)}, got {item!r}")
+        s[key] = value if text else int(value)
     torch.set_num_threads(s["threads"])
     try:
         cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], recycle=s["recycle"], max_new_tokens=s["tokens"]).validate()
+        if min(s["P"], s["prompts"], s["replays"]) < 1:
+            raise LPError(f"P, prompts and replays must be >= 1, got P={s['P']} prompts={s['prompts']} "
+                          f"replays={s['replays']}")
+        file = s["recording"]
+        if file and os.path.exists(_npz(file)):
+            rec = load_recording(file)
+            if rec.world_size != s["P"]:
+                raise LPError(f"{file} records {rec.world_size} ranks, not P={s['P']}")
+        else:
+            rec = record(cfg, s["P"], s["model"], s["prompts"], file or None)
+        times = fastest([replay(cfg, rec) for _ in range(s["replays"])])
     except LPError as e:
         sys.exit(f"lp: error: {e}")
-    times = host_gaps(cfg, s["P"])
     (med, p95), (after_med, after_p95) = _ms(times.total), _ms(times.exposed)
-    print(f"host work per step, rank 0 of P={s['P']} at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.recycle} "
-          f"({len(times.total)} steps, {statistics.mean(times.step_tokens):.0f} tokens per rank-0 forward on "
-          f"average), {_cpu_name()}: median {med:.3f} ms, p95 {p95:.3f} ms; after the message read "
-          f"(what a GPU waits for): median {after_med:.3f} ms, p95 {after_p95:.3f} ms")
+    print(f"host work per step, rank 0 of P={s['P']} at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.recycle}, "
+          f"replaying a {rec.model} decode of {len(rec.prompts)} prompt(s) ({len(times.total)} steps, each "
+          f"the fastest of {s['replays']} replays, "
+          f"{statistics.mean(times.step_tokens):.0f} tokens per rank-0 forward on average), {_cpu_name()}: "
+          f"median {med:.3f} ms, p95 {p95:.3f} ms; after the message read (what a GPU waits for): "
+          f"median {after_med:.3f} ms, p95 {after_p95:.3f} ms")
     if s["allgather"] and s["P"] > 1:
         size = step_message_size(cfg)
         med, p95 = _ms(allgather_seconds(s["P"], size))

@@ -11,7 +11,7 @@ its ancestors (docs/design.md section 2).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -30,20 +30,29 @@ class StepLayout:
     `mask[q, k]` says whether step token q may attend to step token k (so its last n x n block
     says which tree nodes are ancestors of which). `logit_rows` lists the rows whose prediction
     is used: x0's (y1), the last token of each column (new), then every tree node, in order.
+    `prefix` and `levels` count the row-0 prefix tokens and the levels above row 0 per column.
     """
 
     m: int
     columns: range
     tree: tuple[int, ...]
-    tokens: tuple[Token, ...]
+    prefix: int
+    levels: int
     gather: np.ndarray
     depth: np.ndarray
     mask: np.ndarray
     logit_rows: np.ndarray
 
+    @cached_property
+    def tokens(self) -> tuple[Token, ...]:
+        """Each input position's identity, in order (for reading and checking a layout)."""
+        return (tuple(("p", i) for i in range(self.m)) + tuple(("w", 0, i) for i in range(1, self.prefix + 1))
+                + tuple(("w", lvl, j) for j in self.columns for lvl in range(1, self.levels + 1))
+                + tuple(("g", i) for i in range(len(self.tree))))
+
     @property
     def size(self) -> int:
-        return len(self.tokens)
+        return len(self.gather)
 
     # The step's parts by name, so no caller decodes the row order by hand.
     X0_ROW = 0  # logits row: the prediction after x0 (y1)
@@ -78,56 +87,49 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
     if m < 1 or N < 2 or not (0 <= columns.start <= columns.stop <= W) \
             or any(not -1 <= p < i for i, p in enumerate(tree)):
         raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} tree={tree}")
-    tokens: list[Token] = []
-    parent: list[int] = []
-    depth: list[int] = []
-    source: list[int] = []
-    index: dict[Token, int] = {}
+    # Built with array ops, section by section (this runs for every new tree shape, most steps
+    # of a real decode): pending tokens, the row-0 prefix, each column's levels, the tree.
+    x0, L, nc, n = m - 1, N - 2, len(columns), len(tree)
+    prefix = columns[-1] if nc else 0  # row-0 tokens rows[0, 1..prefix], at m..m+prefix-1
+    base = m + prefix  # column c's level l (1..L) at base + c*L + l-1
+    first = base + nc * L  # the tree nodes
+    T = first + n
+    cols = np.arange(columns.start, columns.stop)
+    lvl = np.tile(np.arange(1, L + 1), nc)  # per level token: its level and column
+    col = np.repeat(cols, L)
+    i = np.arange(1, prefix + 1)
+    tree_depth, ancestors = _tree_closure(tree)
+    gather = np.concatenate([np.arange(m), m + i, m + lvl * W + col, m + (N - 1) * W + np.arange(n)])
+    depth = np.concatenate([np.arange(m) - x0, i, lvl + col, tree_depth])
 
-    def add(tok: Token, par: int, dep: int, src: int) -> None:
-        index[tok] = len(tokens)
-        tokens.append(tok)
-        parent.append(par)
-        depth.append(dep)
-        source.append(src)
-
-    for i in range(m):
-        add(("p", i), i - 1, i - (m - 1), i)
-    x0 = m - 1
-    win = m  # offset of the window rows in the source vector
-    prefix = columns[-1] if len(columns) else 0  # row-0 tokens rows[0, 1..prefix]
-    for i in range(1, prefix + 1):
-        add(("w", 0, i), x0 if i == 1 else index[("w", 0, i - 1)], i, win + i)
-    for j in columns:
-        for lvl in range(1, N - 1):
-            below = (x0 if j == 0 else index[("w", 0, j)]) if lvl == 1 else index[("w", lvl - 1, j)]
-            add(("w", lvl, j), below, lvl + j, win + lvl * W + j)
-    cand = win + (N - 1) * W
-    first = len(tokens)
-    for i, p in enumerate(tree):
-        add(("g", i), x0 if p < 0 else first + p, 1 if p < 0 else depth[first + p] + 1, cand + i)
-
-    T = len(tokens)
     mask = np.zeros((T, T), dtype=bool)
-    for q in range(T):  # parents precede children, so one pass closes the ancestor relation
-        if parent[q] >= 0:
-            mask[q] = mask[parent[q]]
-        mask[q, q] = True
+    mask[:m, :m] = np.tri(m, dtype=bool)  # pending: causal
+    mask[m:, :m] = True  # everything else sees every pending token
+    mask[m:base, m:base] = np.tri(prefix, dtype=bool)  # the row-0 prefix: causal
+    # column j's level l sees rows[0, 1..j] and its own column's levels up to l
+    mask[base:first, m:base] = i[None, :] <= col[:, None]
+    mask[base:first, base:first] = (col[:, None] == col[None, :]) & (lvl[None, :] <= lvl[:, None])
+    mask[first:, first:] = ancestors
 
-    def last_of_column(j: int) -> int:
-        if N == 2:
-            return x0 if j == 0 else index[("w", 0, j)]
-        return index[("w", N - 2, j)]
+    # the prediction rows: x0's, each column's last token (x0 or row 0 when N = 2), every node
+    last = m - 1 + cols if N == 2 else base + np.arange(nc) * L + L - 1
+    rows = np.concatenate([[x0], last, np.arange(first, T)])
+    return StepLayout(m=m, columns=columns, tree=tree, prefix=prefix, levels=L, gather=gather, depth=depth,
+                      mask=mask, logit_rows=rows.astype(np.int64))
 
-    rows = [x0] + [last_of_column(j) for j in columns]
-    rows += range(first, T)
-    return StepLayout(
-        m=m,
-        columns=columns,
-        tree=tree,
-        tokens=tuple(tokens),
-        gather=np.asarray(source, dtype=np.int64),
-        depth=np.asarray(depth, dtype=np.int64),
-        mask=mask,
-        logit_rows=np.asarray(rows, dtype=np.int64),
-    )
+
+def _tree_closure(parents: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's depth below x0 (1 for its children) and the `[n, n]` relation "k is node q
+    or one of its ancestors": parents precede children, so one pass copies each parent's row
+    (a row op per node beats array rounds per depth level on trees of a rank's size)."""
+    n = len(parents)
+    depth = [0] * n
+    closure = np.eye(n, dtype=bool)
+    for q, p in enumerate(parents):
+        if p < 0:
+            depth[q] = 1
+        else:
+            depth[q] = depth[p] + 1
+            closure[q] = closure[p]
+            closure[q, q] = True
+    return np.asarray(depth, dtype=np.int64), closure

@@ -16,17 +16,16 @@ from lp.lookahead.tree import TreeBuilder
 
 class SuccessorTable:
     """`next[t]`: the k tokens the model ranked highest after token t (best first), the last
-    time t was the input of a logits row (tokens never seen, or not below `vocab_size`, have
-    none). A dict of lists: a step reads a few hundred rows one by one (the search below) and
+    time t was the input of a logits row (tokens never seen have none). A dict of lists: a step reads a few hundred rows one by one (the search below) and
     writes a few hundred, which numpy rows would cost more for.
 
     How often the rank-r successor turned out to be the next committed token is counted as the
     decode goes (`observe`), so the drafts' order follows this decode's own hit rates."""
 
-    def __init__(self, vocab_size: int, k: int) -> None:
+    def __init__(self, k: int) -> None:
         if k < 1:
             raise ValueError(f"successors per token must be >= 1, got {k}")
-        self.vocab_size, self.k = vocab_size, k
+        self.k = k
         self.next: dict[int, list[int]] = {}
         # hits[r]: committed tokens that were their predecessor's rank-r successor; hits[k]: none
         # of them. One pseudo-count each, so the first steps spread drafts evenly over ranks.
@@ -34,8 +33,11 @@ class SuccessorTable:
 
     def update(self, rows: np.ndarray) -> None:
         """Apply rows `[n, 1 + k]` (input token, its top-k successors) in order: a token's last
-        row wins. Rows whose input token is negative are padding."""
-        rows = rows[(rows[:, 0] >= 0) & (rows[:, 0] < self.vocab_size)]
+        row wins. Every row is a real one (lp.message.merge drops the messages' padding)."""
+        # only each token's last row becomes Python lists: a real step's 230 rows or so repeat
+        # their tokens (about 90 distinct)
+        _, last = np.unique(rows[::-1, 0], return_index=True)
+        rows = rows[len(rows) - 1 - last]
         self.next.update(zip(rows[:, 0].tolist(), rows[:, 1:].tolist()))
 
     def observe(self, tokens: Sequence[int]) -> None:

@@ -111,7 +111,7 @@ class TreeBuilder:
         node: int | None = -1
         for token in draft:  # runs for every draft token of every step
             found = index.get((node, token))
-            node = new(node, int(token)) if found is None else found
+            node = new(node, token) if found is None else found
             if node is None:
                 return
 
@@ -124,8 +124,9 @@ class TreeBuilder:
         row = successors.get(x0)
         if not self.share or depth < 1 or not rates or row is None:
             return
-        index, new = self._index, self._new
+        index, tokens, parents, roots, budget = self._index, self.tokens, self.parents, self._roots, self.budget
         k, q0 = min(len(rates), len(row)), rates[0]
+        ratio = [rates[r + 1] / rates[r] if rates[r] else 0.0 for r in range(k - 1)]  # next sibling's chance
         # best-first over (-chance, order, parent node, parent's successors, rank, depth); a popped
         # node offers its first child and its next sibling, so the heap stays small
         heap = [(-q0, 0, -1, row, 0, 1)]
@@ -134,12 +135,16 @@ class TreeBuilder:
             neg, _, parent, above, r, d = heappop(heap)
             token = above[r]
             node = index.get((parent, token))
-            if node is None:
-                node = new(parent, token)
-                if node is None:
+            if node is None:  # `_new`, inlined: on real decodes most of a step's nodes are made here
+                node = len(tokens)
+                if node >= budget:
                     return
+                index[parent, token] = node
+                tokens.append(token)
+                parents.append(parent)
+                roots.append(node if parent < 0 else roots[parent])
             if r + 1 < k:
-                heappush(heap, (neg / rates[r] * rates[r + 1], order, parent, above, r + 1, d))
+                heappush(heap, (neg * ratio[r], order, parent, above, r + 1, d))
                 order += 1
             if d < depth:
                 below = successors.get(token)
