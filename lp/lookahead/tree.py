@@ -111,7 +111,7 @@ class TreeBuilder:
         node: int | None = -1
         for token in draft:  # runs for every draft token of every step
             found = index.get((node, token))
-            node = new(node, token) if found is None else found
+            node = new(node, int(token)) if found is None else found
             if node is None:
                 return
 
@@ -126,7 +126,6 @@ class TreeBuilder:
             return
         index, tokens, parents, roots, budget = self._index, self.tokens, self.parents, self._roots, self.budget
         k, q0 = min(len(rates), len(row)), rates[0]
-        ratio = [rates[r + 1] / rates[r] if rates[r] else 0.0 for r in range(k - 1)]  # next sibling's chance
         # best-first over (-chance, order, parent node, parent's successors, rank, depth); a popped
         # node offers its first child and its next sibling, so the heap stays small
         heap = [(-q0, 0, -1, row, 0, 1)]
@@ -144,7 +143,7 @@ class TreeBuilder:
                 parents.append(parent)
                 roots.append(node if parent < 0 else roots[parent])
             if r + 1 < k:
-                heappush(heap, (neg * ratio[r], order, parent, above, r + 1, d))
+                heappush(heap, (neg / rates[r] * rates[r + 1], order, parent, above, r + 1, d))
                 order += 1
             if d < depth:
                 below = successors.get(token)
