@@ -33,7 +33,8 @@
 # with attention=sdpa; empty: none), CDT_ARCH (the arch also run with inductor's coordinate-descent
 # tuning of its generated kernels, as gpt-fast does; empty: none), STEPS_ARGS, DTYPES,
 # PER_CATEGORY, MAX_NEW_TOKENS, LOOKAHEAD, REAL_TESTS, PROJECT_DATASETS (empty: no projection),
-# PROJECT_NEW_TOKENS, HOST_PROMPTS (0: no host benchmark), SITE, STASH, BUDGET_S.
+# PROJECT_NEW_TOKENS, HOST_PROMPTS (0: no host benchmark; it runs after the first projection, so
+# PROJECT_DATASETS empty skips it too), SITE, STASH, BUDGET_S.
 set -uo pipefail
 PART="${1:-}"
 [[ "$PART" =~ ^part[1-4]$ ]] || { echo "usage: launch/gpu.sh part1|part2|part3|part4" >&2; exit 2; }

@@ -31,8 +31,9 @@ _CHECK_MOD = 2**31 - 1
 @dataclass(frozen=True)
 class Generation:
     """One sequence's result: the record every decoder returns (lp.runtime.Result and the
-    benchmark's rows extend it), its figures computed here once. `seconds` is the decode time
-    after the prefill; `accepted_per_step` the tokens committed by each step, `step_tokens`
+    benchmark's rows extend it), its figures computed here once. `prefill_seconds` is the
+    prompt's prefill, with the host's indexing of the prompt for drafts (which a GPU's prefill
+    hides); `seconds` the decode time after it; `accepted_per_step` the tokens committed by each step, `step_tokens`
     the tokens of this rank's forward in each step (empty where a decoder cannot tell)."""
 
     output_ids: list[int]
@@ -139,7 +140,8 @@ class StepObserver:
     no-op here; none may change the decode."""
 
     def prefill_done(self) -> None:
-        """The prompt's KV is queued (not necessarily computed) on the device."""
+        """The prompt's KV is queued (not necessarily computed) on the device, and the host has
+        indexed the prompt for drafts: the decode's clock starts here."""
 
     def planned(self, step: StepPlan, position: int) -> None:
         """A step is planned (its tree, every rank's share, this rank's layout). x0 sits at
@@ -207,18 +209,18 @@ class Decoder:
 
         t0 = time.perf_counter()
         self.worker.prefill(torch.tensor(prompt_ids[:-1], dtype=torch.long, device=dev))
-        observe.prefill_done()
-        # the prompt's n-grams are host work on the prompt's length: done while a GPU prefills
+        # the prompt's n-grams are host work on the prompt's length: done while a GPU prefills,
+        # and counted in the prefill's time
         pool = NGramPool(N, cfg.pool_capacity)
         text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
         if G and cfg.pool_from_prompt:
             pool.add_sequence(prompt_ids)
+        observe.prefill_done()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t1 = time.perf_counter()
 
-        seq = np.zeros(L + cfg.max_new_tokens, dtype=np.int64)  # the sequence so far: seq[:length]
-        seq[:L] = prompt_ids
+        out = text.tokens  # the sequence so far (prompt and output), extended as tokens commit
         length = L
         pending = [prompt_ids[-1]]  # committed tokens whose KV the next step writes (x0 last)
         checksum = _fingerprint(prompt_ids)
@@ -263,19 +265,18 @@ class Decoder:
                 tokens = tokens[:stop + 1]
             if window is not None:
                 if G and window.ready:
-                    pool.add_rows(window.ngrams(int(seq[length - 1]), outcome.new))
+                    pool.add_rows(window.ngrams(out[-1], outcome.new))
                 window.update(outcome.new)
             if successors is not None:
-                successors.observe([int(seq[length - 1]), *tokens])  # the table the drafts used
+                successors.observe([out[-1], *tokens])  # the table the drafts used
                 successors.update(outcome.successors)
             for t in tokens:
                 checksum = (checksum * 31 + t) % _CHECK_MOD
-            seq[length:length + len(tokens)] = tokens
             text.extend(tokens)
             length += len(tokens)
             if G and cfg.pool_from_output:
                 # the n-grams that end in the new tokens: free candidates, as in prompt lookup
-                pool.add_sequence(seq[max(length - len(tokens) - N + 1, 0):length])
+                pool.add_sequence(out[max(length - len(tokens) - N + 1, 0):length])
             pending = tokens
             accepted.append(len(tokens))
             step_tokens.append(layout.size)
@@ -284,7 +285,7 @@ class Decoder:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t2 = time.perf_counter()
-        return Generation(seq[L:length].tolist(), len(accepted), t1 - t0, t2 - t1, accepted, step_tokens)
+        return Generation(out[L:], len(accepted), t1 - t0, t2 - t1, accepted, step_tokens)
 
 
 __all__ = ["Decoder", "Generation", "StepObserver", "StepPlan", "plan_step", "rank_share"]

@@ -8,7 +8,7 @@ draft + 1; R, k: logits rows and successors per row sent for the successor table
   [5 : 5+K]     tokens along the path to it (the committed tokens are its first accepted+1)
   [5+K : 5+K+W] new tokens of the rank's window columns (first len(columns) slots)
   [5+K+W : ]    R rows of (input token, its top-k next tokens): the rank's logits rows, then
-                rows of -1 (lp/lookahead/successors.py)
+                rows of -1 (padding, which `merge` drops; lp/lookahead/successors.py)
 """
 from __future__ import annotations
 

@@ -59,8 +59,8 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     """Split W columns and G candidates over P ranks, minimising the largest rank's cost.
 
     Columns are taken in order (so a rank's prefix is shared by its columns), then candidates;
-    a search finds a per-rank token limit the greedy fill can meet (the smallest one, except in
-    rare cases where the fill meets a limit but not the next: it is not monotone). `groups` (sizes summing to G) keeps
+    a binary search finds a per-rank token limit the greedy fill can meet (the smallest one,
+    except in rare cases where the fill meets a limit but not the next: it is not monotone). `groups` (sizes summing to G) keeps
     consecutive candidates together on one rank: a tree's root subtrees, or the candidates
     that share their first draft token, as sampling needs. `width`: tokens per candidate
     (default N-1). Ranks may end up empty (they still compute the next token and
@@ -73,15 +73,9 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     if P == 1:
         return (RankPlan(range(W), range(G)),)
     ends = tuple(itertools.accumulate(groups))
-    total = RankPlan(range(W), range(G)).cost(N, 1, width)  # all on one rank: always met
-    # No lower limit can be met: the ranks' costs sum to at least the whole step's, and the
-    # largest group sits on one rank with x0. The limit found is usually a little above that
-    # bound, so gallop up from it, then bisect the last bracket (the fill is not monotone in
-    # the limit, so this finds a limit it meets, almost always the smallest).
-    lo = hi = max(-(-total // P), 1 + width * max(groups, default=0))
-    stride = 1
-    while _greedy(W, N, ends, P, hi, width) is None:
-        lo, hi, stride = hi + 1, min(total, hi + stride), 2 * stride
+    # every limit from 1 up (the fill is not monotone in the limit: a higher first probe can land
+    # on another, possibly worse, feasible limit)
+    lo, hi = 1, RankPlan(range(W), range(G)).cost(N, 1, width)
     while lo < hi:
         mid = (lo + hi) // 2
         if _greedy(W, N, ends, P, mid, width) is None:

@@ -58,3 +58,20 @@ def test_cli_refuses_bad_keys():
         main(["W=x"])
     with pytest.raises(SystemExit, match="lp: error"):
         main(["model=random", "P=0"])
+
+
+def test_replay_catches_other_trees_or_plans(recorded, monkeypatch):
+    """Drift shows in rank 0's message where the host decides it (its columns, its rows' input
+    tokens), even while the output length and checksum (the recorded tokens') still agree."""
+    import lp.decoder
+
+    cfg, rec = recorded
+    monkeypatch.setattr(lp.decoder, "_drafts", lambda *args: [])  # other trees than the recorded
+    with pytest.raises(LPError, match="drifted"):
+        replay(cfg, rec)
+
+
+def test_replay_names_other_settings(recorded):
+    _, rec = recorded
+    with pytest.raises(LPError, match="the recording is of"):
+        replay(DecodeConfig(W=8, N=4, G=8, max_new_tokens=25), rec)

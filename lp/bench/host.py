@@ -26,6 +26,7 @@ The all-gather itself is timed apart, between P gloo processes (`allgather=1`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -83,22 +84,33 @@ class _Recorder(Collective):
 
 class _Replay(Collective):
     """Rank 0 of P whose all-gather answers the recorded results in order. Rank 0's own message
-    must match the recorded one where it says where the decode is (the handshake, then each
-    step's output length and checksum): a replay that drifted from the recording stops."""
+    must match the recorded one wherever the host's state decides it: the handshake, then each
+    step's output length and checksum, which of its window slots hold a column (`W` slots after
+    the `width` path tokens) and the input token of each of its logits rows (rows of `k`
+    successors; none when k is 0). So a replay that drifted from the recording, building other
+    trees or plans than the recorded rank 0 did, stops."""
 
-    def __init__(self, world_size: int, kept: list[np.ndarray]) -> None:
+    def __init__(self, world_size: int, kept: list[np.ndarray], W: int, width: int, k: int) -> None:
         super().__init__(0, world_size)
         self.kept = iter(kept)
+        self.W, self.width, self.k = W, width, k
         self.seconds: list[float] = []  # each call's own cost, not host work of lp's
+
+    def _planned(self, message: np.ndarray) -> list[int]:
+        """The parts of a message that the host's state decides (the model's outputs left out)."""
+        if len(message) < HEADER:  # the handshake
+            return message.tolist()
+        columns = HEADER + self.width
+        rows = message[columns + self.W:].reshape(-1, 1 + self.k)[:, 0] if self.k else message[:0]
+        return [*message[3:5].tolist(), *(message[columns:columns + self.W] >= 0).tolist(), *rows.tolist()]
 
     def all_gather(self, message: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
         gathered = next(self.kept, None)
-        mine = message.tolist()
-        where = slice(None) if len(mine) < HEADER else slice(3, 5)  # a handshake, or a step's length and checksum
-        if gathered is None or gathered.shape[1] != len(mine) or mine[where] != gathered[0, where].tolist():
-            raise LPError("the replay drifted from the recorded decode (other settings, or an lp that plans "
-                          "other steps?)")
+        mine = message.numpy()
+        if gathered is None or gathered.shape[1] != len(mine) or self._planned(mine) != self._planned(gathered[0]):
+            raise LPError("the replay drifted from the recorded decode: this lp builds other steps than the "
+                          "recorded one did")
         out = torch.from_numpy(gathered)
         self.seconds.append(time.perf_counter() - t0)
         return out
@@ -128,6 +140,11 @@ class _NoForward(Worker):
         return torch.zeros(len(layout.logit_rows), self.columns)
 
 
+def _settings(cfg: DecodeConfig) -> dict[str, int]:
+    """The settings this tool decodes with (the handshake checks every other one)."""
+    return {"W": cfg.W, "N": cfg.N, "G": cfg.G, "recycle": cfg.recycle, "tokens": cfg.max_new_tokens}
+
+
 def _random_prompt() -> list[int]:
     """model=random's prompt: a random 40-token phrase, repeated (the pool and the text find
     drafts in it)."""
@@ -137,10 +154,12 @@ def _random_prompt() -> list[int]:
 
 @dataclass(frozen=True)
 class Recording:
-    """A decode by P ranks of `model`: its prompts, the model's vocabulary and end-of-sequence
-    ids, and every all-gather result that rank 0 read (`[P, K]` each, the handshakes included)."""
+    """A decode by P ranks of `model` with `settings` (`_settings`): its prompts, the model's
+    vocabulary and end-of-sequence ids, and every all-gather result that rank 0 read (`[P, K]`
+    each, the handshakes included)."""
 
     model: str
+    settings: dict[str, int]
     world_size: int
     prompts: list[list[int]]
     vocab: int
@@ -190,7 +209,7 @@ def _record_rank(rank: int, world: int, port: int, cfg: DecodeConfig, model: str
         if rank == 0:
             print(f"lp.bench.host: recorded prompt {i + 1}/{len(ids)} on {world} ranks", file=sys.stderr, flush=True)
     if rank == 0:
-        np.savez_compressed(path, model=model, vocab=worker.vocab_size, eos=np.asarray(sorted(eos), dtype=np.int64),
+        np.savez_compressed(path, model=model, settings=json.dumps(_settings(cfg)), vocab=worker.vocab_size, eos=np.asarray(sorted(eos), dtype=np.int64),
                             lengths=np.asarray([len(p) for p in ids]),
                             tokens=np.concatenate([np.asarray(p) for p in ids]), gathered=np.asarray(len(comm.kept)),
                             **{f"g{i}": g for i, g in enumerate(comm.kept)})
@@ -205,21 +224,35 @@ def record(cfg: DecodeConfig, P: int, model: str = "smollm2-135m", prompts: int 
     import torch.multiprocessing as mp
     from multiprocessing.connection import wait
 
+    if path and not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+        raise LPError(f"cannot write a recording to {path}: its folder is missing or read-only")
     with tempfile.TemporaryDirectory() as tmp:
         out = _npz(path) if path else os.path.join(tmp, "recording.npz")
         ctx = mp.get_context("spawn")
         port = _free_port()
         procs = [ctx.Process(target=_record_rank, args=(r, P, port, cfg, model, prompts, out)) for r in range(P)]
-        for p in procs:
-            p.start()
-        running = {p.sentinel: p for p in procs}
-        while running:  # a rank that fails ends the others at once, not at the gloo timeout
-            for sentinel in wait(list(running)):
-                if running.pop(sentinel).exitcode:
-                    for p in procs:
-                        p.kill()
-                    raise LPError(f"recording the decode failed: rank exit codes {[p.exitcode for p in procs]}")
+        try:
+            for p in procs:
+                p.start()
+            running = {p.sentinel: p for p in procs}
+            while running:  # a rank that fails ends the others at once, not at the gloo timeout
+                for sentinel in wait(list(running)):
+                    if running.pop(sentinel).exitcode:
+                        _stop(procs)
+                        raise LPError(f"recording the decode failed: rank exit codes {[p.exitcode for p in procs]}")
+        finally:
+            _stop(procs)
         return load_recording(out)
+
+
+def _stop(procs: list) -> None:
+    """Kill the processes still running (an error, or Ctrl-C, in this one) and reap them all."""
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        if p.pid is not None:
+            p.join()
 
 
 def _npz(path: str) -> str:
@@ -232,7 +265,8 @@ def load_recording(path: str) -> Recording:
         with np.load(_npz(path)) as f:
             tokens = np.split(f["tokens"], np.cumsum(f["lengths"])[:-1])
             gathered = [f[f"g{i}"] for i in range(int(f["gathered"]))]
-            return Recording(str(f["model"]), gathered[0].shape[0], [t.tolist() for t in tokens], int(f["vocab"]),
+            return Recording(str(f["model"]), json.loads(str(f["settings"])), gathered[0].shape[0],
+                             [t.tolist() for t in tokens], int(f["vocab"]),
                              set(f["eos"].tolist()), gathered)
     except (OSError, KeyError, ValueError, IndexError) as e:
         raise LPError(f"cannot read a recording from {path}: {e}") from None
@@ -245,7 +279,9 @@ def replay(cfg: DecodeConfig, rec: Recording) -> HostTimes:
     partition.cache_clear()  # cold, as in a fresh process: a replay after a replay would
     step_layout.cache_clear()  # find every shape cached
     worker = _NoForward(_model(rec.vocab, context), max(2, cfg.successors_sent + 1))
-    ranks = _Replay(rec.world_size, rec.gathered)
+    if rec.settings != _settings(cfg):
+        raise LPError(f"the recording is of {rec.settings}, not {_settings(cfg)}")
+    ranks = _Replay(rec.world_size, rec.gathered, cfg.W, cfg.step_width, cfg.successors_sent)
     decoder = Decoder(worker, ranks, rec.eos_ids, context)
     times = HostTimes([], [], [])
     for prompt in rec.prompts:
@@ -290,16 +326,20 @@ def allgather_seconds(P: int, size: int, reps: int = 500) -> list[float]:
     """Durations of `reps` all-gathers of `size` int64 between P gloo processes (rank 0's view)."""
     import torch.multiprocessing as mp
 
+    import queue
+
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_gather_rank, args=(r, P, port, size, reps, out)) for r in range(P)]
-    for p in procs:
-        p.start()
-    times = out.get(timeout=120)
-    for p in procs:
-        p.join(timeout=30)
-    return times
+    try:
+        for p in procs:
+            p.start()
+        return out.get(timeout=120)
+    except queue.Empty:
+        raise LPError(f"timing the all-gather between {P} gloo processes took over 120 s") from None
+    finally:
+        _stop(procs)
 
 
 def _ms(xs: list[float]) -> tuple[float, float]:
@@ -325,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
                                  epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("settings", nargs="*", metavar="key=value")
     s = dict(DEFAULTS)
+    given = set()
     for item in ap.parse_args(argv).settings:
         key, eq, value = item.partition("=")
         text = isinstance(DEFAULTS.get(key), str)
@@ -332,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"lp: error: expected key=INT (model=NAME, recording=FILE) with a key among "
                      f"{', '.join(DEFAULTS)}, got {item!r}")
         s[key] = value if text else int(value)
+        given.add(key)
     torch.set_num_threads(s["threads"])
     try:
         cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], recycle=s["recycle"], max_new_tokens=s["tokens"]).validate()
@@ -343,9 +385,13 @@ def main(argv: list[str] | None = None) -> None:
             rec = load_recording(file)
             if rec.world_size != s["P"]:
                 raise LPError(f"{file} records {rec.world_size} ranks, not P={s['P']}")
+            if given & {"model", "prompts"}:
+                print(f"lp.bench.host: replaying {file}: its model ({rec.model}) and prompts "
+                      f"({len(rec.prompts)}) are the recording's", file=sys.stderr)
         else:
             rec = record(cfg, s["P"], s["model"], s["prompts"], file or None)
-        times = fastest([replay(cfg, rec) for _ in range(s["replays"])])
+        runs = [replay(cfg, rec) for _ in range(s["replays"])]
+        times = fastest(runs)
     except LPError as e:
         sys.exit(f"lp: error: {e}")
     (med, p95), (after_med, after_p95) = _ms(times.total), _ms(times.exposed)
@@ -355,6 +401,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{statistics.mean(times.step_tokens):.0f} tokens per rank-0 forward on average), {_cpu_name()}: "
           f"median {med:.3f} ms, p95 {p95:.3f} ms; after the message read (what a GPU waits for): "
           f"median {after_med:.3f} ms, p95 {after_p95:.3f} ms")
+    pooled = [t for r in runs for t in r.exposed]
+    print(f"the steps of all {len(runs)} replays pooled (lp's own pauses and this machine's noise included): "
+          f"after the message read median {_ms(pooled)[0]:.3f} ms, p95 {_ms(pooled)[1]:.3f} ms")
     if s["allgather"] and s["P"] > 1:
         size = step_message_size(cfg)
         med, p95 = _ms(allgather_seconds(s["P"], size))

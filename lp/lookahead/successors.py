@@ -16,8 +16,9 @@ from lp.lookahead.tree import TreeBuilder
 
 class SuccessorTable:
     """`next[t]`: the k tokens the model ranked highest after token t (best first), the last
-    time t was the input of a logits row (tokens never seen have none). A dict of lists: a step reads a few hundred rows one by one (the search below) and
-    writes a few hundred, which numpy rows would cost more for.
+    time t was the input of a logits row (tokens never seen have none). A dict of lists: a step
+    reads a few hundred rows one by one (the search below) and writes about a hundred, which
+    numpy rows would cost more for.
 
     How often the rank-r successor turned out to be the next committed token is counted as the
     decode goes (`observe`), so the drafts' order follows this decode's own hit rates."""

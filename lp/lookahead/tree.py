@@ -94,7 +94,8 @@ class TreeBuilder:
         return len(self.tokens) >= self.budget
 
     def _new(self, parent: int, token: int) -> int | None:
-        """A new node of `token` under `parent`, or None when the budget is spent."""
+        """A new node of `token` under `parent`, or None when the budget is spent (`grow` has
+        these lines inlined: keep the two alike)."""
         node = len(self.tokens)
         if node >= self.budget:
             return None
