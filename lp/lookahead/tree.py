@@ -126,16 +126,18 @@ class TreeBuilder:
         if not self.share or depth < 1 or not rates or row is None:
             return
         index, tokens, parents, roots, budget = self._index, self.tokens, self.parents, self._roots, self.budget
+        # the loop runs for most of a real step's nodes: every name it calls is a local
+        pop, push, find, row_of = heappop, heappush, index.get, successors.get
         k, q0 = min(len(rates), len(row)), rates[0]
         # best-first over (-chance, order, parent node, parent's successors, rank, depth); a popped
         # node offers its first child and its next sibling, so the heap stays small
         heap = [(-q0, 0, -1, row, 0, 1)]
         order = 1
         while heap:
-            neg, _, parent, above, r, d = heappop(heap)
+            neg, _, parent, above, r, d = pop(heap)
             token = above[r]
-            node = index.get((parent, token))
-            if node is None:  # `_new`, inlined: on real decodes most of a step's nodes are made here
+            node = find((parent, token))
+            if node is None:  # `_new`, inlined
                 node = len(tokens)
                 if node >= budget:
                     return
@@ -144,12 +146,12 @@ class TreeBuilder:
                 parents.append(parent)
                 roots.append(node if parent < 0 else roots[parent])
             if r + 1 < k:
-                heappush(heap, (neg / rates[r] * rates[r + 1], order, parent, above, r + 1, d))
+                push(heap, (neg / rates[r] * rates[r + 1], order, parent, above, r + 1, d))
                 order += 1
             if d < depth:
-                below = successors.get(token)
+                below = row_of(token)
                 if below is not None:
-                    heappush(heap, (neg * q0, order, node, below, 0, d + 1))
+                    push(heap, (neg * q0, order, node, below, 0, d + 1))
                     order += 1
 
     def tree(self) -> DraftTree:
