@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import socket
 import statistics
 import sys
@@ -278,9 +279,9 @@ def replay(cfg: DecodeConfig, rec: Recording) -> HostTimes:
     context = max(map(len, rec.prompts)) + cfg.max_new_tokens + 16
     partition.cache_clear()  # cold, as in a fresh process: a replay after a replay would
     step_layout.cache_clear()  # find every shape cached
-    worker = _NoForward(_model(rec.vocab, context), max(2, cfg.successors_sent + 1))
     if rec.settings != _settings(cfg):
         raise LPError(f"the recording is of {rec.settings}, not {_settings(cfg)}")
+    worker = _NoForward(_model(rec.vocab, context), max(2, cfg.successors_sent + 1))
     ranks = _Replay(rec.world_size, rec.gathered, cfg.W, cfg.step_width, cfg.successors_sent)
     decoder = Decoder(worker, ranks, rec.eos_ids, context)
     times = HostTimes([], [], [])
@@ -325,8 +326,6 @@ def _gather_rank(rank: int, world: int, port: int, size: int, reps: int, out: "t
 def allgather_seconds(P: int, size: int, reps: int = 500) -> list[float]:
     """Durations of `reps` all-gathers of `size` int64 between P gloo processes (rank 0's view)."""
     import torch.multiprocessing as mp
-
-    import queue
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

@@ -15,7 +15,7 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from lp.lookahead.tree import chain_parents
+from lp.lookahead.tree import chain_parents, node_depths
 
 # Token identities: ("p", i) pending i; ("w", l, j) window row l column j; ("g", i) tree node i.
 Token = tuple
@@ -98,9 +98,8 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
     lvl = np.tile(np.arange(1, L + 1), nc)  # per level token: its level and column
     col = np.repeat(cols, L)
     i = np.arange(1, prefix + 1)
-    tree_depth, ancestors = _tree_closure(tree)
     gather = np.concatenate([np.arange(m), m + i, m + lvl * W + col, m + (N - 1) * W + np.arange(n)])
-    depth = np.concatenate([np.arange(m) - x0, i, lvl + col, tree_depth])
+    depth = np.concatenate([np.arange(m) - x0, i, lvl + col, node_depths(tree)])
 
     mask = np.zeros((T, T), dtype=bool)
     mask[:m, :m] = np.tri(m, dtype=bool)  # pending: causal
@@ -109,7 +108,7 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
     # column j's level l sees rows[0, 1..j] and its own column's levels up to l
     mask[base:first, m:base] = i[None, :] <= col[:, None]
     mask[base:first, base:first] = (col[:, None] == col[None, :]) & (lvl[None, :] <= lvl[:, None])
-    mask[first:, first:] = ancestors
+    mask[first:, first:] = _ancestors(tree)
 
     # the prediction rows: x0's, each column's last token (x0 or row 0 when N = 2), every node
     last = m - 1 + cols if N == 2 else base + np.arange(nc) * L + L - 1
@@ -118,18 +117,13 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
                       mask=mask, logit_rows=rows.astype(np.int64))
 
 
-def _tree_closure(parents: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Each node's depth below x0 (1 for its children) and the `[n, n]` relation "k is node q
-    or one of its ancestors": parents precede children, so one pass copies each parent's row
-    (a row op per node beats array rounds per depth level on trees of a rank's size)."""
-    n = len(parents)
-    depth = [0] * n
-    closure = np.eye(n, dtype=bool)
+def _ancestors(parents: tuple[int, ...]) -> np.ndarray:
+    """The `[n, n]` relation "k is node q or one of its ancestors": parents precede children,
+    so one pass copies each parent's row (a row op per node beats array rounds per depth level
+    on trees of a rank's size)."""
+    closure = np.eye(len(parents), dtype=bool)
     for q, p in enumerate(parents):
-        if p < 0:
-            depth[q] = 1
-        else:
-            depth[q] = depth[p] + 1
+        if p >= 0:
             closure[q] = closure[p]
             closure[q, q] = True
-    return np.asarray(depth, dtype=np.int64), closure
+    return closure

@@ -32,10 +32,7 @@ class DraftTree:
     @property
     def depth(self) -> np.ndarray:
         """Each node's depth below x0 (1 for x0's children)."""
-        depth = np.zeros(self.size, dtype=np.int64)
-        for i, p in enumerate(self.parents):
-            depth[i] = 1 if p < 0 else depth[p] + 1
-        return depth
+        return node_depths(self.parents)
 
     @cached_property
     def parent_array(self) -> np.ndarray:
@@ -66,6 +63,15 @@ class DraftTree:
         if (parents >= stop - start).any() or (stop > start and inside[0] >= 0):
             raise ValueError(f"nodes {start}..{stop - 1} are not whole subtrees")
         return DraftTree(self.tokens[start:stop], tuple(parents.tolist()))
+
+
+def node_depths(parents: Sequence[int]) -> np.ndarray:
+    """Each node's depth below x0 (1 for x0's children), given parent pointers that precede
+    their children (-1: x0)."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return np.asarray(depth, dtype=np.int64)
 
 
 def chain_parents(G: int, L: int) -> tuple[int, ...]:
@@ -195,4 +201,4 @@ def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True)
     return builder.tree()
 
 
-__all__ = ["DraftTree", "TreeBuilder", "build_tree", "chain_parents"]
+__all__ = ["DraftTree", "TreeBuilder", "build_tree", "chain_parents", "node_depths"]
