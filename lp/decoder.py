@@ -215,6 +215,7 @@ class Decoder:
         text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
         if G and cfg.pool_from_prompt:
             pool.add_sequence(prompt_ids)
+            pool.flush()
         observe.prefill_done()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
@@ -253,6 +254,7 @@ class Decoder:
 
             # all-gather and merge: the step's one device sync
             message = pack(y1, acc, step.plan.candidates.start, new, length, checksum, W, top, rows)
+            pool.flush()  # the last step's n-grams that this step's drafts did not read, while the device computes
             gathered = self.comm.all_gather(message).cpu().numpy()
             observe.message_read()
             outcome = merge(gathered, step.plans, width, k)

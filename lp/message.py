@@ -71,17 +71,16 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], width: int, k: int 
     """Merge `[P, K]` messages of steps committing at most `width` tokens (and successor rows
     of `k` tokens, if k > 0). Rank 0's y1 is authoritative: a candidate counts only if its rank
     computed the same y1. The longest acceptance wins, ties to the lowest candidate."""
-    if (gathered[:, 3] != gathered[0, 3]).any() or (gathered[:, 4] != gathered[0, 4]).any():
-        raise LPError(f"ranks diverged: output lengths {gathered[:, 3].tolist()}, "
-                      f"checksums {gathered[:, 4].tolist()}")
-    y1 = gathered[0, 0]
-    valid = (gathered[:, 0] == y1) & (gathered[:, 1] >= 0)
-    tokens, accepted = [int(y1)], 0
-    if valid.any():
-        ranks = np.flatnonzero(valid)
-        # lexsort: last key is primary -> most accepted, then lowest global candidate index
-        r = ranks[np.lexsort((gathered[ranks, 1], -gathered[ranks, 2]))[0]]
-        accepted = int(gathered[r, 2])
+    head = gathered[:, :HEADER].tolist()  # P short rows: Python beats array ops at this size
+    y1, _, _, length, checksum = head[0]
+    if any(h[3] != length or h[4] != checksum for h in head):
+        raise LPError(f"ranks diverged: output lengths {[h[3] for h in head]}, "
+                      f"checksums {[h[4] for h in head]}")
+    # the most accepted, then the lowest global candidate index, among ranks that agree on y1
+    best = min(((-h[2], h[1], r) for r, h in enumerate(head) if h[0] == y1 and h[1] >= 0), default=None)
+    tokens, accepted = [y1], 0
+    if best is not None:
+        accepted, r = -best[0], best[2]
         tokens = gathered[r, HEADER:HEADER + accepted + 1].tolist()
     start = HEADER + width
     new = np.concatenate([gathered[r, start:start + len(p.columns)] for r, p in enumerate(plans)])

@@ -44,13 +44,22 @@ def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int,
     the groups that fit are a bisection of `ends`. Each rank's share as (first column, column stop, first
     candidate, candidate stop)."""
     plans, col, g = [], 0, 0
-    for _ in range(P):
+    for rank in range(P):
         start_col, start_cand = col, ends[g - 1] if g else 0
+        if col == W and g == len(ends):  # all placed: the other ranks are empty
+            return plans + [(W, W, start_cand, start_cand)] * (P - rank)
         col = max(start_col, min(W, (limit + (N - 2) * start_col) // (N - 1)))
         used = _tokens(start_col, col, 0, N, 1, width)
         g = bisect_right(ends, start_cand + (limit - used) // width, lo=g)
         plans.append((start_col, col, start_cand, ends[g - 1] if g else 0))
     return plans if col == W and g == len(ends) else None
+
+
+def _floor(W: int, N: int, G: int, P: int, groups: tuple[int, ...], width: int) -> int:
+    """A limit below which no fill succeeds, so the search needs no fill there: every rank feeds
+    x0, one rank feeds the prefix rows[0, 1..W-1] with the last column, one the largest group."""
+    spread = -(-(P + max(W - 1, 0) + (N - 2) * W + width * G) // P)
+    return max(spread, W + N - 2 if W else 1, 1 + width * max(groups, default=0))
 
 
 @lru_cache(maxsize=4096)
@@ -76,9 +85,10 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     # every limit from 1 up (the fill is not monotone in the limit: a higher first probe can land
     # on another, possibly worse, feasible limit)
     lo, hi = 1, RankPlan(range(W), range(G)).cost(N, 1, width)
+    floor = _floor(W, N, G, P, groups, width)
     while lo < hi:
         mid = (lo + hi) // 2
-        if _greedy(W, N, ends, P, mid, width) is None:
+        if mid < floor or _greedy(W, N, ends, P, mid, width) is None:
             lo = mid + 1
         else:
             hi = mid

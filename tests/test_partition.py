@@ -177,3 +177,22 @@ def test_deterministic():
 def test_bad_arguments_raise(args):
     with pytest.raises(ValueError):
         partition(*args)
+
+
+def test_no_fill_meets_a_limit_below_the_floor():
+    """The search skips limits under `_floor` without filling: no fill may meet one."""
+    import random
+
+    from lp.partition import _floor, _greedy
+
+    rng = random.Random(0)
+    tight = 0
+    for _ in range(300):
+        W, N, P = rng.choice([0, 1, 3, 15, 60]), rng.randint(2, 6), rng.randint(2, 8)
+        groups = tuple(rng.randint(1, 12) for _ in range(rng.randint(0, 12)))
+        width = rng.choice([1, N - 1])
+        floor = _floor(W, N, sum(groups), P, groups, width)
+        ends = tuple(itertools.accumulate(groups))
+        assert all(_greedy(W, N, ends, P, limit, width) is None for limit in range(1, floor))
+        tight += _greedy(W, N, ends, P, floor, width) is not None
+    assert tight > 30  # the floor is often the answer itself: it is not a vacuous bound

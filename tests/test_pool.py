@@ -131,3 +131,65 @@ def test_matches_a_naive_model_on_random_inserts():
 def test_bad_n():
     with pytest.raises(ValueError):
         NGramPool(1, 3)
+
+
+class EagerPool:
+    """The pool's contract with every insert applied at once (counts included)."""
+
+    def __init__(self, n: int, capacity: int) -> None:
+        self.n, self.capacity, self.table = n, capacity, {}
+
+    def insert(self, key: int, tail: tuple[int, ...]) -> None:
+        if not self.capacity:
+            return
+        entries = self.table.setdefault(key, OrderedDict())
+        entries[tail] = entries.pop(tail, 0) + 1
+        while len(entries) > self.capacity:
+            entries.popitem(last=False)
+
+    def best(self, key: int, frequent: bool) -> list[tuple[int, ...]]:
+        entries = self.table.get(key, {})
+        newest = list(entries)[::-1]
+        return sorted(newest, key=entries.__getitem__, reverse=True) if frequent else newest
+
+
+def test_queued_inserts_read_like_eager_ones():
+    """Inserts land lazily (a read lands its key's, flush lands all): every read, in any
+    interleaving of batches, reads, flushes and sizes, sees what eager inserts would give."""
+    rng = np.random.default_rng(0)
+    for capacity in (0, 1, 2, 4):
+        pool, eager = NGramPool(3, capacity), EagerPool(3, capacity)
+        for _ in range(600):
+            op = rng.integers(6)
+            if op == 0:  # a window's n-grams: keys repeat within a batch
+                grams = rng.integers(0, 5, size=(int(rng.integers(0, 8)), 3))
+                pool.add_rows(grams)
+                for row in grams.tolist():
+                    eager.insert(row[0], tuple(row[1:]))
+            elif op == 1:  # the output's newest tokens
+                tokens = rng.integers(0, 5, size=int(rng.integers(0, 7))).tolist()
+                pool.add_sequence(tokens)
+                for i in range(len(tokens) - 2):
+                    eager.insert(tokens[i], tuple(tokens[i + 1:i + 3]))
+            elif op == 2:
+                key, tail = int(rng.integers(5)), tuple(rng.integers(0, 5, size=2).tolist())
+                pool.add(key, tail)
+                eager.insert(key, tail)
+            elif op == 3:
+                pool.flush()
+            elif op == 4:
+                assert len(pool) == sum(len(e) for e in eager.table.values())
+            else:
+                key, frequent = int(rng.integers(5)), bool(rng.integers(2))
+                assert pool.best(key, frequent) == eager.best(key, frequent)
+        for key in range(5):
+            assert pool.lookup(key) == list(eager.table.get(key, {}))
+
+
+def test_a_read_lands_only_its_key():
+    pool = NGramPool(2, 4)
+    pool.add_rows(np.array([[1, 5], [2, 6], [1, 7]]))
+    assert pool.lookup(1) == [(5,), (7,)]
+    assert [keys for keys, _ in pool._queue] == [[-1, 2, -1]]  # 2's n-gram still waits
+    pool.flush()
+    assert pool._queue == [] and pool.lookup(2) == [(6,)]
