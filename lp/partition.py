@@ -55,10 +55,13 @@ def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int,
     return plans if col == W and g == len(ends) else None
 
 
-def _floor(W: int, N: int, G: int, P: int, groups: tuple[int, ...], width: int) -> int:
-    """A limit below which no fill succeeds, so the search needs no fill there: every rank feeds
-    x0, one rank feeds the prefix rows[0, 1..W-1] with the last column, one the largest group."""
-    spread = -(-(P + max(W - 1, 0) + (N - 2) * W + width * G) // P)
+def _floor(W: int, N: int, P: int, groups: tuple[int, ...], width: int) -> int:
+    """A limit below which no fill succeeds, so the search needs no fill there. A fill keeps
+    every rank within the limit, so the limit is at least the mean of the ranks' tokens (each
+    feeds x0; the columns' levels, the prefix rows[0, 1..W-1] and the candidates are fed once at
+    least), the tokens of the rank with the last column, and those of the rank with the largest
+    group."""
+    spread = -(-(P + max(W - 1, 0) + (N - 2) * W + width * sum(groups)) // P)
     return max(spread, W + N - 2 if W else 1, 1 + width * max(groups, default=0))
 
 
@@ -85,7 +88,7 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     # every limit from 1 up (the fill is not monotone in the limit: a higher first probe can land
     # on another, possibly worse, feasible limit)
     lo, hi = 1, RankPlan(range(W), range(G)).cost(N, 1, width)
-    floor = _floor(W, N, G, P, groups, width)
+    floor = _floor(W, N, P, groups, width)
     while lo < hi:
         mid = (lo + hi) // 2
         if mid < floor or _greedy(W, N, ends, P, mid, width) is None:

@@ -1,6 +1,11 @@
 """The host-work benchmark (lp/bench/host.py): a decode recorded by P gloo processes, then
 replayed as rank 0 alone, one gap of host work per step."""
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -75,3 +80,42 @@ def test_replay_names_other_settings(recorded):
     _, rec = recorded
     with pytest.raises(LPError, match="the recording is of"):
         replay(DecodeConfig(W=8, N=4, G=8, max_new_tokens=25), rec)
+
+
+def _ranks(pid: int) -> set[int]:
+    """The rank processes that process `pid` spawned (from /proc: children running spawn_main)."""
+    kids = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                spawned = b"spawn_main" in f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid and spawned:
+            kids.add(int(entry))
+    return kids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
+def test_a_terminated_recording_stops_its_ranks():
+    """`kill` (SIGTERM) of the tool while it records ends the rank processes it started."""
+    tool = subprocess.Popen([sys.executable, "-m", "lp.bench.host", "model=random", "P=2", "tokens=4000",
+                             "allgather=0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, ranks = time.monotonic() + 60, set()
+        while len(ranks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            ranks = _ranks(tool.pid)
+        assert len(ranks) == 2, "the ranks did not start"
+        tool.send_signal(signal.SIGTERM)
+        assert "lp: error: terminated" in tool.communicate(timeout=60)[1]
+        deadline, alive = time.monotonic() + 20, ranks
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = {k for k in ranks if os.path.exists(f"/proc/{k}")}
+        assert not alive, f"rank processes {alive} outlived the tool"
+    finally:
+        tool.kill()
+        tool.wait()

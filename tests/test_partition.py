@@ -191,7 +191,7 @@ def test_no_fill_meets_a_limit_below_the_floor():
         W, N, P = rng.choice([0, 1, 3, 15, 60]), rng.randint(2, 6), rng.randint(2, 8)
         groups = tuple(rng.randint(1, 12) for _ in range(rng.randint(0, 12)))
         width = rng.choice([1, N - 1])
-        floor = _floor(W, N, sum(groups), P, groups, width)
+        floor = _floor(W, N, P, groups, width)
         ends = tuple(itertools.accumulate(groups))
         assert all(_greedy(W, N, ends, P, limit, width) is None for limit in range(1, floor))
         tight += _greedy(W, N, ends, P, floor, width) is not None

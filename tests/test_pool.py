@@ -104,6 +104,12 @@ def test_add_rows_in_row_order():
     assert all(type(x) is int for x in pool.lookup(1)[0])
 
 
+def test_negative_keys_are_keys():
+    pool = NGramPool(2, 4)
+    pool.add(-5, (1,))
+    assert pool.lookup(-5) == [(1,)] and len(pool) == 1
+
+
 def test_lookup_returns_a_copy():
     pool = NGramPool(2, 3)
     pool.add(0, (1,))
@@ -190,6 +196,6 @@ def test_a_read_lands_only_its_key():
     pool = NGramPool(2, 4)
     pool.add_rows(np.array([[1, 5], [2, 6], [1, 7]]))
     assert pool.lookup(1) == [(5,), (7,)]
-    assert [keys for keys, _ in pool._queue] == [[-1, 2, -1]]  # 2's n-gram still waits
+    assert [keys for keys, _ in pool._queue] == [[None, 2, None]]  # 2's n-gram still waits
     pool.flush()
     assert pool._queue == [] and pool.lookup(2) == [(6,)]

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import queue
+import signal
 import socket
 import statistics
 import sys
@@ -374,6 +375,16 @@ def main(argv: list[str] | None = None) -> None:
         s[key] = value if text else int(value)
         given.add(key)
     torch.set_num_threads(s["threads"])
+    # a plain `kill` ends this process through its cleanup, which stops the ranks it started
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit("lp: error: terminated"))
+    try:
+        _run(s, given)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _run(s: dict[str, int | str], given: set[str]) -> None:
+    """The tool, given its settings `s` (those on the command line: `given`)."""
     try:
         cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], recycle=s["recycle"], max_new_tokens=s["tokens"]).validate()
         if min(s["P"], s["prompts"], s["replays"]) < 1:

@@ -16,7 +16,7 @@ class NGramPool:
     n-grams, in order, and `flush` inserts all of them. Every read therefore sees what eager
     inserts would have made (each key's n-grams arrive in the same order), while most of a
     step's inserts can wait until the next forward is queued (`flush`, lp/decoder.py): a step
-    reads two keys of the sixty or so it inserts."""
+    reads two keys of the sixty or so it inserts. `len` flushes."""
 
     def __init__(self, n: int, capacity: int) -> None:
         if n < 2:
@@ -24,9 +24,9 @@ class NGramPool:
         self.n = n
         self.capacity = capacity
         self._table: dict[int, OrderedDict[tuple[int, ...], int]] = {}  # tail -> times inserted
-        # queued batches: each n-gram's key (-1 once inserted early by a read) and its tails, as
+        # queued batches: each n-gram's key (None once a read of it inserted it) and its tails, as
         # rows of an int array [k, N-1] or as tuples
-        self._queue: list[tuple[list[int], np.ndarray | list[tuple[int, ...]]]] = []
+        self._queue: list[tuple[list[int | None], np.ndarray | list[tuple[int, ...]]]] = []
 
     def add(self, key: int, tail: tuple[int, ...]) -> None:
         """Insert one n-gram `(key, *tail)`."""
@@ -46,7 +46,7 @@ class NGramPool:
         tokens = tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
         self._enqueue(tokens[:n], [tuple(tokens[i + 1:i + self.n]) for i in range(n)])
 
-    def _enqueue(self, keys: list[int], tails: np.ndarray | list[tuple[int, ...]]) -> None:
+    def _enqueue(self, keys: list[int | None], tails: np.ndarray | list[tuple[int, ...]]) -> None:
         if self.capacity:
             self._queue.append((keys, tails))
 
@@ -64,14 +64,14 @@ class NGramPool:
                 self._insert([key] * len(mine),
                              tails[mine].tolist() if isinstance(tails, np.ndarray) else [tails[i] for i in mine])
                 for i in mine:
-                    keys[i] = -1
+                    keys[i] = None
 
-    def _insert(self, keys: Sequence[int], tails: Sequence[Sequence[int]]) -> None:
-        """Insert n-grams `(key, *tail)` in order, skipping keys of -1 (inserted already); this
-        runs for every window column and every committed token of every step."""
+    def _insert(self, keys: Sequence[int | None], tails: Sequence[Sequence[int]]) -> None:
+        """Insert n-grams `(key, *tail)` in order, skipping keys of None (inserted already);
+        this runs for every window column and every committed token of every step."""
         table, capacity = self._table, self.capacity
         for key, tail in zip(keys, tails):
-            if key < 0:
+            if key is None:
                 continue
             tail = tuple(tail)
             entries = table.get(key)
