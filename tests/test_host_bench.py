@@ -32,6 +32,20 @@ def test_replay_times_every_step_of_the_recorded_decode(recorded):
     assert max(times.step_tokens) < 1 + 7 + 8 * 2 + cfg.verify_budget
 
 
+def test_every_rank_replays_and_the_slowest_bounds_each(recorded):
+    from lp.bench.host import slowest
+
+    cfg, rec = recorded
+    ranks = [replay(cfg, rec, rank) for rank in range(2)]
+    worst = slowest(ranks)
+    assert len(worst.exposed) == len(ranks[0].exposed) == len(ranks[1].exposed)
+    assert all(w == max(a, b) for w, a, b in zip(worst.exposed, ranks[0].exposed, ranks[1].exposed))
+    # the ranks split each step: their forwards differ, and together hold the columns and the tree
+    assert ranks[0].step_tokens != ranks[1].step_tokens
+    with pytest.raises(LPError, match="rank 2 is not one of the recording's 2"):
+        replay(cfg, rec, 2)
+
+
 def test_replay_refuses_a_decode_it_did_not_record(recorded):
     cfg, rec = recorded
     with pytest.raises(LPError, match="drifted"):
@@ -46,8 +60,9 @@ def test_cli_records_once_then_replays_the_file(tmp_path, capsys):
             f"recording={tmp_path / 'rec'}"]
     main(args)
     out = capsys.readouterr().out
-    assert "host work per step, rank 0 of P=2 at W=4 N=3 G=4" in out and "median" in out and "p95" in out
-    assert "after the message read" in out and "replaying a random decode" in out and "fastest of 2" in out
+    assert "host work per step at W=4 N=3 G=4 recycle=8, P=2" in out and "fastest of 2" in out
+    assert "the slowest rank of each step: median" in out and "rank 0: median" in out
+    assert "after the message read" in out and "replaying a random decode" in out
     kept = load_recording(str(tmp_path / "rec.npz"))
     assert kept.model == "random" and kept.world_size == 2
     written = (tmp_path / "rec.npz").stat().st_mtime_ns

@@ -6,15 +6,17 @@ the merge, the window, pool and successor-table updates, and the next step's dra
 partition, layout, id gather and upload. The tool
   1. records a decode by P gloo processes on this machine: `prompts` Spec-Bench prompts on
      `model` (default SmolLM2-135M; `random`: a one-layer random model on a repetitive random
-     prompt, seconds instead of minutes), rank 0 keeping every all-gather's result;
-  2. replays rank 0 alone: lp's own decode loop (lp/decoder.py), its all-gathers answered from
-     the recording, its forwards stood in for by a worker that computes nothing. Window,
-     pool, successor table, trees and plans are rebuilt from the recorded messages exactly as
-     the real rank 0 built them, so the host work is the real decode's, while no real forward
-     evicts the host's caches between steps (a GPU's would not) and no other rank competes
-     for this machine's cores.
-It reports the median and p95 over steps (each step's fastest of `replays` replays, leaving out
-what other processes on a shared machine add to some) of
+     prompt, seconds instead of minutes), rank 0 keeping every all-gather's result (every rank
+     gathers the same);
+  2. replays each rank alone, one after another: lp's own decode loop (lp/decoder.py), its
+     all-gathers answered from the recording, its forwards stood in for by a worker that
+     computes nothing. Window, pool, successor table, trees and plans are rebuilt from the
+     recorded messages exactly as the real rank built them, so the host work is the real
+     decode's, while no real forward evicts the host's caches between steps (a GPU's would not)
+     and no other rank competes for this machine's cores.
+It reports the median and p95 over steps, for the slowest rank of each step (the all-gather
+waits for it) and for rank 0 (each rank's step its fastest of `replays` replays, leaving out
+what other processes on a shared machine add to some), of
   * all of it (the gap between forwards, less the replayed all-gather): the host's whole share
     of a step, the dispatch of the acceptance ops included (they compute nothing here);
   * the part after the message read: what an asynchronous device (a GPU) waits for, since the
@@ -85,15 +87,15 @@ class _Recorder(Collective):
 
 
 class _Replay(Collective):
-    """Rank 0 of P whose all-gather answers the recorded results in order. Rank 0's own message
-    must match the recorded one wherever the host's state decides it: the handshake, then each
-    step's output length and checksum, which of its window slots hold a column (`W` slots after
-    the `width` path tokens) and the input token of each of its logits rows (rows of `k`
-    successors; none when k is 0). So a replay that drifted from the recording, building other
-    trees or plans than the recorded rank 0 did, stops."""
+    """Rank `rank` of P whose all-gather answers the recorded results in order (every rank
+    gathered the same). The rank's own message must match its recorded one wherever the host's
+    state decides it: the handshake, then each step's output length and checksum, which of its
+    window slots hold a column (`W` slots after the `width` path tokens) and the input token of
+    each of its logits rows (rows of `k` successors; none when k is 0). So a replay that drifted
+    from the recording, building other trees or plans than the recorded rank did, stops."""
 
-    def __init__(self, world_size: int, kept: list[np.ndarray], W: int, width: int, k: int) -> None:
-        super().__init__(0, world_size)
+    def __init__(self, world_size: int, kept: list[np.ndarray], W: int, width: int, k: int, rank: int = 0) -> None:
+        super().__init__(rank, world_size)
         self.kept = iter(kept)
         self.W, self.width, self.k = W, width, k
         self.seconds: list[float] = []  # each call's own cost, not host work of lp's
@@ -110,7 +112,7 @@ class _Replay(Collective):
         t0 = time.perf_counter()
         gathered = next(self.kept, None)
         mine = message.numpy()
-        if gathered is None or gathered.shape[1] != len(mine) or self._planned(mine) != self._planned(gathered[0]):
+        if gathered is None or gathered.shape[1] != len(mine) or self._planned(mine) != self._planned(gathered[self.rank]):
             raise LPError("the replay drifted from the recorded decode: this lp builds other steps than the "
                           "recorded one did")
         out = torch.from_numpy(gathered)
@@ -172,7 +174,7 @@ class Recording:
 @dataclass(frozen=True)
 class HostTimes:
     """Seconds of host work per step (between consecutive forwards): `total`, and `exposed`,
-    the part after the step's messages were read; `step_tokens`: rank 0's forward sizes."""
+    the part after the step's messages were read; `step_tokens`: the forward sizes."""
 
     total: list[float]
     exposed: list[float]
@@ -274,16 +276,18 @@ def load_recording(path: str) -> Recording:
         raise LPError(f"cannot read a recording from {path}: {e}") from None
 
 
-def replay(cfg: DecodeConfig, rec: Recording) -> HostTimes:
-    """Rank 0's host work in the recorded decode: lp's decode loop, its all-gathers answered
-    from the recording, its forwards stood in for by `_NoForward`."""
+def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
+    """Rank `rank`'s host work in the recorded decode: lp's decode loop, its all-gathers
+    answered from the recording, its forwards stood in for by `_NoForward`."""
+    if not 0 <= rank < rec.world_size:
+        raise LPError(f"rank {rank} is not one of the recording's {rec.world_size}")
     context = max(map(len, rec.prompts)) + cfg.max_new_tokens + 16
     partition.cache_clear()  # cold, as in a fresh process: a replay after a replay would
     step_layout.cache_clear()  # find every shape cached
     if rec.settings != _settings(cfg):
         raise LPError(f"the recording is of {rec.settings}, not {_settings(cfg)}")
     worker = _NoForward(_model(rec.vocab, context), max(2, cfg.successors_sent + 1))
-    ranks = _Replay(rec.world_size, rec.gathered, cfg.W, cfg.step_width, cfg.successors_sent)
+    ranks = _Replay(rec.world_size, rec.gathered, cfg.W, cfg.step_width, cfg.successors_sent, rank)
     decoder = Decoder(worker, ranks, rec.eos_ids, context)
     times = HostTimes([], [], [])
     for prompt in rec.prompts:
@@ -305,6 +309,14 @@ def fastest(runs: list[HostTimes]) -> HostTimes:
     itself, less what other processes on a shared machine added to some runs."""
     return HostTimes([min(t) for t in zip(*(r.total for r in runs))],
                      [min(t) for t in zip(*(r.exposed for r in runs))], runs[0].step_tokens)
+
+
+def slowest(ranks: list[HostTimes]) -> HostTimes:
+    """Each step's most host work over the ranks (and largest forward): what the step waits
+    for, as the all-gather waits for the last rank."""
+    return HostTimes([max(t) for t in zip(*(r.total for r in ranks))],
+                     [max(t) for t in zip(*(r.exposed for r in ranks))],
+                     [max(t) for t in zip(*(r.step_tokens for r in ranks))])
 
 
 def _gather_rank(rank: int, world: int, port: int, size: int, reps: int, out: "torch.multiprocessing.Queue") -> None:
@@ -400,20 +412,24 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
                       f"({len(rec.prompts)}) are the recording's", file=sys.stderr)
         else:
             rec = record(cfg, s["P"], s["model"], s["prompts"], file or None)
-        runs = [replay(cfg, rec) for _ in range(s["replays"])]
-        times = fastest(runs)
+        runs = [[replay(cfg, rec, rank) for _ in range(s["replays"])] for rank in range(rec.world_size)]
     except LPError as e:
         sys.exit(f"lp: error: {e}")
-    (med, p95), (after_med, after_p95) = _ms(times.total), _ms(times.exposed)
-    print(f"host work per step, rank 0 of P={s['P']} at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.recycle}, "
-          f"replaying a {rec.model} decode of {len(rec.prompts)} prompt(s) ({len(times.total)} steps, each "
-          f"the fastest of {s['replays']} replays, "
-          f"{statistics.mean(times.step_tokens):.0f} tokens per rank-0 forward on average), {_cpu_name()}: "
-          f"median {med:.3f} ms, p95 {p95:.3f} ms; after the message read (what a GPU waits for): "
-          f"median {after_med:.3f} ms, p95 {after_p95:.3f} ms")
-    pooled = [t for r in runs for t in r.exposed]
-    print(f"the steps of all {len(runs)} replays pooled (lp's own pauses and this machine's noise included): "
-          f"after the message read median {_ms(pooled)[0]:.3f} ms, p95 {_ms(pooled)[1]:.3f} ms")
+    ranks = [fastest(r) for r in runs]
+    print(f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.recycle}, P={rec.world_size}, "
+          f"replaying a {rec.model} decode of {len(rec.prompts)} prompt(s) ({len(ranks[0].total)} steps; each "
+          f"rank replayed alone, each step its fastest of {s['replays']} replays), {_cpu_name()}:")
+    for name, times in (("the slowest rank of each step", slowest(ranks)), ("rank 0", ranks[0])):
+        (med, p95), (after_med, after_p95) = _ms(times.total), _ms(times.exposed)
+        print(f"  {name}: median {med:.3f} ms, p95 {p95:.3f} ms; after the message read (what a GPU waits "
+              f"for): median {after_med:.3f} ms, p95 {after_p95:.3f} ms "
+              f"({statistics.mean(times.step_tokens):.0f} tokens per forward on average)")
+    print("  after the read, median per rank: " + ", ".join(f"{_ms(t.exposed)[0]:.3f}" for t in ranks) + " ms")
+    # replay i of every rank, then each step's slowest rank: noise and lp's own pauses stay in
+    pooled = [t for i in range(s["replays"]) for t in slowest([r[i] for r in runs]).exposed]
+    print(f"  the slowest rank of each step in all {s['replays']} replays pooled (lp's own pauses and this "
+          f"machine's noise included): after the message read median {_ms(pooled)[0]:.3f} ms, "
+          f"p95 {_ms(pooled)[1]:.3f} ms")
     if s["allgather"] and s["P"] > 1:
         size = step_message_size(cfg)
         med, p95 = _ms(allgather_seconds(s["P"], size))

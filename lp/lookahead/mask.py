@@ -88,33 +88,38 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
             or any(not -1 <= p < i for i, p in enumerate(tree)):
         raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} tree={tree}")
     # Built with array ops, section by section (this runs for every new tree shape, most steps
-    # of a real decode): pending tokens, the row-0 prefix, each column's levels, the tree.
+    # of a real decode): pending tokens, the row-0 prefix, each column's levels, the tree. A rank
+    # without columns (most ranks that hold tree nodes) skips the window's sections.
     x0, L, nc, n = m - 1, N - 2, len(columns), len(tree)
     prefix = columns[-1] if nc else 0  # row-0 tokens rows[0, 1..prefix], at m..m+prefix-1
     base = m + prefix  # column c's level l (1..L) at base + c*L + l-1
     first = base + nc * L  # the tree nodes
     T = first + n
-    cols = np.arange(columns.start, columns.stop)
-    lvl = np.tile(np.arange(1, L + 1), nc)  # per level token: its level and column
-    col = np.repeat(cols, L)
-    i = np.arange(1, prefix + 1)
-    gather = np.concatenate([np.arange(m), m + i, m + lvl * W + col, m + (N - 1) * W + np.arange(n)])
-    depth = np.concatenate([np.arange(m) - x0, i, lvl + col, node_depths(tree)])
-
+    pending = np.arange(m)
+    gather = [pending, m + (N - 1) * W + np.arange(n)]
+    depth = [pending - x0, node_depths(tree)]
+    last = pending[:0]
     mask = np.zeros((T, T), dtype=bool)
     mask[:m, :m] = np.tri(m, dtype=bool)  # pending: causal
     mask[m:, :m] = True  # everything else sees every pending token
-    mask[m:base, m:base] = np.tri(prefix, dtype=bool)  # the row-0 prefix: causal
-    # column j's level l sees rows[0, 1..j] and its own column's levels up to l
-    mask[base:first, m:base] = i[None, :] <= col[:, None]
-    mask[base:first, base:first] = (col[:, None] == col[None, :]) & (lvl[None, :] <= lvl[:, None])
+    if nc:
+        cols = np.arange(columns.start, columns.stop)
+        lvl = np.tile(np.arange(1, L + 1), nc)  # per level token: its level and column
+        col = np.repeat(cols, L)
+        i = np.arange(1, prefix + 1)
+        gather[1:1] = [m + i, m + lvl * W + col]
+        depth[1:1] = [i, lvl + col]
+        mask[m:base, m:base] = np.tri(prefix, dtype=bool)  # the row-0 prefix: causal
+        # column j's level l sees rows[0, 1..j] and its own column's levels up to l
+        mask[base:first, m:base] = i[None, :] <= col[:, None]
+        mask[base:first, base:first] = (col[:, None] == col[None, :]) & (lvl[None, :] <= lvl[:, None])
+        # each column's prediction row: its last token (x0 or row 0 when N = 2)
+        last = m - 1 + cols if N == 2 else base + np.arange(nc) * L + L - 1
     mask[first:, first:] = _ancestors(tree)
-
-    # the prediction rows: x0's, each column's last token (x0 or row 0 when N = 2), every node
-    last = m - 1 + cols if N == 2 else base + np.arange(nc) * L + L - 1
+    # the prediction rows: x0's, the columns', every node's
     rows = np.concatenate([[x0], last, np.arange(first, T)])
-    return StepLayout(m=m, columns=columns, tree=tree, prefix=prefix, levels=L, gather=gather, depth=depth,
-                      mask=mask, logit_rows=rows.astype(np.int64))
+    return StepLayout(m=m, columns=columns, tree=tree, prefix=prefix, levels=L, gather=np.concatenate(gather),
+                      depth=np.concatenate(depth), mask=mask, logit_rows=rows)
 
 
 def _ancestors(parents: tuple[int, ...]) -> np.ndarray:
