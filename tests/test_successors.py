@@ -19,6 +19,19 @@ def test_update_keeps_each_tokens_last_row():
     assert table.next == {3: [4, 5], 6: [7, 8]}
 
 
+def test_update_matches_applying_every_row_in_order():
+    """Random batches (tokens repeating, growing past the scratch's size, empty) against the
+    definition: each row in turn overwrites its token's."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        table, model = SuccessorTable(3), {}
+        for _ in range(4):
+            batch = rng.integers(0, rng.integers(1, 80), size=(rng.integers(0, 30), 4))
+            table.update(batch)
+            model.update((r[0], r[1:]) for r in batch.tolist())
+            assert table.next == model
+
+
 def test_observe_counts_the_rank_each_token_had():
     table = SuccessorTable(3)
     table.update(rows((1, 2, 3, 4), (2, 5, 6, 7)))

@@ -58,11 +58,10 @@ class DraftTree:
         """Nodes start..stop-1 (whole root subtrees) as a tree of their own."""
         if start == 0 and stop == self.size:
             return self
-        inside = self.parent_array[start:stop]
-        parents = np.where(inside >= 0, inside - start, -1)
-        if (parents >= stop - start).any() or (stop > start and inside[0] >= 0):
+        inside = self.parents[start:stop]  # Python: a rank's share is a few dozen nodes
+        if (inside and inside[0] >= 0) or any(0 <= p < start for p in inside):
             raise ValueError(f"nodes {start}..{stop - 1} are not whole subtrees")
-        return DraftTree(self.tokens[start:stop], tuple(parents.tolist()))
+        return DraftTree(self.tokens[start:stop], tuple([p - start if p >= 0 else -1 for p in inside]))
 
 
 def node_depths(parents: Sequence[int]) -> np.ndarray:
