@@ -1,5 +1,5 @@
 """The host-work benchmark (lp/bench/host.py): a decode recorded by P gloo processes, then
-replayed as rank 0 alone, one gap of host work per step."""
+replayed rank by rank, one gap of host work per step."""
 import dataclasses
 import os
 import signal
@@ -80,15 +80,17 @@ def test_cli_refuses_bad_keys():
         main(["model=random", "P=0"])
 
 
-def test_replay_catches_other_trees_or_plans(recorded, monkeypatch):
-    """Drift shows in rank 0's message where the host decides it (its columns, its rows' input
-    tokens), even while the output length and checksum (the recorded tokens') still agree."""
+@pytest.mark.parametrize("rank", [0, 1])
+def test_replay_catches_other_trees_or_plans(recorded, monkeypatch, rank):
+    """Drift shows in the replayed rank's message where the host decides it (its columns, its
+    rows' input tokens), even while the output length and checksum (the recorded tokens') still
+    agree."""
     import lp.decoder
 
     cfg, rec = recorded
     monkeypatch.setattr(lp.decoder, "_drafts", lambda *args: [])  # other trees than the recorded
     with pytest.raises(LPError, match="drifted"):
-        replay(cfg, rec)
+        replay(cfg, rec, rank)
 
 
 def test_replay_names_other_settings(recorded):

@@ -132,7 +132,7 @@ def _model(vocab: int, context: int) -> torch.nn.Module:
 
 class _NoForward(Worker):
     """The replay's worker: lp's cache bookkeeping, layout cache and id uploads, but a step
-    computes nothing, its logits zeros over `columns` tokens (the recording replaces rank 0's
+    computes nothing, its logits zeros over `columns` tokens (the recording replaces the replayed rank's
     results), so no vocabulary-wide tensor passes through this host's caches, as on a GPU."""
 
     def __init__(self, model: torch.nn.Module, columns: int) -> None:
@@ -312,8 +312,8 @@ def fastest(runs: list[HostTimes]) -> HostTimes:
 
 
 def slowest(ranks: list[HostTimes]) -> HostTimes:
-    """Each step's most host work over the ranks (and largest forward): what the step waits
-    for, as the all-gather waits for the last rank."""
+    """Each step's most host work over the ranks (and largest forward): the all-gather waits for
+    the last rank, so, with forwards of about one duration, the step waits for the slowest host."""
     return HostTimes([max(t) for t in zip(*(r.total for r in ranks))],
                      [max(t) for t in zip(*(r.exposed for r in ranks))],
                      [max(t) for t in zip(*(r.step_tokens for r in ranks))])
@@ -365,7 +365,7 @@ HELP = {"W": "lookahead columns", "N": "n-gram size", "G": "verification n-grams
         "recycle": "successors kept per token for recycled drafts (0: none)",
         "model": "the recorded decode's model (random: a one-layer random model)",
         "prompts": "Spec-Bench prompts decoded (model=random: one random prompt)",
-        "tokens": "new tokens per prompt", "replays": "replays of the decode: each step's fastest counts",
+        "tokens": "new tokens per prompt", "replays": "replays of the decode per rank: each step's fastest counts",
         "threads": "torch threads of the replay",
         "allgather": "1: also time a gloo all-gather between P processes",
         "recording": "a .npz file: replay it if it exists, else record into it (A/B of two lp versions)"}
@@ -419,11 +419,13 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
     print(f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.recycle}, P={rec.world_size}, "
           f"replaying a {rec.model} decode of {len(rec.prompts)} prompt(s) ({len(ranks[0].total)} steps; each "
           f"rank replayed alone, each step its fastest of {s['replays']} replays), {_cpu_name()}:")
-    for name, times in (("the slowest rank of each step", slowest(ranks)), ("rank 0", ranks[0])):
+    # each figure's slowest rank, step by step (all of it and after the read may be two ranks)
+    for name, times, tokens in (("the slowest rank of each step", slowest(ranks), "largest forward"),
+                                ("rank 0", ranks[0], "forward")):
         (med, p95), (after_med, after_p95) = _ms(times.total), _ms(times.exposed)
         print(f"  {name}: median {med:.3f} ms, p95 {p95:.3f} ms; after the message read (what a GPU waits "
               f"for): median {after_med:.3f} ms, p95 {after_p95:.3f} ms "
-              f"({statistics.mean(times.step_tokens):.0f} tokens per forward on average)")
+              f"({statistics.mean(times.step_tokens):.0f} tokens per {tokens} on average)")
     print("  after the read, median per rank: " + ", ".join(f"{_ms(t.exposed)[0]:.3f}" for t in ranks) + " ms")
     # replay i of every rank, then each step's slowest rank: noise and lp's own pauses stay in
     pooled = [t for i in range(s["replays"]) for t in slowest([r[i] for r in runs]).exposed]

@@ -35,7 +35,8 @@ class SuccessorTable:
 
     def update(self, rows: np.ndarray) -> None:
         """Apply rows `[n, 1 + k]` (input token, its top-k successors) in order: a token's last
-        row wins. Every row is a real one (lp.message.merge drops the messages' padding)."""
+        row wins. Every row is a real one, its token >= 0 (lp.message.merge drops the messages'
+        padding)."""
         # only each token's last row becomes Python lists: a real step's 300 rows or so repeat
         # their tokens (about 110 distinct). `_last[t]`, -1 between calls, finds each token's
         # last row without a sort.
