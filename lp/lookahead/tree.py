@@ -174,10 +174,11 @@ class TreeBuilder:
             group = np.asarray([first.setdefault(self.tokens[r], r) for r in self._roots], dtype=np.int64)
             order = np.lexsort((roots, group))  # then node index: stable
             groups = None
-        where = np.empty_like(order)
+        # each node's new index, and -1 at index -1: x0 stays the parent of the roots
+        where = np.empty(len(order) + 1, dtype=np.int64)
         where[order] = np.arange(len(order))
-        parents = np.asarray(self.parents, dtype=np.int64)[order]
-        parents = np.where(parents >= 0, where[np.maximum(parents, 0)], -1)
+        where[-1] = -1
+        parents = where[np.asarray(self.parents, dtype=np.int64)[order]]
         return DraftTree(tokens[order], tuple(parents.tolist()), groups)
 
     def leaf_paths(self) -> list[tuple[int, ...]]:
