@@ -4,6 +4,7 @@ forward over its share, then one all-gather merges the results, so window, pool 
 stay identical on all ranks."""
 from __future__ import annotations
 
+import gc
 import time
 import zlib
 from dataclasses import dataclass
@@ -189,7 +190,21 @@ class Decoder:
         """Decode one prompt. With `cfg.temperature > 0`, `stream` selects the random stream
         (with `cfg.seed`), so several prompts of one run draw independent samples. `verifier`:
         the acceptance rule (default: greedy, or sampling with cfg's settings); `observer`:
-        watches each step (lp.bench times forwards with it)."""
+        watches each step (lp.bench times forwards with it).
+
+        Python's cyclic garbage collector is paused while it decodes (and resumed after, if it
+        was on): a full collection scans every object of the process, about 200 ms with
+        SmolLM2 loaded, and would stall a step. A decode makes no reference cycles."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._generate(prompt_ids, cfg, stream, verifier, observer)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _generate(self, prompt_ids: list[int], cfg: DecodeConfig, stream: int, verifier: Verifier | None,
+                  observer: StepObserver | None) -> Generation:
         cfg.validate()
         if not prompt_ids:
             raise LPError("empty prompt")

@@ -2,6 +2,7 @@
 decoding (any W, N, G, any number of ranks) must give exactly plain greedy decoding."""
 from __future__ import annotations
 
+import gc
 import threading
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from unit_helpers import ARCHS, reference_greedy
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder, _drafts
+from lp.decoder import Decoder, StepObserver, _drafts
 from lp.lookahead import NGramPool
 from lp.lookahead.drafts import TextIndex
 from lp.errors import LPError
@@ -183,6 +184,30 @@ def test_decoder_is_reusable(tiny_models):
     c = dec.generate(short, cfg).output_ids
     assert a == c == reference_greedy(model, short, 30)
     assert b == reference_greedy(model, long_, 30)
+
+
+class _Collecting(StepObserver):
+    """Whether Python's garbage collector was on at each step."""
+
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def forward_start(self) -> None:
+        self.seen.append(gc.isenabled())
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_garbage_collection_pauses_while_decoding(tiny_models, on):
+    """No collection can stall a step; afterwards the collector is as the caller left it."""
+    dec = Decoder(Worker(tiny_models["llama"]), Collective(), set(), 512)
+    watch = _Collecting()
+    gc.enable() if on else gc.disable()
+    try:
+        dec.generate(PROMPT, DecodeConfig(W=5, N=3, G=5, max_new_tokens=8), observer=watch)
+        assert watch.seen and not any(watch.seen)
+        assert gc.isenabled() == on
+    finally:
+        gc.enable()
 
 
 # ---------------------------------------------------------------------------------------------
