@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,6 +138,19 @@ def plan_step(pending: list[int], window: JacobiWindow | None, tree: DraftTree, 
     return StepPlan(source[layout.gather], layout, plans, rank, tree, mine)
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside the block, then as it was: a decode is
+    timed without a collection landing in it (lp.bench gives every decoder the same)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 class StepObserver:
     """Watches a decode from outside (the benchmark times forwards with it). Every method is a
     no-op here; none may change the decode."""
@@ -195,13 +210,8 @@ class Decoder:
         Python's cyclic garbage collector is paused while it decodes (and resumed after, if it
         was on): a full collection scans every object of the process, about 200 ms with
         SmolLM2 loaded, and would stall a step. A decode makes no reference cycles."""
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_paused():
             return self._generate(prompt_ids, cfg, stream, verifier, observer)
-        finally:
-            if collecting:
-                gc.enable()
 
     def _generate(self, prompt_ids: list[int], cfg: DecodeConfig, stream: int, verifier: Verifier | None,
                   observer: StepObserver | None) -> Generation:
@@ -305,4 +315,4 @@ class Decoder:
         return Generation(out[L:], len(accepted), t1 - t0, t2 - t1, accepted, step_tokens)
 
 
-__all__ = ["Decoder", "Generation", "StepObserver", "StepPlan", "plan_step", "rank_share"]
+__all__ = ["Decoder", "Generation", "StepObserver", "StepPlan", "collector_paused", "plan_step", "rank_share"]

@@ -12,7 +12,7 @@ import torch
 from unit_helpers import ARCHS, reference_greedy
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder, StepObserver, _drafts
+from lp.decoder import Decoder, StepObserver, _drafts, collector_paused
 from lp.lookahead import NGramPool
 from lp.lookahead.drafts import TextIndex
 from lp.errors import LPError
@@ -208,6 +208,17 @@ def test_garbage_collection_pauses_while_decoding(tiny_models, on):
         assert gc.isenabled() == on
     finally:
         gc.enable()
+
+
+def test_collector_pause_nests_and_survives_errors():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with collector_paused():
+            with collector_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()  # the inner block leaves it as it found it: off
+            raise RuntimeError
+    assert gc.isenabled()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import torch
 
 from lp.bench import datasets, metrics, report
 from lp.bench.decoders import KINDS, BenchDecoder, Context, DecodeOutput, build, parse_lookahead
+from lp.decoder import collector_paused
 from lp.errors import LPError
 
 
@@ -199,7 +200,8 @@ def _run(s: Settings, prompts, lm, ctx: Context, tqdm) -> dict | None:
 
     def call(d: BenchDecoder, ids: list[int], n: int) -> DecodeOutput:
         _set_threads((s.local_threads or s.threads) if d.local else s.threads)
-        return d.generate(ids, n)
+        with collector_paused():  # as lp's decoder does: for every decoder, baselines included
+            return d.generate(ids, n)
 
     runnable = [d for d in decoders if not d.unsupported and (main or not d.local)]
     warm = next((ids for ids in encoded if len(ids) + s.warmup_tokens <= limit), None)
