@@ -62,7 +62,7 @@ def _floor(W: int, N: int, P: int, groups: tuple[int, ...], width: int) -> int:
     least), the tokens of the rank with the last column, and those of the rank with the largest
     group."""
     spread = -(-(P + max(W - 1, 0) + (N - 2) * W + width * sum(groups)) // P)
-    return max(spread, W + N - 2 if W else 1, 1 + width * max(groups, default=0))
+    return max(spread, _tokens(max(W - 1, 0), W, 0, N, 1, width), _tokens(0, 0, max(groups, default=0), N, 1, width))
 
 
 @lru_cache(maxsize=4096)

@@ -38,7 +38,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -76,8 +75,8 @@ class _Spans(StepObserver):
 class _Recorder(Collective):
     """A rank's collective that keeps every all-gather's result."""
 
-    def __init__(self, rank: int, world_size: int) -> None:
-        super().__init__(rank, world_size)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.kept: list[np.ndarray] = []
 
     def all_gather(self, message: torch.Tensor) -> torch.Tensor:
@@ -187,14 +186,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _join(kind: type[Collective], rank: int, world: int, port: int, timeout_s: float) -> Collective:
+    """This process as rank `rank` of `world` gloo ranks on this machine (the collective
+    `Collective.from_env` makes, as under torchrun)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    return kind.from_env("cpu", timeout_s, "gloo")
+
+
+def _spawn(target, P: int, *args) -> list:
+    """P started processes running `target(rank, P, port, *args)`, meeting on a free local port
+    (stopped again if one fails to start)."""
+    import torch.multiprocessing as mp
+
+    ctx, port = mp.get_context("spawn"), _free_port()
+    procs = [ctx.Process(target=target, args=(r, P, port, *args)) for r in range(P)]
+    try:
+        for p in procs:
+            p.start()
+    except BaseException:
+        _stop(procs)
+        raise
+    return procs
+
+
 def _record_rank(rank: int, world: int, port: int, cfg: DecodeConfig, model: str, prompts: int, path: str) -> None:
     """One rank of the recording: decode the prompts; rank 0 saves what it gathered."""
-    import torch.distributed as dist
-
     torch.set_num_threads(1)  # P processes share this machine's cores
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=900))
-    comm = _Recorder(rank, world)
+    comm = _join(_Recorder, rank, world, port, 900)
     if model == "random":
         ids = [_random_prompt()]
         net, eos = _model(RANDOM_VOCAB, RANDOM_PROMPT + cfg.max_new_tokens + 16), set()
@@ -217,7 +236,7 @@ def _record_rank(rank: int, world: int, port: int, cfg: DecodeConfig, model: str
                             lengths=np.asarray([len(p) for p in ids]),
                             tokens=np.concatenate([np.asarray(p) for p in ids]), gathered=np.asarray(len(comm.kept)),
                             **{f"g{i}": g for i, g in enumerate(comm.kept)})
-    dist.destroy_process_group()
+    comm.close()
 
 
 def record(cfg: DecodeConfig, P: int, model: str = "smollm2-135m", prompts: int = 4,
@@ -225,19 +244,14 @@ def record(cfg: DecodeConfig, P: int, model: str = "smollm2-135m", prompts: int 
     """Decode with P gloo processes on this machine: the first `prompts` Spec-Bench prompts
     (one per category first) on `model`, or (`model="random"`) one repetitive random prompt on a
     one-layer random model. `path`: also keep the recording there (.npz), to replay later."""
-    import torch.multiprocessing as mp
     from multiprocessing.connection import wait
 
     if path and not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
         raise LPError(f"cannot write a recording to {path}: its folder is missing or read-only")
     with tempfile.TemporaryDirectory() as tmp:
         out = _npz(path) if path else os.path.join(tmp, "recording.npz")
-        ctx = mp.get_context("spawn")
-        port = _free_port()
-        procs = [ctx.Process(target=_record_rank, args=(r, P, port, cfg, model, prompts, out)) for r in range(P)]
+        procs = _spawn(_record_rank, P, cfg, model, prompts, out)
         try:
-            for p in procs:
-                p.start()
             running = {p.sentinel: p for p in procs}
             while running:  # a rank that fails ends the others at once, not at the gloo timeout
                 for sentinel in wait(list(running)):
@@ -304,27 +318,26 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
     return times
 
 
+def _each_step(runs: list[HostTimes], pick) -> HostTimes:
+    """`pick` (min or max) of each step's figures over several runs of one decode."""
+    return HostTimes(*([pick(t) for t in zip(*(getattr(r, f) for r in runs))]
+                       for f in ("total", "exposed", "step_tokens")))
+
+
 def fastest(runs: list[HostTimes]) -> HostTimes:
     """Each step's least host work over several replays of one decode: the cost of the work
     itself, less what other processes on a shared machine added to some runs."""
-    return HostTimes([min(t) for t in zip(*(r.total for r in runs))],
-                     [min(t) for t in zip(*(r.exposed for r in runs))], runs[0].step_tokens)
+    return _each_step(runs, min)
 
 
 def slowest(ranks: list[HostTimes]) -> HostTimes:
     """Each step's most host work over the ranks (and largest forward): the all-gather waits for
     the last rank, so, with forwards of about one duration, the step waits for the slowest host."""
-    return HostTimes([max(t) for t in zip(*(r.total for r in ranks))],
-                     [max(t) for t in zip(*(r.exposed for r in ranks))],
-                     [max(t) for t in zip(*(r.step_tokens for r in ranks))])
+    return _each_step(ranks, max)
 
 
 def _gather_rank(rank: int, world: int, port: int, size: int, reps: int, out: "torch.multiprocessing.Queue") -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    comm = Collective(rank, world)
+    comm = _join(Collective, rank, world, port, 60)
     msg = torch.zeros(size, dtype=torch.long)
     times = []
     for _ in range(reps + 10):
@@ -333,20 +346,16 @@ def _gather_rank(rank: int, world: int, port: int, size: int, reps: int, out: "t
         times.append(time.perf_counter() - t0)
     if rank == 0:
         out.put(times[10:])
-    dist.destroy_process_group()
+    comm.close()
 
 
 def allgather_seconds(P: int, size: int, reps: int = 500) -> list[float]:
     """Durations of `reps` all-gathers of `size` int64 between P gloo processes (rank 0's view)."""
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_gather_rank, args=(r, P, port, size, reps, out)) for r in range(P)]
+    out = mp.get_context("spawn").Queue()
+    procs = _spawn(_gather_rank, P, size, reps, out)
     try:
-        for p in procs:
-            p.start()
         return out.get(timeout=120)
     except queue.Empty:
         raise LPError(f"timing the all-gather between {P} gloo processes took over 120 s") from None
