@@ -178,11 +178,15 @@ class StepObserver:
 class Decoder:
     """Decodes with one Worker per rank; all ranks call `generate` with the same arguments."""
 
-    def __init__(self, worker: Worker, collective: Collective, eos_ids: set[int], max_context: int) -> None:
+    def __init__(self, worker: Worker, collective: Collective, eos_ids: set[int], max_context: int,
+                 ahead: bool | None = None) -> None:
+        """`ahead`: run greedy `mode=ar` one step ahead of the host (`_decode_ahead`); None: where
+        the device runs asynchronously to the host (CUDA). On a CPU it would only add a step."""
         self.worker = worker
         self.comm = collective
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
+        self.ahead = worker.device.type == "cuda" if ahead is None else ahead
 
     def _handshake(self, prompt: list[int], cfg: DecodeConfig) -> None:
         """Refuse to decode unless every rank got the same prompt and settings (one all-gather
@@ -245,6 +249,10 @@ class Decoder:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t1 = time.perf_counter()
+
+        if self.ahead and not cfg.lookahead and cfg.temperature == 0 and verifier is None:
+            output = self._decode_ahead(prompt_ids, cfg, verify, observe)
+            return self._finish(output, [1] * len(output), [1] * len(output), t0, t1)
 
         out = text.tokens  # the sequence so far (prompt and output), extended as tokens commit
         length = L
@@ -309,10 +317,60 @@ class Decoder:
             step_tokens.append(layout.size)
             if stop is not None:
                 break
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t2 = time.perf_counter()
-        return Generation(out[L:], len(accepted), t1 - t0, t2 - t1, accepted, step_tokens)
+        return self._finish(out[L:], accepted, step_tokens, t0, t1)
+
+    def _finish(self, output: list[int], accepted: list[int], step_tokens: list[int], t0: float,
+                t1: float) -> Generation:
+        """The sequence's record, its decode timed from `t1` (the prefill's end) to the device's
+        last op."""
+        if self.worker.device.type == "cuda":
+            torch.cuda.synchronize(self.worker.device)
+        return Generation(output, len(accepted), t1 - t0, time.perf_counter() - t1, accepted, step_tokens)
+
+    def _decode_ahead(self, prompt_ids: list[int], cfg: DecodeConfig, verify: Verifier,
+                      observe: StepObserver) -> list[int]:
+        """Greedy `mode=ar` with the device one step ahead of the host: a step's input is the
+        last step's argmax where it lies, on the device, so step i+1 is queued before step i's
+        message is read, and the device never waits for the host's read, merge and checks (as in
+        gpt-fast, whose decode loop reads no token per step). Still one all-gather a step, and
+        its message read (one step late: its length and checksum are those read so far, the same
+        on every rank). The price: a sequence that stops at an EOS computes one step past it,
+        whose KV the next sequence overwrites. Returns the output tokens."""
+        L = len(prompt_ids)
+        step = plan_step(prompt_ids[-1:], None, TreeBuilder(0).tree(), 0, 2, self.comm.world_size, self.comm.rank)
+        layout, on_device = step.layout, self.worker.on_device(step.layout)
+        ids = self.worker.upload(step.ids)
+        output: list[int] = []
+        checksum = _fingerprint(prompt_ids)
+
+        def read(gathered: torch.Tensor) -> bool:
+            """Take a step's token from its gathered messages; True at an EOS."""
+            nonlocal checksum
+            messages = gathered.cpu().numpy()
+            observe.message_read()
+            token = merge(messages, step.plans, 1).tokens[0]
+            output.append(token)
+            checksum = (checksum * 31 + token) % _CHECK_MOD
+            return token in self.eos_ids
+
+        unread = None  # the last step's gathered messages
+        for i in range(cfg.max_new_tokens):
+            observe.planned(step, L - 1 + i)
+            observe.forward_start()
+            logits = self.worker.step(ids, layout, L - 1 + i)
+            observe.forward_done()
+            self.worker.commit(1)  # a plain step always keeps its one pending token
+            argmax = logits.argmax(dim=-1)
+            y1, acc = verify(StepRows(logits, argmax, layout, step.tree, step.plan.candidates, ids[layout.node_tokens],
+                                      on_device.parents, on_device.tree_depth, on_device.tree_ancestors, i, 1))
+            ids = y1.view(1)  # the next step's input, never on the host
+            gathered = self.comm.all_gather(pack(y1, acc, 0, argmax[layout.column_rows], L + len(output), checksum, 0))
+            if unread is not None and read(unread):
+                return output
+            unread = gathered
+        if unread is not None:
+            read(unread)
+        return output
 
 
 __all__ = ["Decoder", "Generation", "StepObserver", "StepPlan", "collector_paused", "plan_step", "rank_share"]

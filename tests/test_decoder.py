@@ -36,8 +36,8 @@ def refs(tiny_models):
     return {arch: reference_greedy(m, PROMPT, MAX_NEW) for arch, m in tiny_models.items()}
 
 
-def decode(model, prompt, eos=(), max_context=512, collective=None, **cfg):
-    dec = Decoder(Worker(model), collective or Collective(), set(eos), max_context)
+def decode(model, prompt, eos=(), max_context=512, collective=None, ahead=False, **cfg):
+    dec = Decoder(Worker(model), collective or Collective(), set(eos), max_context, ahead=ahead)
     return dec.generate(prompt, DecodeConfig(**cfg))
 
 
@@ -106,6 +106,70 @@ def test_ar_mode(arch, tiny_models, refs):
     assert g.output_ids == refs[arch]
     assert g.steps == MAX_NEW and g.accepted_per_step == [1] * MAX_NEW
     assert col.calls == g.steps + 1
+
+
+class _Order(StepObserver):
+    """The order of a decode's forwards (f) and message reads (r)."""
+
+    def __init__(self) -> None:
+        self.events = ""
+
+    def forward_start(self) -> None:
+        self.events += "f"
+
+    def message_read(self) -> None:
+        self.events += "r"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ar_mode_one_step_ahead(arch, tiny_models, refs):
+    """`mode=ar` with the device a step ahead (each step's input the last one's argmax on the
+    device, its message read after the next step is queued): the same tokens, steps and
+    all-gathers."""
+    col, order = CountingCollective(), _Order()
+    dec = Decoder(Worker(tiny_models[arch]), col, set(), 512, ahead=True)
+    g = dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW), observer=order)
+    assert g.output_ids == refs[arch]
+    assert g.steps == MAX_NEW and g.accepted_per_step == [1] * MAX_NEW == g.step_tokens
+    assert col.calls == MAX_NEW + 1
+    assert order.events == "ff" + "rf" * (MAX_NEW - 2) + "rr"
+
+
+def test_ar_ahead_stops_at_eos_and_max_new_tokens(tiny_models, refs):
+    """At an EOS, the step already queued past it is computed and dropped (one more
+    all-gather); the next sequence on the same decoder is exact all the same."""
+    ref, model = refs["mistral"], tiny_models["mistral"]
+    for n in (1, 2, 5):
+        assert decode(model, PROMPT, ahead=True, mode="ar", max_new_tokens=n).output_ids == ref[:n]
+    col = CountingCollective()
+    dec = Decoder(Worker(model), col, set(), 512, ahead=True)
+    tried = 0
+    for pos, tok in enumerate(ref):
+        if tok in ref[:pos] or pos == 0:
+            continue
+        dec.eos_ids = frozenset([tok])
+        before = col.calls
+        g = dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW))
+        assert g.output_ids == ref[:pos + 1] and g.steps == pos + 1, (tok, pos)
+        assert col.calls - before == g.steps + 2  # the handshake, the steps, the one past the EOS
+        tried += 1
+    assert tried >= 4
+    dec.eos_ids = frozenset()
+    assert dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW)).output_ids == ref
+
+
+def test_ahead_leaves_lookahead_and_sampling_alone(tiny_models, refs):
+    """Only greedy `mode=ar` runs ahead: a lookahead step needs the last step's outcome on
+    the host to build its tree, and sampling draws on the host."""
+    model = tiny_models["llama"]
+    dec = Decoder(Worker(model), Collective(), set(), 512, ahead=True)
+    for cfg in (DecodeConfig(W=5, N=3, G=5, max_new_tokens=MAX_NEW),
+                DecodeConfig(mode="ar", temperature=0.8, seed=3, max_new_tokens=24)):
+        order = _Order()
+        g = dec.generate(PROMPT, cfg, observer=order)
+        assert order.events == "fr" * g.steps, cfg
+        if not cfg.temperature:
+            assert g.output_ids == refs["llama"]
 
 
 def test_without_pool_from_prompt_and_other_seeds(tiny_models, refs):
@@ -260,7 +324,7 @@ class ThreadCollective(CountingCollective):
         return out
 
 
-def run_ranks(model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=(), verifiers=None):
+def run_ranks(model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=(), verifiers=None, ahead=False):
     """Decode on P ranks as threads (`verifiers`: one per rank, default the decoder's own)."""
     hub = _Hub(P)
     cols = [ThreadCollective(hub, r, P) for r in range(P)]
@@ -269,7 +333,8 @@ def run_ranks(model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=()
     def body(r: int) -> None:
         try:
             verifier = verifiers[r] if verifiers else None
-            results[r] = Decoder(Worker(model), cols[r], set(eos), 512).generate(prompts[r], cfg, verifier=verifier)
+            dec = Decoder(Worker(model), cols[r], set(eos), 512, ahead=ahead)
+            results[r] = dec.generate(prompts[r], cfg, verifier=verifier)
         except LPError as e:  # raised symmetrically by every rank (e.g. at the handshake)
             results[r] = e
         except BaseException as e:  # noqa: BLE001 - reported to the test thread
@@ -337,6 +402,16 @@ def test_each_rank_verifies_its_own_candidates(P, W, N, G, tiny_models):
     assert not any(isinstance(g, BaseException) for g in results), results
     assert sum(checked) > 0
     assert not wrong, f"{len(wrong)} rank-steps verified other candidates, first: {wrong[0]}"
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_parallel_ranks_ar_ahead(P, tiny_models, refs):
+    cfg = DecodeConfig(mode="ar", max_new_tokens=MAX_NEW)
+    results, cols = run_ranks(tiny_models["llama"], P, [PROMPT] * P, cfg, ahead=True)
+    for r, g in enumerate(results):
+        assert not isinstance(g, BaseException), g
+        assert g.output_ids == refs["llama"], r
+        assert cols[r].calls == MAX_NEW + 1
 
 
 def test_parallel_ranks_eos(tiny_models, refs):

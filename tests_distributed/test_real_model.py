@@ -86,3 +86,24 @@ def test_real_model_equals_transformers_greedy(world_size, real_runs, real_refer
         assert res["new_tokens"] == MAX_NEW and res["steps"] <= MAX_NEW
         steps += res["steps"]
     assert steps < N_PROMPTS * MAX_NEW, "no draft was ever accepted on the real model"
+
+
+def test_real_model_ar_one_step_ahead(real_reference):
+    """`mode=ar` with the device a step ahead of the host (lp's default on CUDA), forced on here
+    on the CPU: the two prompts' output equals transformers' greedy decoding."""
+    if not (REAL_MODEL / "config.json").exists() or not SPEC_BENCH.exists():
+        pytest.skip(f"needs {REAL_MODEL} and {SPEC_BENCH}")
+    from transformers import AutoTokenizer
+
+    from lp.collective import Collective
+    from lp.config import DecodeConfig
+    from lp.decoder import Decoder
+    from lp.worker import Worker
+
+    tok = AutoTokenizer.from_pretrained(REAL_MODEL)
+    dec = Decoder(Worker(load(REAL_MODEL)), Collective(), set(), 2048, ahead=True)
+    for q in _questions():
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        out = dec.generate(ids, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW)).output_ids
+        assert out == real_reference(ids)

@@ -18,16 +18,17 @@ on its own model object (`Context.load_model`), never on lp's, at every world si
 
 Every decoder returns a `DecodeOutput`: new token ids, steps, prefill seconds, decode seconds,
 per-step latencies and tokens committed per step. Timing uses `time.perf_counter` with CUDA
-synchronisation at the boundaries (every per-step boundary already waits for the device: lp
-reads the all-gather on the host, transformers' streamer copies each step's tokens to the host).
+synchronisation at the boundaries (each step waits for the device anyway: lp reads the
+all-gather on the host, a step late in greedy `mode=ar` on a GPU, and transformers' streamer
+copies each step's tokens to the host).
 
 Step accounting:
 - lp: `steps` and `accepted_per_step` come from lp itself; prefill (prompt minus its last
   token) is separate. Step latencies are timed through lp's `StepObserver` hook: step i lasts
   from its forward's start to the next one's (the all-gather, merge and pool update included);
   the last one ends when lp's decode clock stops. The time between a step's `forward_start` and
-  `forward_done` (CUDA-synchronised) is the forward's; the rest of the decode time is host work
-  and the all-gather. (W=auto's calibration runs outside the decode, so it is never counted.)
+  `forward_done` (on a GPU: between two CUDA events there) is the forward's; the rest of the
+  decode time is host work and the all-gather. (W=auto's calibration runs outside the decode, so it is never counted.)
 - transformers decoders (and tp): a step is one model forward; the first forward (prompt ->
   first token) is timed as prefill and is also counted as a step (it yields a token). Tokens
   committed per forward are observed with a streamer; step latencies are the intervals between
@@ -99,13 +100,17 @@ def _option_name(key: str, value) -> str:
 
 class _ForwardTimer(StepObserver):
     """Times lp's decode from its observer hook: each step's start (step latencies), the time
-    inside the forwards and the prefill's end (where lp's decode clock starts). The device is
-    synchronised after each, so a forward's time is its compute, not its queueing."""
+    inside the forwards and the prefill's end (where lp's decode clock starts). On a GPU the
+    forwards are timed by CUDA events, not by waiting for the device after each: a wait would
+    stop lp from queueing the next ops (or, in `mode=ar`, the next step) during the forward, and
+    the benchmark would time a slower decode than lp runs. Step starts are then the host's
+    queueing times, which the step's one message read keeps a step apart."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.starts: list[float] = []
-        self.forward_seconds = 0.0
+        self._seconds = 0.0  # the CPU's forwards
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # a GPU's forwards
         self.prefill_end = 0.0  # set by the prefill, which every decode runs first
 
     def prefill_done(self) -> None:
@@ -114,10 +119,20 @@ class _ForwardTimer(StepObserver):
 
     def forward_start(self) -> None:
         self.starts.append(time.perf_counter())
+        if self.device.type == "cuda":
+            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self._events[-1][0].record()
 
     def forward_done(self) -> None:
-        _sync(self.device)
-        self.forward_seconds += time.perf_counter() - self.starts[-1]
+        if self._events:
+            self._events[-1][1].record()
+        else:
+            self._seconds += time.perf_counter() - self.starts[-1]
+
+    @property
+    def forward_seconds(self) -> float:
+        """Time inside the forwards (read after the decode, which ends waiting for the device)."""
+        return self._seconds + sum(a.elapsed_time(b) for a, b in self._events) / 1e3
 
 
 class LPDecoder(BenchDecoder):
