@@ -267,6 +267,8 @@ class Decoder:
             step = plan_step(pending, window, tree, W, N, P, rank)
             observe.planned(step, length - 1)
             layout = step.layout
+            # a new layout goes to the device once, before the forward is queued (which waits for it)
+            on_device = self.worker.on_device(layout)
             ids = self.worker.upload(step.ids)
 
             # forward: one masked pass, no communication
@@ -276,7 +278,6 @@ class Decoder:
 
             # accept on this rank; the lookahead branch stays greedy
             argmax = logits.argmax(dim=-1)  # one pass over every used row
-            on_device = self.worker.on_device(layout)  # cached: no per-step upload
             y1, acc = verify(StepRows(logits, argmax, layout, tree, step.plan.candidates, ids[layout.node_tokens],
                                       on_device.parents, on_device.tree_depth, on_device.tree_ancestors,
                                       len(accepted), width))

@@ -46,7 +46,7 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder, StepObserver
 from lp.errors import LPError
-from lp.lookahead.mask import StepLayout, step_layout
+from lp.lookahead.mask import StepLayout, step_layout, window_part
 from lp.message import HEADER, step_message_size
 from lp.partition import partition
 from lp.worker import Worker
@@ -296,8 +296,8 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
     if not 0 <= rank < rec.world_size:
         raise LPError(f"rank {rank} is not one of the recording's {rec.world_size}")
     context = max(map(len, rec.prompts)) + cfg.max_new_tokens + 16
-    partition.cache_clear()  # cold, as in a fresh process: a replay after a replay would
-    step_layout.cache_clear()  # find every shape cached
+    for cache in (partition, step_layout, window_part):  # cold, as in a fresh process: a replay
+        cache.cache_clear()  # after a replay would find every shape cached
     if rec.settings != _settings(cfg):
         raise LPError(f"the recording is of {rec.settings}, not {_settings(cfg)}")
     worker = _NoForward(_model(rec.vocab, context), max(2, cfg.successors_sent + 1))

@@ -87,19 +87,35 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
     if m < 1 or N < 2 or not (0 <= columns.start <= columns.stop <= W) \
             or any(not -1 <= p < i for i, p in enumerate(tree)):
         raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} tree={tree}")
-    # Built with array ops, section by section (this runs for every new tree shape, most steps
-    # of a real decode): pending tokens, the row-0 prefix, each column's levels, the tree. A rank
-    # without columns (most ranks that hold tree nodes) skips the window's sections.
-    x0, L, nc, n = m - 1, N - 2, len(columns), len(tree)
+    # Most steps of a real decode bring a new tree, while the tokens before it (pending tokens
+    # and window) keep their shape: that part comes from its own cache, and the tree is laid
+    # after it. Tree nodes see every pending token, no window token, and their own ancestors.
+    gather, depth, window_mask, last = window_part(m, W, N, columns)
+    first, n = len(gather), len(tree)
+    T = first + n
+    mask = np.zeros((T, T), dtype=bool)
+    mask[:first, :first] = window_mask
+    mask[first:, :m] = True
+    mask[first:, first:] = _ancestors(tree)
+    # the prediction rows: x0's, the columns', every node's
+    rows = np.concatenate([[m - 1], last, np.arange(first, T)])
+    return StepLayout(m=m, columns=columns, tree=tree, prefix=columns[-1] if len(columns) else 0, levels=N - 2,
+                      gather=np.concatenate([gather, m + (N - 1) * W + np.arange(n)]),
+                      depth=np.concatenate([depth, node_depths(tree)]), mask=mask, logit_rows=rows)
+
+
+@lru_cache(maxsize=1024)
+def window_part(m: int, W: int, N: int, columns: range) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The step's tokens before its tree, in order: the m pending tokens, the row-0 prefix,
+    each column's levels (none on a rank without columns). Their gather indices, depths,
+    `[first, first]` mask and the columns' prediction rows. Cached: callers must not change them."""
+    x0, L, nc = m - 1, N - 2, len(columns)
     prefix = columns[-1] if nc else 0  # row-0 tokens rows[0, 1..prefix], at m..m+prefix-1
     base = m + prefix  # column c's level l (1..L) at base + c*L + l-1
-    first = base + nc * L  # the tree nodes
-    T = first + n
+    first = base + nc * L
     pending = np.arange(m)
-    gather = [pending, m + (N - 1) * W + np.arange(n)]
-    depth = [pending - x0, node_depths(tree)]
-    last = pending[:0]
-    mask = np.zeros((T, T), dtype=bool)
+    gather, depth, last = [pending], [pending - x0], pending[:0]
+    mask = np.zeros((first, first), dtype=bool)
     mask[:m, :m] = np.tri(m, dtype=bool)  # pending: causal
     mask[m:, :m] = True  # everything else sees every pending token
     if nc:
@@ -107,28 +123,25 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
         lvl = np.tile(np.arange(1, L + 1), nc)  # per level token: its level and column
         col = np.repeat(cols, L)
         i = np.arange(1, prefix + 1)
-        gather[1:1] = [m + i, m + lvl * W + col]
-        depth[1:1] = [i, lvl + col]
+        gather += [m + i, m + lvl * W + col]
+        depth += [i, lvl + col]
         mask[m:base, m:base] = np.tri(prefix, dtype=bool)  # the row-0 prefix: causal
         # column j's level l sees rows[0, 1..j] and its own column's levels up to l
-        mask[base:first, m:base] = i[None, :] <= col[:, None]
-        mask[base:first, base:first] = (col[:, None] == col[None, :]) & (lvl[None, :] <= lvl[:, None])
+        mask[base:, m:base] = i[None, :] <= col[:, None]
+        mask[base:, base:] = (col[:, None] == col[None, :]) & (lvl[None, :] <= lvl[:, None])
         # each column's prediction row: its last token (x0 or row 0 when N = 2)
         last = m - 1 + cols if N == 2 else base + np.arange(nc) * L + L - 1
-    mask[first:, first:] = _ancestors(tree)
-    # the prediction rows: x0's, the columns', every node's
-    rows = np.concatenate([[x0], last, np.arange(first, T)])
-    return StepLayout(m=m, columns=columns, tree=tree, prefix=prefix, levels=L, gather=np.concatenate(gather),
-                      depth=np.concatenate(depth), mask=mask, logit_rows=rows)
+    return np.concatenate(gather), np.concatenate(depth), mask, last
 
 
 def _ancestors(parents: tuple[int, ...]) -> np.ndarray:
-    """The `[n, n]` relation "k is node q or one of its ancestors": parents precede children,
-    so one pass copies each parent's row (a row op per node beats array rounds per depth level
-    on trees of a rank's size)."""
-    closure = np.eye(len(parents), dtype=bool)
+    """The `[n, n]` relation "k is node q or one of its ancestors". Parents precede children,
+    so one pass makes each node's row a Python int bitset, its parent's plus its own bit;
+    the n ints are then unpacked in one array op (a row op per node costs more)."""
+    n = len(parents)
+    bits: list[int] = []
     for q, p in enumerate(parents):
-        if p >= 0:
-            closure[q] = closure[p]
-            closure[q, q] = True
-    return closure
+        bits.append(bits[p] | 1 << q if p >= 0 else 1 << q)
+    width = (n + 7) // 8
+    packed = np.frombuffer(b"".join([b.to_bytes(width, "little") for b in bits]), dtype=np.uint8)
+    return np.unpackbits(packed.reshape(n, width), axis=1, count=n, bitorder="little").view(bool)
