@@ -66,24 +66,37 @@ class DeviceLayout:
         return self.block[T - n:T, T - n:T]
 
 
-def device_layout(layout: StepLayout, device: torch.device, fixed: bool) -> DeviceLayout:
+def device_layout(layout: StepLayout, device: torch.device, fixed: bool, packed: bool | None = None) -> DeviceLayout:
     """`layout` on the device: padded to its bucket when `fixed`, else exactly its T tokens and
-    R used rows."""
+    R used rows. `packed` (default: on a GPU): its four arrays travel as one buffer, in one
+    copy from pinned memory that does not block the host, rather than four (most steps of a
+    real decode bring a new tree, so this runs before most forwards); on a CPU they are used
+    where they lie."""
     T, R = layout.size, len(layout.logit_rows)
     S = bucket(T) if fixed else T
-    block = np.eye(S, dtype=bool)
-    block[:T, :T] = layout.mask
-    depth = np.zeros(S, dtype=np.int64)
-    depth[:T] = layout.depth
-    rows = np.zeros(S if fixed else R, dtype=np.int64)
-    rows[:R] = layout.logit_rows
+    if fixed:
+        block = np.eye(S, dtype=bool)
+        block[:T, :T] = layout.mask
+        depth = np.zeros(S, dtype=np.int64)
+        depth[:T] = layout.depth
+        rows = np.zeros(S, dtype=np.int64)
+        rows[:R] = layout.logit_rows
+    else:
+        block, depth, rows = layout.mask, layout.depth, layout.logit_rows
+    parents = np.asarray(layout.tree, dtype=np.int64)
+    if not (device.type == "cuda" if packed is None else packed):
+        return DeviceLayout(*(torch.from_numpy(a).to(device) for a in (block, depth, rows, parents)), T, R)
+    # the int64 arrays after the mask's S*S bytes, padded to a multiple of 8 (aligned views)
+    head = -(-S * S // 8) * 8
+    buffer = np.zeros(head + 8 * (len(depth) + len(rows) + len(parents)), dtype=np.uint8)
+    buffer[:S * S] = block.ravel().view(np.uint8)
+    buffer[head:] = np.concatenate([depth, rows, parents]).view(np.uint8)
+    host = torch.from_numpy(buffer)
     pinned = device.type == "cuda"  # a pageable host-to-device copy would wait for the device
-
-    def to(a: np.ndarray) -> torch.Tensor:
-        host = torch.from_numpy(a)
-        return (host.pin_memory() if pinned else host).to(device, non_blocking=pinned)
-
-    return DeviceLayout(to(block), to(depth), to(rows), to(np.asarray(layout.tree, dtype=np.int64)), T, R)
+    buf = (host.pin_memory() if pinned else host).to(device, non_blocking=pinned)
+    values = buf[head:].view(torch.int64)
+    return DeviceLayout(buf[:S * S].view(torch.bool).view(S, S), values[:S], values[S:S + len(rows)],
+                        values[S + len(rows):], T, R)
 
 
 class _Bucket:

@@ -22,9 +22,10 @@ def test_bucket_sizes():
     assert all(bucket(b) == b for b in BUCKETS)
 
 
-def test_padded_layout():
-    layout = step_layout(2, 5, 3, range(1, 4), 3)
-    p = device_layout(layout, torch.device("cpu"), fixed=True)
+@pytest.mark.parametrize("packed", [False, True])  # packed: one buffer, one copy (the GPU's way)
+def test_padded_layout(packed):
+    layout = step_layout(2, 5, 3, range(1, 4), (-1, 0, 0, -1, 3, 4))  # T=14: 196 mask bytes, not a multiple of 8
+    p = device_layout(layout, torch.device("cpu"), fixed=True, packed=packed)
     T, S = layout.size, bucket(layout.size)
     assert p.block.shape == (S, S) and p.size == T and p.n_rows == len(layout.logit_rows)
     assert torch.equal(p.block[:T, :T], torch.from_numpy(layout.mask))
@@ -32,8 +33,15 @@ def test_padded_layout():
     assert torch.equal(p.block[T:, T:], torch.eye(S - T, dtype=torch.bool))
     assert not p.block[T:, :T].any() and not p.block[:T, T:].any()
     assert p.rows.shape == (S,) and p.rows[:p.n_rows].tolist() == layout.logit_rows.tolist()
-    exact = device_layout(layout, torch.device("cpu"), fixed=False)
+    assert p.depth.tolist() == layout.depth.tolist() + [0] * (S - T)
+    exact = device_layout(layout, torch.device("cpu"), fixed=False, packed=packed)
     assert exact.block.shape == (T, T) and exact.rows.tolist() == layout.logit_rows.tolist()
+    assert torch.equal(exact.block, torch.from_numpy(layout.mask)) and exact.depth.tolist() == layout.depth.tolist()
+    n = len(layout.tree)
+    for d in (p, exact):  # the tree's parents, and its depths and ancestors as the verifier reads them
+        assert d.parents.tolist() == list(layout.tree) and d.block.dtype == torch.bool
+        assert d.tree_depth.tolist() == layout.depth[T - n:].tolist()
+        assert torch.equal(d.tree_ancestors, torch.from_numpy(layout.mask[T - n:, T - n:]))
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
