@@ -24,7 +24,9 @@
 #        G60 P=8 on this machine's CPU (a SmolLM2 decode by 8 CPU ranks, replayed) and the gloo
 #        all-gather between 8 processes; then the projection on HumanEval where
 #        .gpu2/HumanEval.jsonl exists.
-# Every step has a time limit that keeps the part under BUDGET_S (9 min), logs under $OUT, and a
+# Every step has a time limit that keeps the part under BUDGET_S (default 390 s: four parts, the
+# machine's start and the transfers fit a session's 30 device minutes; with less left, pass
+# BUDGET_S=(budget_left_s - 120) / parts left in the call's command), logs under $OUT, and a
 # failed step does not stop the next; the exit status is 1 if any step failed. Back under $OUT:
 # PART.log (everything printed, each step's exit status at the end), PART.tgz (every step's log
 # and result files, re-packed after each step, so a cut-off run keeps what finished), and copies
@@ -58,7 +60,7 @@ PROJECT_NEW_TOKENS="${PROJECT_NEW_TOKENS:-64}"
 HOST_PROMPTS="${HOST_PROMPTS:-2}"
 SITE="${SITE:-/tmp/site}"
 STASH="${STASH:-/tmp/lp-gpu}"
-BUDGET_S="${BUDGET_S:-530}"
+BUDGET_S="${BUDGET_S:-390}"
 WORK="$STASH/$PART"
 rm -rf "$WORK"
 mkdir -p "$WORK" "$OUT" "$SITE"

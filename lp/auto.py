@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from lp.graph import bucket
 from lp.lookahead.mask import step_layout
 from lp.partition import RankPlan
 from lp.worker import Worker
@@ -43,13 +44,17 @@ def step_tokens(W: int, N: int, G: int, P: int = 1) -> int:
 
 @dataclass(frozen=True)
 class CostCurve:
-    """Median forward seconds against the number of step tokens, on this machine."""
+    """Median forward seconds against the number of step tokens, on this machine. `padded`:
+    steps run at fixed shapes (lp/graph.py), so a T-token step costs its bucket's forward."""
 
     tokens: tuple[int, ...]
     seconds: tuple[float, ...]
+    padded: bool = False
 
     def seconds_at(self, T: float) -> float:
         """Seconds of a T-token forward (linear in between and beyond the measured sizes)."""
+        if self.padded:
+            T = bucket(math.ceil(T))
         return float(np.interp(T, self.tokens, self.seconds) if T <= self.tokens[-1] else
                      self.seconds[-1] + (T - self.tokens[-1]) * (self.seconds[-1] - self.seconds[-2])
                      / (self.tokens[-1] - self.tokens[-2]))
@@ -60,13 +65,20 @@ class CostCurve:
 
 
 @torch.inference_mode()
-def calibrate(worker: Worker, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 256,
+def calibrate(worker: Worker, sizes: tuple[int, ...] | None = None, context: int = 256,
               reps: int = 5) -> CostCurve:
     """Time one forward of each size after a `context`-token prefill (fastest of `reps`); sizes
-    and context shrink to what a short cache holds.
+    and context shrink to what a short cache holds. Default sizes: 1 to 64 tokens for exact-size
+    steps; with fixed-shape steps, every bucket that a ladder shape's step uses, so each is
+    compiled and captured here, once per process, and not inside a decode that `auto` switches
+    to a larger shape (on an H100 that made one SmolLM2 decode 24 tok/s instead of 400).
 
     The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
     them instead of a few; and the fastest run is kept, since other load only ever adds time."""
+    padded = worker.fixed is not None
+    if sizes is None:
+        sizes = tuple(sorted({bucket(step_tokens(*shape)) for shape in LADDER} | {1})) if padded \
+            else (1, 2, 4, 8, 16, 32, 64)
     sizes = tuple(T for T in sizes if worker.step_slots(T) <= worker.capacity - worker.max_seq_len) or (1, 2)
     context = min(context, worker.max_seq_len)
     vocab = worker.vocab_size
@@ -82,7 +94,7 @@ def calibrate(worker: Worker, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
             worker.step(ids, layout, context + T - 1).argmax().item()  # .item(): wait for the device
             seconds[i] = min(seconds[i], time.perf_counter() - t0)
     # Costs cannot fall with more tokens; a dip is timer noise.
-    return CostCurve(tuple(sizes), tuple(np.maximum.accumulate(seconds).tolist()))
+    return CostCurve(tuple(sizes), tuple(np.maximum.accumulate(seconds).tolist()), padded)
 
 
 def _plural(n: int, word: str) -> str:

@@ -110,7 +110,7 @@ class LP:
         mine = calibrate(self.decoder.worker)
         micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=self.comm.device)
         slowest = self.comm.all_gather(micros).max(dim=0).values.cpu()
-        return CostCurve(mine.tokens, tuple(x / 1e6 for x in slowest.tolist()))
+        return CostCurve(mine.tokens, tuple(x / 1e6 for x in slowest.tolist()), mine.padded)
 
     def generate(self, prompt: str | list[int], *, chat: bool = False, stream: int = 0,
                  observer: StepObserver | None = None, **settings) -> Result:

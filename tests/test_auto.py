@@ -85,3 +85,35 @@ def test_results_report_the_configuration_used(tiny_model_dir):
     fixed = lm.generate(ids, W=2, N=3, G=2, max_new_tokens=4)
     assert (fixed.mode, fixed.W, fixed.N, fixed.G, fixed.auto, fixed.predicted) == ("lookahead", 2, 3, 2, None, None)
     lm.close()
+
+
+def test_fixed_shape_costs_are_their_buckets():
+    """With fixed-shape steps a T-token step runs padded to its bucket: it costs the bucket's
+    forward, not a value interpolated between buckets."""
+    c = CostCurve((1, 16, 32, 64), (1.0, 1.5, 2.0, 3.0), padded=True)
+    assert c.seconds_at(17) == c.seconds_at(32) == 2.0 and c.seconds_at(2) == 1.5
+    assert CostCurve(c.tokens, c.seconds).seconds_at(24) == 1.75
+
+
+def test_calibration_builds_every_bucket_auto_can_use(tiny_models):
+    """Fixed-shape steps: calibration times (so compiles and captures, on a GPU) every bucket a
+    ladder shape's step uses, before any decode; exact-size steps keep the short sizes."""
+    from lp.auto import calibrate
+    from lp.graph import bucket
+    from lp.worker import Worker
+
+    worker = Worker(tiny_models["llama"], graphs=True)
+    cost = calibrate(worker, reps=1)
+    assert cost.padded and set(cost.tokens) == {bucket(step_tokens(*s)) for s in LADDER} | {1}
+    assert set(cost.tokens) <= set(worker.fixed._buckets)
+    plain = calibrate(Worker(tiny_models["llama"], graphs=False), reps=1)
+    assert not plain.padded and plain.tokens == SIZES
+
+
+def test_the_runtime_keeps_fixed_shape_costs_padded(tiny_model_dir):
+    from lp import LP
+
+    lm = LP(str(tiny_model_dir), graphs=True)
+    lm.generate([4, 5, 6, 7, 4, 5, 6, 7], W="auto", N="auto", G="auto", max_new_tokens=4)
+    assert lm._tuner.cost.padded and lm._tuner.cost.tokens[-1] == 512
+    lm.close()
