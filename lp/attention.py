@@ -37,12 +37,15 @@ def flash_available() -> bool:
     return flash_attn_func is not None and torch.cuda.is_available()
 
 
-def dense_mask(start: torch.Tensor | int, block: torch.Tensor, extent: int) -> torch.Tensor:
-    """`[1, 1, S, extent]` bool: committed slots, then the step's block, nothing after."""
+def dense_mask(start: torch.Tensor | int, block: torch.Tensor, extent: int, groups: int = 1) -> torch.Tensor:
+    """`[1, 1, S, extent]` bool: committed slots, then the step's block, nothing after. With
+    `groups` > 1, `[1, 1, groups * S, extent]`: the rows once per query head of a kv head's group,
+    as `sdpa` folds the heads on CUDA (made once per step here rather than in every layer)."""
     S = block.shape[0]
     rel = torch.arange(extent, device=block.device) - start  # slot index relative to the step
     in_step = block.index_select(1, rel.clamp(0, S - 1)) & ((rel >= 0) & (rel < S))
-    return ((rel < 0) | in_step)[None, None]
+    mask = ((rel < 0) | in_step)[None, None]
+    return mask.repeat(1, 1, groups, 1) if groups > 1 else mask
 
 
 class FlexMask:
@@ -79,7 +82,7 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """q `[H, S, D]`, k/v `[Hkv, extent, D]`, mask `[1, 1, S, extent]` (None: causal, with
-    extent == S) -> `[H, S, D]`."""
+    extent == S; on CUDA also `dense_mask`'s rows per group head) -> `[H, S, D]`."""
     H, S, D = q.shape
     groups = H // k.shape[0]
     if mask is None:  # flash kernels take causal attention with shared kv heads as they are
@@ -89,8 +92,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
         # A bool mask with enable_gqa falls back to the math kernel (quadratic memory, kv heads
         # copied). Folding each kv head's query group into the length keeps the memory-efficient
         # kernel: [Hkv, groups * S] queries against [Hkv, extent] keys.
+        if mask.shape[2] != groups * S:
+            mask = mask.repeat(1, 1, groups, 1)
         out = F.scaled_dot_product_attention(q.reshape(H // groups, groups * S, D)[None], k[None], v[None],
-                                             attn_mask=mask.repeat(1, 1, groups, 1), scale=scale)
+                                             attn_mask=mask, scale=scale)
         return out.reshape(H, S, D)  # the kernel's output may be laid out [S, H, D]
     # On CPU, as transformers does with a mask: repeated kv heads (the same numerics as its path).
     out = F.scaled_dot_product_attention(q[None], _repeat_kv(k, groups)[None], _repeat_kv(v, groups)[None],

@@ -41,10 +41,16 @@ class KVCache:
         self.length = 0
         self.start.zero_()
 
-    def write(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store a step's `[kv_heads, S, head_dim]` keys/values at slots `start .. start+S-1` of
-        one layer's buffers (passed in, so a compiled layer receives them as inputs)."""
-        slots = self.start + torch.arange(k.shape[1], device=k.device)
+    def slots(self, S: int) -> torch.Tensor:
+        """The slots `start .. start+S-1` a step of S tokens writes (once per step, not per layer:
+        two launches fewer per layer in an eager step)."""
+        return self.start + torch.arange(S, device=self.start.device)
+
+    @staticmethod
+    def write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              slots: torch.Tensor) -> None:
+        """Store a step's `[kv_heads, S, head_dim]` keys/values at `slots` of one layer's buffers
+        (passed in, so a compiled layer receives them as inputs)."""
         k_cache.index_copy_(1, slots, k)
         v_cache.index_copy_(1, slots, v)
 
@@ -77,7 +83,7 @@ class _Layer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         k, v = self.kv.k[self.index], self.kv.v[self.index]
-        self.kv.write(k, v, key_states[0], value_states[0])
+        self.kv.write(k, v, key_states[0], value_states[0], self.kv.slots(key_states.shape[2]))
         return k[None, :, :self.owner.extent], v[None, :, :self.owner.extent]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

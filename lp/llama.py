@@ -116,14 +116,14 @@ class LlamaForward:
             return attention.split(q, k, v, x.committed, x.block, self.scale)
         return attention.sdpa(q, k[:, :x.extent], v[:, :x.extent], mask, self.scale)
 
-    def _layer(self, h: torch.Tensor, w: _Layer, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def _layer(self, h: torch.Tensor, w: _Layer, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                cos: torch.Tensor, sin: torch.Tensor, x: StepInputs, mask: torch.Tensor | None) -> torch.Tensor:
         S, H, Hkv, D = h.shape[0], self.heads, self.kv_heads, self.head_dim
         y = _rms_norm(h, w.norm1, self.eps)
         q = linear(y, w.q, w.q_bias).view(S, H, D).transpose(0, 1)
         k = linear(y, w.k, w.k_bias).view(S, Hkv, D).transpose(0, 1)
         v = linear(y, w.v, w.v_bias).view(S, Hkv, D).transpose(0, 1)
-        self.kv.write(k_cache, v_cache, _rotate(k, cos, sin), v)
+        self.kv.write(k_cache, v_cache, _rotate(k, cos, sin), v, slots)
         o = self._attend(_rotate(q, cos, sin), k_cache, v_cache, x, mask)
         h = h + linear(o.transpose(0, 1).reshape(S, H * D), w.o, w.o_bias)
         y = _rms_norm(h, w.norm2, self.eps)
@@ -133,10 +133,13 @@ class LlamaForward:
         body = self.model.model
         mask = None
         if x.flex is None and not x.causal and self.backend != "split":
-            mask = attention.dense_mask(self.kv.start, x.block, x.extent)
+            # on CUDA, sdpa takes the rows once per group head (lp/attention.py)
+            groups = self.heads // self.kv_heads if x.block.is_cuda else 1
+            mask = attention.dense_mask(self.kv.start, x.block, x.extent, groups)
         cos, sin = self.cos[x.positions], self.sin[x.positions]
+        slots = self.kv.slots(x.ids.shape[0])
         h = body.embed_tokens.weight[x.ids]
         for w, k_cache, v_cache in zip(self.layers, self.kv.k, self.kv.v):
-            h = self.layer(h, w, k_cache, v_cache, cos, sin, x, mask)
+            h = self.layer(h, w, k_cache, v_cache, slots, cos, sin, x, mask)
         head = self.model.get_output_embeddings()
         return linear(_rms_norm(h.index_select(0, x.rows), body.norm.weight, self.eps), head.weight, head.bias)

@@ -85,10 +85,10 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     if P == 1:
         return (RankPlan(range(W), range(G)),)
     ends = tuple(itertools.accumulate(groups))
-    # every limit from 1 up (the fill is not monotone in the limit: a higher first probe can land
-    # on another, possibly worse, feasible limit)
-    # the floor first: no limit below it is feasible, so where the fill meets it (about 2 steps
-    # in 5 of a real decode at W60 N5 G60 P8) it is the best limit, found in one fill
+    # The floor first: no limit below it is feasible, so where the fill meets it (about 2 steps
+    # in 5 of a real decode at W60 N5 G60 P8) it is the best limit, found in one fill. Else a
+    # binary search above it (the fill is not monotone in the limit: it may land on a feasible
+    # limit that is not the least).
     floor = _floor(W, N, P, groups, width)
     plans = _greedy(W, N, ends, P, floor, width)
     lo, hi = floor + 1, RankPlan(range(W), range(G)).cost(N, 1, width)

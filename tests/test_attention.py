@@ -21,6 +21,9 @@ def test_dense_mask():
         assert m[:, :start].all()  # every step token sees the committed slots
         assert torch.equal(m[:, start:start + 3], block)  # and its chain within the step
         assert not m[:, start + 3:].any()  # never the tail
+        # per group head (CUDA's sdpa folds a kv head's query heads into its rows)
+        grouped = attention.dense_mask(torch.tensor(start), block, start + 3 + 2, groups=3)[0, 0]
+        assert torch.equal(grouped, torch.cat([m] * 3))
 
 
 def test_split_step_logits_match_sdpa():

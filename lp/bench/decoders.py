@@ -28,7 +28,8 @@ Step accounting:
   from its forward's start to the next one's (the all-gather, merge and pool update included);
   the last one ends when lp's decode clock stops. The time between a step's `forward_start` and
   `forward_done` (on a GPU: between two CUDA events there) is the forward's; the rest of the
-  decode time is host work and the all-gather. (W=auto's calibration runs outside the decode, so it is never counted.)
+  decode time is host work and the all-gather. (W=auto's calibration runs outside the decode,
+  so it is never counted.)
 - transformers decoders (and tp): a step is one model forward; the first forward (prompt ->
   first token) is timed as prefill and is also counted as a step (it yields a token). Tokens
   committed per forward are observed with a streamer; step latencies are the intervals between
