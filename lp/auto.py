@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from lp.config import DecodeConfig
 from lp.graph import bucket
 from lp.lookahead.mask import step_layout
 from lp.partition import RankPlan
@@ -66,18 +67,20 @@ class CostCurve:
 
 @torch.inference_mode()
 def calibrate(worker: Worker, sizes: tuple[int, ...] | None = None, context: int = 256,
-              reps: int = 5) -> CostCurve:
+              reps: int = 5, world_size: int = 1) -> CostCurve:
     """Time one forward of each size after a `context`-token prefill (fastest of `reps`); sizes
     and context shrink to what a short cache holds. Default sizes: 1 to 64 tokens for exact-size
-    steps; with fixed-shape steps, every bucket that a ladder shape's step uses, so each is
-    compiled and captured here, once per process, and not inside a decode that `auto` switches
-    to a larger shape (on an H100 that made one SmolLM2 decode 24 tok/s instead of 400).
+    steps; with fixed-shape steps, every bucket that a ladder shape's rank share uses at
+    `world_size` ranks, with one pending token or the most a step can have, so each is compiled
+    and captured here, once per process, and not inside a decode that `auto` switches to a
+    larger shape (on an H100 that made one SmolLM2 decode 24 tok/s instead of 400).
 
     The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
     them instead of a few; and the fastest run is kept, since other load only ever adds time."""
     padded = worker.fixed is not None
     if sizes is None:
-        sizes = tuple(sorted({bucket(step_tokens(*shape)) for shape in LADDER} | {1})) if padded \
+        sizes = tuple(sorted({bucket(step_tokens(*shape, world_size) + extra) for shape in LADDER
+                              for extra in (0, DecodeConfig(*shape).step_width - 1)} | {1})) if padded \
             else (1, 2, 4, 8, 16, 32, 64)
     sizes = tuple(T for T in sizes if worker.step_slots(T) <= worker.capacity - worker.max_seq_len) or (1, 2)
     context = min(context, worker.max_seq_len)

@@ -172,7 +172,8 @@ class StepObserver:
 
     def message_read(self) -> None:
         """A step's gathered messages are on the host: from here to the next `forward_start`
-        is host work that a device waits for."""
+        is host work that a device waits for (except in `mode=ar` one step ahead, where the
+        next step is queued before this read)."""
 
 
 class Decoder:
@@ -181,12 +182,13 @@ class Decoder:
     def __init__(self, worker: Worker, collective: Collective, eos_ids: set[int], max_context: int,
                  ahead: bool | None = None) -> None:
         """`ahead`: run greedy `mode=ar` one step ahead of the host (`_decode_ahead`); None: where
-        the device runs asynchronously to the host (CUDA). On a CPU it would only add a step."""
+        the device runs asynchronously to the host (CUDA) and the all-gather does not wait for
+        it (not over gloo through host memory). Elsewhere it would only add a step."""
         self.worker = worker
         self.comm = collective
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
-        self.ahead = worker.device.type == "cuda" if ahead is None else ahead
+        self.ahead = worker.device.type == "cuda" and not collective.staged if ahead is None else ahead
 
     def _handshake(self, prompt: list[int], cfg: DecodeConfig) -> None:
         """Refuse to decode unless every rank got the same prompt and settings (one all-gather
@@ -335,8 +337,11 @@ class Decoder:
         message is read, and the device never waits for the host's read, merge and checks (as in
         gpt-fast, whose decode loop reads no token per step). Still one all-gather a step, and
         its message read (one step late: its length and checksum are those read so far, the same
-        on every rank). The price: a sequence that stops at an EOS computes one step past it,
-        whose KV the next sequence overwrites. Returns the output tokens."""
+        on every rank). The messages come to pinned host memory by a copy queued right after
+        their all-gather, so reading step i's waits for step i, not for step i+1 behind it. The
+        price: a sequence that stops at an EOS computes one step past it, whose KV the next
+        sequence overwrites. Every step is planned alike (`observe.planned` gets the first
+        step's plan, its ids the prompt's last token). Returns the output tokens."""
         L = len(prompt_ids)
         step = plan_step(prompt_ids[-1:], None, TreeBuilder(0).tree(), 0, 2, self.comm.world_size, self.comm.rank)
         layout, on_device = step.layout, self.worker.on_device(step.layout)
@@ -344,11 +349,27 @@ class Decoder:
         output: list[int] = []
         checksum = _fingerprint(prompt_ids)
 
-        def read(gathered: torch.Tensor) -> bool:
+        def fetch(gathered: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+            """Queue the messages' copy to the host; the event marks its end (None: already there)."""
+            if not gathered.is_cuda:
+                return gathered, None
+            host = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+            host.copy_(gathered, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            return host, done
+
+        def read(fetched: tuple[torch.Tensor, torch.cuda.Event | None]) -> bool:
             """Take a step's token from its gathered messages; True at an EOS."""
             nonlocal checksum
-            messages = gathered.cpu().numpy()
+            host, done = fetched
+            if done is not None:
+                done.synchronize()
+            messages = host.numpy()
             observe.message_read()
+            # each rank fed its own y1 to its next step: all must agree (every rank raises alike)
+            if (messages[:, 0] != messages[0, 0]).any():
+                raise LPError(f"ranks diverged: their next tokens were {messages[:, 0].tolist()}")
             token = merge(messages, step.plans, 1).tokens[0]
             output.append(token)
             checksum = (checksum * 31 + token) % _CHECK_MOD
@@ -365,7 +386,8 @@ class Decoder:
             y1, acc = verify(StepRows(logits, argmax, layout, step.tree, step.plan.candidates, ids[layout.node_tokens],
                                       on_device.parents, on_device.tree_depth, on_device.tree_ancestors, i, 1))
             ids = y1.view(1)  # the next step's input, never on the host
-            gathered = self.comm.all_gather(pack(y1, acc, 0, argmax[layout.column_rows], L + len(output), checksum, 0))
+            gathered = fetch(self.comm.all_gather(pack(y1, acc, 0, argmax[layout.column_rows], L + len(output),
+                                                       checksum, 0)))
             if unread is not None and read(unread):
                 return output
             unread = gathered

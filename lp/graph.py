@@ -71,7 +71,7 @@ def device_layout(layout: StepLayout, device: torch.device, fixed: bool, packed:
     R used rows. `packed` (default: on a GPU): its four arrays travel as one buffer, in one
     copy from pinned memory that does not block the host, rather than four (most steps of a
     real decode bring a new tree, so this runs before most forwards); on a CPU they are used
-    where they lie."""
+    where they lie, so the tensors share memory with the cached `layout` (nothing writes them)."""
     T, R = layout.size, len(layout.logit_rows)
     S = bucket(T) if fixed else T
     if fixed:

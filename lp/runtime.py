@@ -107,7 +107,7 @@ class LP:
 
     def _calibrate(self) -> CostCurve:
         """This rank's step costs; under LP the slowest rank's, so all ranks choose alike."""
-        mine = calibrate(self.decoder.worker)
+        mine = calibrate(self.decoder.worker, world_size=self.comm.world_size)
         micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=self.comm.device)
         slowest = self.comm.all_gather(micros).max(dim=0).values.cpu()
         return CostCurve(mine.tokens, tuple(x / 1e6 for x in slowest.tolist()), mine.padded)

@@ -414,6 +414,30 @@ def test_parallel_ranks_ar_ahead(P, tiny_models, refs):
         assert cols[r].calls == MAX_NEW + 1
 
 
+def test_ar_ahead_ranks_that_diverge_stop_with_an_error(tiny_models):
+    """A step ahead, each rank feeds its own next token to its next step: ranks whose tokens
+    differ (here: different weights) must end with an error on every rank, not drift apart."""
+    from unit_helpers import build_tiny
+
+    hub, models = _Hub(2), [tiny_models["llama"], build_tiny("llama", seed=11)]
+    cols = [ThreadCollective(hub, r, 2) for r in range(2)]
+    results: list = [None, None]
+
+    def body(r: int) -> None:
+        try:
+            dec = Decoder(Worker(models[r]), cols[r], set(), 512, ahead=True)
+            results[r] = dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW))
+        except BaseException as e:  # noqa: BLE001 - reported to the test thread
+            results[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert all(isinstance(e, LPError) and "diverged" in str(e) for e in results), results
+
+
 def test_parallel_ranks_eos(tiny_models, refs):
     ref = refs["llama"]
     pos = next(i for i, tok in enumerate(ref) if i > 10 and tok not in ref[:i])

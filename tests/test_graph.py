@@ -24,7 +24,7 @@ def test_bucket_sizes():
 
 @pytest.mark.parametrize("packed", [False, True])  # packed: one buffer, one copy (the GPU's way)
 def test_padded_layout(packed):
-    layout = step_layout(2, 5, 3, range(1, 4), (-1, 0, 0, -1, 3, 4))  # T=14: 196 mask bytes, not a multiple of 8
+    layout = step_layout(2, 5, 3, range(1, 4), (-1, 0, 0, -1, 3, 4))  # T=14: unpadded, 196 mask bytes (not a multiple of 8)
     p = device_layout(layout, torch.device("cpu"), fixed=True, packed=packed)
     T, S = layout.size, bucket(layout.size)
     assert p.block.shape == (S, S) and p.size == T and p.n_rows == len(layout.logit_rows)

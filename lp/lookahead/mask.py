@@ -90,7 +90,7 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
     # Most steps of a real decode bring a new tree, while the tokens before it (pending tokens
     # and window) keep their shape: that part comes from its own cache, and the tree is laid
     # after it. Tree nodes see every pending token, no window token, and their own ancestors.
-    gather, depth, window_mask, last = window_part(m, W, N, columns)
+    gather, depth, window_mask, last, prefix = window_part(m, W, N, columns)
     first, n = len(gather), len(tree)
     T = first + n
     mask = np.zeros((T, T), dtype=bool)
@@ -99,16 +99,17 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
     mask[first:, first:] = _ancestors(tree)
     # the prediction rows: x0's, the columns', every node's
     rows = np.concatenate([[m - 1], last, np.arange(first, T)])
-    return StepLayout(m=m, columns=columns, tree=tree, prefix=columns[-1] if len(columns) else 0, levels=N - 2,
+    return StepLayout(m=m, columns=columns, tree=tree, prefix=prefix, levels=N - 2,
                       gather=np.concatenate([gather, m + (N - 1) * W + np.arange(n)]),
                       depth=np.concatenate([depth, node_depths(tree)]), mask=mask, logit_rows=rows)
 
 
 @lru_cache(maxsize=1024)
-def window_part(m: int, W: int, N: int, columns: range) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def window_part(m: int, W: int, N: int, columns: range) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """The step's tokens before its tree, in order: the m pending tokens, the row-0 prefix,
     each column's levels (none on a rank without columns). Their gather indices, depths,
-    `[first, first]` mask and the columns' prediction rows. Cached: callers must not change them."""
+    `[first, first]` mask, the columns' prediction rows and the prefix's length. Cached, so
+    the arrays are read-only."""
     x0, L, nc = m - 1, N - 2, len(columns)
     prefix = columns[-1] if nc else 0  # row-0 tokens rows[0, 1..prefix], at m..m+prefix-1
     base = m + prefix  # column c's level l (1..L) at base + c*L + l-1
@@ -131,7 +132,10 @@ def window_part(m: int, W: int, N: int, columns: range) -> tuple[np.ndarray, np.
         mask[base:, base:] = (col[:, None] == col[None, :]) & (lvl[None, :] <= lvl[:, None])
         # each column's prediction row: its last token (x0 or row 0 when N = 2)
         last = m - 1 + cols if N == 2 else base + np.arange(nc) * L + L - 1
-    return np.concatenate(gather), np.concatenate(depth), mask, last
+    arrays = np.concatenate(gather), np.concatenate(depth), mask, last
+    for a in arrays:
+        a.setflags(write=False)
+    return (*arrays, prefix)
 
 
 def _ancestors(parents: tuple[int, ...]) -> np.ndarray:
