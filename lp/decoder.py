@@ -349,11 +349,15 @@ class Decoder:
         output: list[int] = []
         checksum = _fingerprint(prompt_ids)
 
-        def fetch(gathered: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-            """Queue the messages' copy to the host; the event marks its end (None: already there)."""
+        pinned: list[torch.Tensor] = []  # two host buffers, alternating: step i's is read before step i+2's lands
+
+        def fetch(gathered: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+            """Queue step i's messages' copy to the host; the event marks its end (None: already there)."""
             if not gathered.is_cuda:
                 return gathered, None
-            host = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+            if not pinned:
+                pinned.extend(torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True) for _ in range(2))
+            host = pinned[i % 2]
             host.copy_(gathered, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
@@ -387,7 +391,7 @@ class Decoder:
                                       on_device.parents, on_device.tree_depth, on_device.tree_ancestors, i, 1))
             ids = y1.view(1)  # the next step's input, never on the host
             gathered = fetch(self.comm.all_gather(pack(y1, acc, 0, argmax[layout.column_rows], L + len(output),
-                                                       checksum, 0)))
+                                                       checksum, 0)), i)
             if unread is not None and read(unread):
                 return output
             unread = gathered

@@ -92,12 +92,14 @@ def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = N
     floor = _floor(W, N, P, groups, width)
     plans = _greedy(W, N, ends, P, floor, width)
     lo, hi = floor + 1, RankPlan(range(W), range(G)).cost(N, 1, width)
+    at_hi = None  # the fill at `hi`, once a probe has made it
     while plans is None and lo < hi:
         mid = (lo + hi) // 2
-        if _greedy(W, N, ends, P, mid, width) is None:
+        fill = _greedy(W, N, ends, P, mid, width)
+        if fill is None:
             lo = mid + 1
         else:
-            hi = mid
-    plans = plans or _greedy(W, N, ends, P, lo, width)
+            hi, at_hi = mid, fill
+    plans = plans or at_hi or _greedy(W, N, ends, P, lo, width)
     assert plans is not None
     return tuple(RankPlan(range(a, b), range(c, d)) for a, b, c, d in plans)
