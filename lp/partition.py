@@ -43,16 +43,17 @@ def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int,
     [a, b) cost `_tokens` = (N-1)b - (N-2)a tokens (b > a), so b is that solved for the limit, and
     the groups that fit are a bisection of `ends`. Each rank's share as (first column, column stop, first
     candidate, candidate stop)."""
-    plans, col, g = [], 0, 0
+    plans, col, g, n = [], 0, 0, len(ends)
     for rank in range(P):
         start_col, start_cand = col, ends[g - 1] if g else 0
-        if col == W and g == len(ends):  # all placed: the other ranks are empty
+        if col == W and g == n:  # all placed: the other ranks are empty
             return plans + [(W, W, start_cand, start_cand)] * (P - rank)
         col = max(start_col, min(W, (limit + (N - 2) * start_col) // (N - 1)))
-        used = _tokens(start_col, col, 0, N, 1, width)
+        # `_tokens(start_col, col, 0, N, 1, width)`, inlined: the search runs this loop most
+        used = 1 + (col - 1 + (N - 2) * (col - start_col) if col > start_col else 0)
         g = bisect_right(ends, start_cand + (limit - used) // width, lo=g)
         plans.append((start_col, col, start_cand, ends[g - 1] if g else 0))
-    return plans if col == W and g == len(ends) else None
+    return plans if col == W and g == n else None
 
 
 def _floor(W: int, N: int, P: int, groups: tuple[int, ...], width: int) -> int:

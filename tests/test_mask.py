@@ -194,7 +194,8 @@ def test_empty_column_ranges_do_not_depend_on_cache_history():
 
 def test_bad_shapes_raise():
     for args in [(0, 5, 3, range(5), 0), (1, 5, 1, range(5), 0), (1, 5, 3, range(0, 6), 0),
-                 (1, 5, 3, range(5), -1), (1, 5, 3, range(5), (-1, 1)), (1, 5, 3, range(5), (0,))]:
+                 (1, 5, 3, range(5), -1), (1, 5, 3, range(5), (-1, 1)), (1, 5, 3, range(5), (0,)),
+                 (1, 5, 3, range(5), (-2,)), (1, 5, 3, range(5), (-1, -1, 3))]:
         with pytest.raises(ValueError):
             step_layout(*args)
 

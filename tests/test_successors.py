@@ -1,6 +1,8 @@
 """The successor table (recycled drafts): last row wins, hit rates, best-first growth of a tree."""
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import pytest
 
@@ -103,6 +105,54 @@ def test_growth_is_best_first_among_all_paths(seed, budget):
     want = build_tree(got, budget)
     tree = builder.tree()
     assert tree.tokens.tolist() == want.tokens.tolist() and tree.parents == want.parents
+
+
+def reference_growth(builder: TreeBuilder, x0: int, table: SuccessorTable, depth: int) -> list[tuple[int, ...]]:
+    """The token paths `grow` adds, from one heap keyed (-chance, arrival): equal chances in the
+    order their paths were offered, a taken path offering its next sibling, then its first child."""
+    q, have = table.rates(), set(paths(builder))
+    heap, order, added = [(-q[0], 0, (), 0)], 1, []
+    while heap and x0 in table.next:
+        neg, _, above, r = heapq.heappop(heap)
+        path = above + (table.next[above[-1] if above else x0][r],)
+        if path not in have:
+            if builder.size + len(added) >= builder.budget:
+                break
+            added.append(path)
+        if r + 1 < table.k:
+            heapq.heappush(heap, (neg / q[r] * q[r + 1], order, above, r + 1))
+            order += 1
+        if len(path) < depth and path[-1] in table.next:
+            heapq.heappush(heap, (neg * q[0], order, path, 0))
+            order += 1
+    return added
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_growth_orders_equal_chances_by_arrival(seed):
+    """Tied rates (the pseudo-counts' start, a decode's plateaus), tokens without a row, drafts
+    grown on: the nodes come exactly as one (-chance, arrival) heap takes them."""
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, 6))
+    vocab = int(rng.integers(k, 30))
+    table = SuccessorTable(k)
+    known = np.flatnonzero(rng.random(vocab) < 0.8)  # the others have no row
+    table.update(np.array([[t, *rng.permutation(vocab)[:k]] for t in known], dtype=np.int64).reshape(-1, k + 1))
+    table.hits[:] = rng.choice([1, 1, 2, 3, 5], k + 1).tolist()
+    builder = TreeBuilder(int(rng.integers(0, 120)))
+    for _ in range(int(rng.integers(0, 5))):
+        builder.add(rng.integers(0, vocab, int(rng.integers(1, 5))).tolist())
+    x0, depth = int(rng.integers(vocab)), int(rng.integers(1, 6))
+    before = paths(builder)
+    want = reference_growth(builder, x0, table, depth)
+    table.grow(builder, x0, depth)
+    assert paths(builder) == before + want
+
+
+def test_drafts_come_before_growth():
+    builder = grown(random_table(0), 3, 10, 3)
+    with pytest.raises(ValueError, match="before the tree is grown"):
+        builder.add([1, 2])
 
 
 @pytest.mark.parametrize("seed", range(4))

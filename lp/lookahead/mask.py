@@ -15,7 +15,7 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from lp.lookahead.tree import chain_parents, node_depths
+from lp.lookahead.tree import chain_parents
 
 # Token identities: ("p", i) pending i; ("w", l, j) window row l column j; ("g", i) tree node i.
 Token = tuple
@@ -84,9 +84,9 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
         if tree < 0:
             raise ValueError(f"bad step shape: {tree} candidates")
         return step_layout(m, W, N, columns, chain_parents(tree, N - 1))
-    if m < 1 or N < 2 or not (0 <= columns.start <= columns.stop <= W) \
-            or any(not -1 <= p < i for i, p in enumerate(tree)):
+    if m < 1 or N < 2 or not (0 <= columns.start <= columns.stop <= W):
         raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} tree={tree}")
+    ancestors, tree_depth = _ancestors(tree)  # raises on a bad tree
     # Most steps of a real decode bring a new tree, while the tokens before it (pending tokens
     # and window) keep their shape: that part comes from its own cache, and the tree is laid
     # after it. Tree nodes see every pending token, no window token, and their own ancestors.
@@ -96,12 +96,12 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
     mask = np.zeros((T, T), dtype=bool)
     mask[:first, :first] = window_mask
     mask[first:, :m] = True
-    mask[first:, first:] = _ancestors(tree)
+    mask[first:, first:] = ancestors
     # the prediction rows: x0's, the columns', every node's
     rows = np.concatenate([[m - 1], last, np.arange(first, T)])
     return StepLayout(m=m, columns=columns, tree=tree, prefix=prefix, levels=N - 2,
                       gather=np.concatenate([gather, m + (N - 1) * W + np.arange(n)]),
-                      depth=np.concatenate([depth, node_depths(tree)]), mask=mask, logit_rows=rows)
+                      depth=np.concatenate([depth, tree_depth]), mask=mask, logit_rows=rows)
 
 
 @lru_cache(maxsize=1024)
@@ -138,14 +138,27 @@ def window_part(m: int, W: int, N: int, columns: range) -> tuple[np.ndarray, np.
     return (*arrays, prefix)
 
 
-def _ancestors(parents: tuple[int, ...]) -> np.ndarray:
-    """The `[n, n]` relation "k is node q or one of its ancestors". Parents precede children,
-    so one pass makes each node's row a Python int bitset, its parent's plus its own bit;
-    the n ints are then unpacked in one array op (a row op per node costs more)."""
+def _ancestors(parents: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The `[n, n]` relation "k is node q or one of its ancestors", and each node's depth below
+    x0 (1 for its children). Parents precede children, so one pass makes each node's row a
+    Python int bitset, its parent's plus its own bit, and its depth its parent's plus one (and
+    checks the pointers); the n ints are then unpacked in one array op (a row op per node
+    costs more)."""
     n = len(parents)
     bits: list[int] = []
+    depth: list[int] = []
     for q, p in enumerate(parents):
-        bits.append(bits[p] | 1 << q if p >= 0 else 1 << q)
+        if p < 0:
+            if p != -1:
+                raise ValueError(f"bad tree: node {q}'s parent is {p}")
+            bits.append(1 << q)
+            depth.append(1)
+        elif p < q:
+            bits.append(bits[p] | 1 << q)
+            depth.append(depth[p] + 1)
+        else:
+            raise ValueError(f"bad tree: node {q}'s parent {p} does not precede it")
     width = (n + 7) // 8
     packed = np.frombuffer(b"".join([b.to_bytes(width, "little") for b in bits]), dtype=np.uint8)
-    return np.unpackbits(packed.reshape(n, width), axis=1, count=n, bitorder="little").view(bool)
+    mask = np.unpackbits(packed.reshape(n, width), axis=1, count=n, bitorder="little").view(bool)
+    return mask, np.asarray(depth, dtype=np.int64)

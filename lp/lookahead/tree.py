@@ -9,6 +9,7 @@ its own chain: the classic verification branch of G n-grams.
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -89,6 +90,7 @@ class TreeBuilder:
         self.parents: list[int] = []
         self._roots: list[int] = []  # each node's root ancestor
         self._index: dict[tuple[int, int], int] = {}  # (parent, token) -> node, when sharing
+        self._grown = False  # `grow` has run: `add` would miss the nodes it made
 
     @property
     def size(self) -> int:
@@ -113,6 +115,8 @@ class TreeBuilder:
 
     def add(self, draft: Sequence[int]) -> None:
         """Insert a draft below x0, truncated where the budget runs out."""
+        if self._grown:
+            raise ValueError("drafts are added before the tree is grown")
         index, new = self._index if self.share else {}, self._new
         node: int | None = -1
         for token in draft:  # runs for every draft token of every step
@@ -123,41 +127,63 @@ class TreeBuilder:
 
     def grow(self, x0: int, successors: Mapping[int, list[int]], rates: Sequence[float], depth: int) -> None:
         """Graft the likeliest paths below x0 until the budget is spent, most likely first:
-        `successors[t]` lists the k tokens expected after token t, best first (absent where
-        unknown), the rank-r one right with chance `rates[r]` (non-increasing in r), and a path's
-        chance is the product of its steps'. At most `depth` tokens a path; nodes the tree
-        already has cost nothing and are grown on. Sharing only."""
+        `successors[t]` lists the k distinct tokens expected after token t, best first (absent
+        where unknown), the rank-r one right with chance `rates[r]` (non-increasing in r), and a
+        path's chance is the product of its steps'. At most `depth` tokens a path; nodes the tree
+        already has cost nothing and are grown on. Sharing only. The builder's last call: the
+        nodes it makes are not indexed, so `add` refuses after it."""
+        self._grown = True
         row = successors.get(x0)
         if not self.share or depth < 1 or not rates or row is None:
             return
-        index, tokens, parents, roots, budget = self._index, self.tokens, self.parents, self._roots, self.budget
+        tokens, parents, roots, budget = self.tokens, self.parents, self._roots, self.budget
         # the loop runs for most of a real step's nodes: every name it calls is a local
-        pop, push, find, row_of = heappop, heappush, index.get, successors.get
+        find, row_of = self._index.get, successors.get
+        # distinct paths end in distinct nodes, so only the old nodes' children may exist already
+        old = size = len(tokens)
         k, q0 = min(len(rates), len(row)), rates[0]
-        # best-first over (-chance, order, parent node, parent's successors, rank, depth); a popped
-        # node offers its first child and its next sibling, so the heap stays small
-        heap = [(-q0, 0, -1, row, 0, 1)]
-        order = 1
-        while heap:
-            neg, _, parent, above, r, d = pop(heap)
+        # Best-first over entries (parent node, parent's successors, rank, depth): a taken entry
+        # offers its first child and its next sibling, so few wait. Entries of equal chance leave
+        # in the order they came, as (-chance, arrival) keys in one heap would: one FIFO per
+        # chance, the chances (a few dozen distinct ones in a real step's 350 entries) in a heap,
+        # which also orders a sibling whose rounded chance came out a hair above its own.
+        chances = [-q0]
+        waiting = {-q0: deque([(-1, row, 0, 1)])}
+        while chances:
+            neg = chances[0]
+            queue = waiting[neg]
+            parent, above, r, d = queue.popleft()
+            if not queue:
+                heappop(chances)
+                del waiting[neg]
             token = above[r]
-            node = find((parent, token))
-            if node is None:  # `_new`, inlined
-                node = len(tokens)
-                if node >= budget:
+            node = find((parent, token)) if parent < old else None
+            if node is None:  # `_new`, inlined (no index)
+                if size >= budget:
                     return
-                index[parent, token] = node
+                node = size
+                size += 1
                 tokens.append(token)
                 parents.append(parent)
                 roots.append(node if parent < 0 else roots[parent])
             if r + 1 < k:
-                push(heap, (neg / rates[r] * rates[r + 1], order, parent, above, r + 1, d))
-                order += 1
+                chance = neg / rates[r] * rates[r + 1]
+                queue = waiting.get(chance)
+                if queue is None:
+                    waiting[chance] = deque([(parent, above, r + 1, d)])
+                    heappush(chances, chance)
+                else:
+                    queue.append((parent, above, r + 1, d))
             if d < depth:
                 below = row_of(token)
                 if below is not None:
-                    push(heap, (neg * q0, order, node, below, 0, d + 1))
-                    order += 1
+                    chance = neg * q0
+                    queue = waiting.get(chance)
+                    if queue is None:
+                        waiting[chance] = deque([(node, below, 0, d + 1)])
+                        heappush(chances, chance)
+                    else:
+                        queue.append((node, below, 0, d + 1))
 
     def tree(self) -> DraftTree:
         """The tree so far in subtree order: root subtrees grouped by first token, in the order
