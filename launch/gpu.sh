@@ -17,7 +17,8 @@
 #        LOOKAHEAD (auto, W15N5G15 with and without recycled drafts, W8N5G15-B88), CUDA graphs on, for each of DTYPES (default bfloat16, which adds transformers'
 #        static-cache generate).
 # part3: the same bench on the last three categories; then lp without graphs (eager steps)
-#        against transformers' eager generate (bf16, one prompt a category).
+#        against transformers' eager generate (bf16, one prompt a category), and the ops each
+#        eager decode dispatches per token (launch/op_counts.py).
 # part4: lp.bench.project: LP's strong scaling projected from SmolLM2's decode (P = 1, 2, 4, 8
 #        with the default configs), every rank's share replayed for llama-7b bf16 on this one GPU,
 #        on Spec-Bench (one prompt per category); lp.bench.host: the host work per step at W60 N5
@@ -175,6 +176,9 @@ part3() {
     "max_new_tokens=$MAX_NEW_TOKENS" "device=$DEVICE" model.dtype=bfloat16 "decoders=[hf-greedy,lp-ar,lp]" \
     "lookahead=$LOOKAHEAD" graphs=false progress=false "out_dir=$WORK/bench-eager"
   keep "$WORK/bench-eager/summary.csv" "bench-eager-summary.csv"
+  # what an eager step asks of the host: dispatched ops per token, lp mode=ar against transformers
+  step op-counts 60 "$PYTHON" launch/op_counts.py "--device=$DEVICE" --dtype=bfloat16 "--out=$WORK/op_counts.json"
+  keep "$WORK/op_counts.json" "op_counts.json"
 }
 
 part4() {

@@ -10,6 +10,7 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decoder import Decoder
 from lp.forward import TransformersForward
+from lp import llama as lp_llama
 from lp.llama import LlamaForward
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
@@ -24,6 +25,22 @@ VARIANTS = {
     "qwen2": ("qwen2", {}),
     "mistral": ("mistral", {}),
 }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotation_is_transformers_bit_for_bit(dtype):
+    """The lean forward's RoPE (a roll and a signed sine table, 4 ops) equals transformers'
+    `apply_rotary_pos_emb` (rotate_half, 7 ops) exactly, not just closely."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    model = build_tiny(VARIANTS["llama"][0], **VARIANTS["llama"][1]).to(dtype)
+    forward = LlamaForward(model, Worker(model, graphs=False).kv, "sdpa")
+    positions = torch.tensor([3, 4, 9, 40])
+    q = torch.randn(1, 4, len(positions), forward.head_dim, generator=torch.Generator().manual_seed(0)).to(dtype)
+    cos, sin = model.model.rotary_emb(q, positions[None])
+    want, _ = apply_rotary_pos_emb(q, q, cos, sin)
+    got = lp_llama._rotate(q[0], forward.cos[positions], forward.signed_sin[positions])
+    assert torch.equal(got, want[0])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
