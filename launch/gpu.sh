@@ -17,7 +17,7 @@
 #        LOOKAHEAD (auto, W15N5G15 with and without recycled drafts, W8N5G15-B88), CUDA graphs on, for each of DTYPES (default bfloat16, which adds transformers'
 #        static-cache generate).
 # part3: the same bench on the last three categories; then lp without graphs (eager steps)
-#        against transformers' eager generate (bf16, one prompt a category), and the ops each
+#        against transformers' eager generate (bf16, one prompt a category), after the ops each
 #        eager decode dispatches per token (launch/op_counts.py).
 # part4: lp.bench.project: LP's strong scaling projected from SmolLM2's decode (P = 1, 2, 4, 8
 #        with the default configs), every rank's share replayed for llama-7b bf16 on this one GPU,
@@ -171,14 +171,14 @@ part3() {
   environment
   [[ -d "$LP_CACHE/models/smollm2-135m" ]] || echo "=== no SmolLM2 under $LP_CACHE: run part1 and part2 first, at once"
   bench_half "[qa,math_reasoning,rag]" second
+  # what an eager step asks of the host: dispatched ops per token, lp mode=ar against transformers
+  step op-counts 60 "$PYTHON" launch/op_counts.py "--device=$DEVICE" --dtype=bfloat16 "--out=$WORK/op_counts.json"
+  keep "$WORK/op_counts.json" "op_counts.json"
   # lp without graphs (eager steps) against transformers' eager generate, bf16, one prompt a category
   step bench-eager 150 "$PYTHON" -m lp.bench dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" per_category=1 \
     "max_new_tokens=$MAX_NEW_TOKENS" "device=$DEVICE" model.dtype=bfloat16 "decoders=[hf-greedy,lp-ar,lp]" \
     "lookahead=$LOOKAHEAD" graphs=false progress=false "out_dir=$WORK/bench-eager"
   keep "$WORK/bench-eager/summary.csv" "bench-eager-summary.csv"
-  # what an eager step asks of the host: dispatched ops per token, lp mode=ar against transformers
-  step op-counts 60 "$PYTHON" launch/op_counts.py "--device=$DEVICE" --dtype=bfloat16 "--out=$WORK/op_counts.json"
-  keep "$WORK/op_counts.json" "op_counts.json"
 }
 
 part4() {

@@ -3,7 +3,9 @@ eager greedy `generate`, on SmolLM2. Where a step's kernels are short (a small m
 an eager decode is bound by the host, which issues every op one by one: this counts them.
 
 A token's count is the difference between decodes of 24 and 16 new tokens, divided by 8, so the
-prompt's prefill drops out. The count depends on the device: on a CPU, lp's few-token matmuls
+prompt's prefill drops out (both decoders must make all their tokens: `generate` is held to them
+with `min_new_tokens`, whose logits processor adds about 5 ops a token to its count). The count
+depends on the device and the attention backend: on a CPU, lp's few-token matmuls
 (lp/kernels.py) and its CPU attention path (kv heads repeated) issue ops a GPU step does not.
 
     python launch/op_counts.py [--device cpu|cuda] [--dtype float32|bfloat16] [--out FILE]
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -35,7 +38,7 @@ class _Counter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def per_token(decode) -> dict[str, float]:
+def per_token(decode: Callable[[int], None]) -> dict[str, float]:
     """Ops per generated token of `decode(new_tokens)`, by name (after a warm-up decode)."""
     decode(SHORT)
     counts = []
@@ -61,18 +64,21 @@ def main() -> None:
             lm.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
     def lp_ar(n: int) -> None:
-        lm.decoder.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=n))
+        if lm.decoder.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=n)).new_tokens != n:
+            raise SystemExit(f"lp: error: the prompt's decode ends before {n} tokens: the counts would not be per token")
 
     counts = {"lp mode=ar": per_token(lp_ar), "transformers generate": per_token(transformers)}
     lp_ops, hf_ops = counts["lp mode=ar"], counts["transformers generate"]
-    print(f"dispatched ops per token, SmolLM2-135M {args.dtype} on {args.device}, eager: "
+    attention = lm.decoder.worker.attention
+    print(f"dispatched ops per token, SmolLM2-135M {args.dtype} on {args.device} (lp attention={attention}), eager: "
           f"lp mode=ar {sum(lp_ops.values()):.0f}, transformers generate {sum(hf_ops.values()):.0f}")
     for op in sorted(lp_ops | hf_ops, key=lambda op: hf_ops.get(op, 0) - lp_ops.get(op, 0)):
         if lp_ops.get(op, 0) != hf_ops.get(op, 0):
             print(f"  {op:32s} lp {lp_ops.get(op, 0):7.1f}   transformers {hf_ops.get(op, 0):7.1f}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": args.device, "dtype": args.dtype, **counts}, f, indent=1, sort_keys=True)
+            json.dump({"device": args.device, "dtype": args.dtype, "lp_attention": attention, **counts}, f, indent=1,
+                      sort_keys=True)
 
 
 if __name__ == "__main__":

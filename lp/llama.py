@@ -33,7 +33,9 @@ def supports(model: torch.nn.Module) -> bool:
     """Whether `model` is a transformers model this forward reproduces exactly."""
     cfg = model.config
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    return (cfg.model_type in FAMILY and getattr(cfg, "pretraining_tp", 1) == 1
+    # `_rotate` turns whole heads of an even size
+    whole_heads = kv_shape(model)[2] % 2 == 0 and getattr(cfg, "partial_rotary_factor", 1.0) == 1.0
+    return (cfg.model_type in FAMILY and getattr(cfg, "pretraining_tp", 1) == 1 and whole_heads
             and cfg.hidden_act in ACT2FN and rope.get("rope_type", "default") not in LENGTH_DEPENDENT_ROPE
             and hasattr(model, "model") and hasattr(model.model, "rotary_emb"))
 
@@ -78,7 +80,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     """transformers' `x * cos + rotate_half(x) * sin`, bit for bit, in 4 ops instead of 7:
     rotate_half(x) is [-x2, x1]; a roll by half the head gives [x2, x1], and the minus moves
     into `signed_sin` = [-sin1, sin2] ((-a) * b and a * (-b) round alike). An eager step
-    dispatches every op from the host, 60 layers' worth of rotations per SmolLM2 step."""
+    dispatches every op from the host: 60 rotations per SmolLM2 step (q and k in 30 layers)."""
     return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
@@ -121,14 +123,14 @@ class LlamaForward:
         return attention.sdpa(q, k[:, :x.extent], v[:, :x.extent], mask, self.scale)
 
     def _layer(self, h: torch.Tensor, w: _Layer, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-               cos: torch.Tensor, sin: torch.Tensor, x: StepInputs, mask: torch.Tensor | None) -> torch.Tensor:
+               cos: torch.Tensor, signed_sin: torch.Tensor, x: StepInputs, mask: torch.Tensor | None) -> torch.Tensor:
         S, H, Hkv, D = h.shape[0], self.heads, self.kv_heads, self.head_dim
         y = _rms_norm(h, w.norm1, self.eps)
         q = linear(y, w.q, w.q_bias).view(S, H, D).transpose(0, 1)
         k = linear(y, w.k, w.k_bias).view(S, Hkv, D).transpose(0, 1)
         v = linear(y, w.v, w.v_bias).view(S, Hkv, D).transpose(0, 1)
-        self.kv.write(k_cache, v_cache, _rotate(k, cos, sin), v, slots)
-        o = self._attend(_rotate(q, cos, sin), k_cache, v_cache, x, mask)
+        self.kv.write(k_cache, v_cache, _rotate(k, cos, signed_sin), v, slots)
+        o = self._attend(_rotate(q, cos, signed_sin), k_cache, v_cache, x, mask)
         h = h + linear(o.transpose(0, 1).reshape(S, H * D), w.o, w.o_bias)
         y = _rms_norm(h, w.norm2, self.eps)
         return h + linear(self.act(linear(y, w.gate, w.gate_bias)) * linear(y, w.up, w.up_bias), w.down, w.down_bias)
@@ -140,10 +142,10 @@ class LlamaForward:
             # on CUDA, sdpa takes the rows once per group head (lp/attention.py)
             groups = self.heads // self.kv_heads if x.block.is_cuda else 1
             mask = attention.dense_mask(self.kv.start, x.block, x.extent, groups)
-        cos, sin = self.cos[x.positions], self.signed_sin[x.positions]
+        cos, signed_sin = self.cos[x.positions], self.signed_sin[x.positions]
         slots = self.kv.slots(x.ids.shape[0])
         h = body.embed_tokens.weight[x.ids]
         for w, k_cache, v_cache in zip(self.layers, self.kv.k, self.kv.v):
-            h = self.layer(h, w, k_cache, v_cache, slots, cos, sin, x, mask)
+            h = self.layer(h, w, k_cache, v_cache, slots, cos, signed_sin, x, mask)
         head = self.model.get_output_embeddings()
         return linear(_rms_norm(h.index_select(0, x.rows), body.norm.weight, self.eps), head.weight, head.bias)

@@ -12,6 +12,7 @@ from lp import LP
 from lp.bench import project
 from lp.bench.project import AR_LAYOUT, Recording, Shape, parse_configs, rank_layouts, record
 from lp.errors import LPError
+from lp.lookahead.mask import step_layout
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [20, 30, 40, 20, 30, 40, 20]]
 SHAPES = [Shape(1, 3, 3, 4), Shape(2, 3, 3, 4), Shape(3, 4, 4, 3)]
@@ -143,6 +144,58 @@ def test_cli_writes_the_projection(tiny_model_dir, tmp_path, capsys):
     assert r["projection"] == project.PROJECTION and [w["P"] for w in r["rows"]] == [1, 2]
     assert not r["allgather"]["2"]["measured"] and r["rows"][1]["allgather_ms"] == 0
     assert (out / "project.png").stat().st_size > 0
+
+
+MEASURED = {1: 6.5, 16: 6.6, 32: 7.0, 64: 7.4}  # ms a step of that many tokens, as lp.bench.steps writes them
+
+
+def steps_result(graphs: bool) -> dict:
+    return {"tool": "lp.bench.steps", "arch": "llama-7b", "device": "cuda", "device_name": "Some GPU",
+            "dtype": "bfloat16", "graphs": graphs, "attention": "flex", "torch": "2.x", "started": "then",
+            "steps": [{"kind": "causal", "tokens": t, "median_ms": ms} for t, ms in MEASURED.items()]
+            + [{"kind": "ladder", "tokens": 30, "median_ms": 99.0}]}
+
+
+def test_measured_costs_take_the_bucket_or_interpolate():
+    fixed, eager = project.measured_timer(steps_result(True)), project.measured_timer(steps_result(False))
+    sized = {T: step_layout(T, 0, 2, range(0), ()) for T in (1, 5, 16, 17, 40, 64, 65)}  # T pending tokens
+    assert fixed(sized[1], 10) == 6.5e-3 and fixed(sized[5], 99) == fixed(sized[16], 0) == 6.6e-3
+    assert fixed(sized[17], 0) == 7.0e-3 and fixed(sized[40], 0) == 7.4e-3
+    assert eager(sized[5], 0) == pytest.approx((6.5 + (6.6 - 6.5) * 4 / 15) * 1e-3)
+    assert eager(sized[40], 0) == pytest.approx(7.1e-3)
+    for timer in (fixed, eager):
+        with pytest.raises(LPError, match="needs a measured step of"):
+            timer(sized[65], 0)  # bucket 128, or past the largest size measured
+    gap = steps_result(True)
+    gap["steps"] = [row for row in gap["steps"] if row["tokens"] != 32]
+    with pytest.raises(LPError, match="needs a measured step of 32 tokens"):
+        project.measured_timer(gap)(sized[17], 0)  # a bucket inside the measured range, never measured
+
+
+def test_cli_projects_onto_measured_costs(tiny_model_dir, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": str(i), "prompt": " ".join(f"w{t}" for t in ids)})
+                                 for i, ids in enumerate(PROMPTS)) + "\n")
+    costs = tmp_path / "steps.json"
+    costs.write_text(json.dumps(steps_result(True)))
+    out = tmp_path / "out"
+    assert project.main([f"model={tiny_model_dir}", "dataset=jsonl", f"prompts={prompts}", "device=cpu",
+                         "configs=1:W3N3G4,2:W6N3G8", "max_new_tokens=8", "allgather_reps=0", f"costs={costs}",
+                         f"out={out}"]) == 0
+    r = json.loads((out / "project.json").read_text())
+    assert r["projection"] == project.MEASURED_PROJECTION and r["device_name"] == "Some GPU"
+    assert r["arch"] == "llama-7b" and r["forwards"].startswith("measured by lp.bench.steps on then")
+    for row in r["rows"]:
+        assert row["ar_tok_s"] == pytest.approx(1e3 / MEASURED[1])
+        # no all-gather: a step costs its slowest rank's bucket as measured (16 tokens or more)
+        assert MEASURED[16] <= row["step_ms_mean"] <= MEASURED[64] and row["allgather_ms"] == 0
+    assert "Some GPU" in (out / "project.md").read_text().splitlines()[2]
+    bad = tmp_path / "bad.json"
+    for doc, says in (({}, "is not a result of lp.bench.steps"), ({"tool": "lp.bench.steps"}, "lacks arch, device")):
+        bad.write_text(json.dumps(doc))
+        with pytest.raises(SystemExit) as e:
+            project.main([f"costs={bad}", "configs=1:W3N3G4"])
+        assert str(e.value.code).startswith(f"lp: error: costs: {bad} {says}")
 
 
 @pytest.mark.parametrize("configs", ["1:W5N3", "1:W5N3G5,1:W10N3G10", "0:W5N3G5", "2:W5N1G5", ",", "x"])

@@ -149,10 +149,13 @@ def test_growth_orders_equal_chances_by_arrival(seed):
     assert paths(builder) == before + want
 
 
-def test_drafts_come_before_growth():
-    builder = grown(random_table(0), 3, 10, 3)
+def test_drafts_come_before_growth_and_growth_once():
+    table = random_table(0)
+    builder = grown(table, 3, 10, 3)
     with pytest.raises(ValueError, match="before the tree is grown"):
         builder.add([1, 2])
+    with pytest.raises(ValueError, match="grown once"):
+        table.grow(builder, 3, 3)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -16,10 +16,17 @@ Measured: S (real model, real prompts), forward times (this device, `arch`), the
 (gloo on this host). Not measured: cross-GPU interference (P replicas never run at once here),
 NCCL/NVLink all-gather latency when fewer GPUs than P are present, the host work between
 forwards (`python -m lp.bench.host`). Writes OUT/project.json, .md and .png; prints the markdown.
+
+With `costs=STEPS.json` (a result of `python -m lp.bench.steps`, measured on a GPU earlier) no
+model is built: a rank's forward costs what that run measured for a step of its size (its
+bucket, where that run used fixed-shape steps), so a machine without the GPU projects onto it.
+That run timed causal blocks of each size, after one prompt: a share's own cache length, mask
+and logits rows are not.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import statistics
 import sys
@@ -28,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from lp.bench import steps
@@ -40,7 +48,12 @@ from lp.throughput import compression
 PROJECTION = ("PROJECTION, not a multi-GPU run: measured: S (real decode), forward times (this device), "
               "all-gather (gloo processes on this host); not measured: cross-GPU interference, NCCL/NVLink "
               "latency when fewer GPUs than P are present, host work between forwards")
+MEASURED_PROJECTION = ("PROJECTION, not a multi-GPU run: measured: S (real decode here), forward times (a step-cost "
+                       "run on the device named, per step size), all-gather (gloo processes on this host); not "
+                       "measured: cross-GPU interference, NCCL/NVLink latency, host work between forwards, each rank's "
+                       "own share (its cache length, mask and logits rows: the step-cost run timed causal blocks)")
 DEFAULT_CONFIGS = "1:W15N5G15,2:W30N5G30,4:W45N5G45,8:W60N5G60"
+COSTS_KEYS = ("arch", "device", "device_name", "dtype", "graphs", "attention", "torch", "steps")  # of a costs= file
 AR_LAYOUT = step_layout(1, 0, 2, range(0), ())  # mode=ar: x0 alone
 Timer = Callable[[StepLayout, int], float]  # (layout, committed cache length) -> seconds
 
@@ -155,6 +168,46 @@ def worker_timer(worker, reps: int, seed: int = 0) -> Timer:
     return time_step
 
 
+def measured_timer(doc: dict, source: str = "costs") -> Timer:
+    """A forward's time read from a `lp.bench.steps` result `doc`: the median of its causal step
+    of the same size, the size padded to its bucket where that run used fixed-shape steps
+    (`graphs`), else interpolated between the sizes it measured. The cache length is ignored."""
+    from lp.graph import bucket
+
+    try:
+        measured = {int(row["tokens"]): float(row["median_ms"]) / 1e3 for row in doc["steps"] if row["kind"] == "causal"}
+        fixed = bool(doc["graphs"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise LPError(f"{source}: not a result of lp.bench.steps ({type(e).__name__}: {e})") from None
+    sizes = sorted(measured)
+    if not sizes:
+        raise LPError(f"{source}: no causal step times in it")
+
+    def time_step(layout: StepLayout, length: int) -> float:
+        T = bucket(layout.size) if fixed else layout.size
+        if fixed and T in measured:
+            return measured[T]
+        if not fixed and sizes[0] <= T <= sizes[-1]:
+            return float(np.interp(T, sizes, [measured[t] for t in sizes]))
+        raise LPError(f"{source}: a rank's step of {layout.size} tokens needs a measured step of {T} tokens; "
+                      f"it has {', '.join(map(str, sizes))}")
+    return time_step
+
+
+def read_costs(path: str) -> dict:
+    """A `lp.bench.steps` result file (one-line LPError if it cannot be read)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise LPError(f"costs: cannot read {path}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("tool") != "lp.bench.steps":
+        raise LPError(f"costs: {path} is not a result of lp.bench.steps")
+    missing = [k for k in COSTS_KEYS if k not in doc]
+    if missing:
+        raise LPError(f"costs: {path} lacks {', '.join(missing)}")
+    return doc
+
+
 @dataclass
 class Settings(steps.Engine):
     """The tool's keys; the engine's (arch, device, dtype, graphs, attention, seed) are the
@@ -169,6 +222,7 @@ class Settings(steps.Engine):
     configs: str = DEFAULT_CONFIGS
     reps: int = 1
     allgather_reps: int = 200
+    costs: str = ""
     out: str = ""
 
     def validate(self) -> "Settings":
@@ -200,6 +254,8 @@ HELP = {
     "reps": "timed repetitions of each rank's forward (median; 1)",
     "allgather_reps": "all-gathers timed per P > 1 between P gloo processes (200; 0: not measured, counted 0)",
     "seed": "seed of the random weights and ids (0)",
+    "costs": "a result of lp.bench.steps (steps.json): its measured step times instead of a replay; "
+             "arch, dtype, graphs and attention are then its own",
     "out": "results directory (default $LP_CACHE/bench/project/ARCH-DEVICE-DTYPE-TIME)",
 }
 
@@ -216,6 +272,9 @@ def run(cfg: Settings) -> dict:
     from lp.config import DecodeConfig
     from lp.message import step_message_size
 
+    costs = read_costs(cfg.costs) if cfg.costs else None
+    if costs is not None and costs.get("arch") in steps.ARCHS:
+        cfg.arch = costs["arch"]  # names the default results folder
     device = cfg.torch_device
     bench = load(cfg.dataset, cfg.prompts or None, per_category=cfg.per_category, limit=cfg.limit or None)
     lm = LP(cfg.model, device=str(device), graphs=False, compile=False)
@@ -234,29 +293,34 @@ def run(cfg: Settings) -> dict:
             if shape.P > 1 and cfg.allgather_reps else 0.0
         gather[shape.P] = {"int64": size, "median_ms": 1e3 * med, "measured": shape.P > 1 and cfg.allgather_reps > 0}
         _progress(f"all-gather P={shape.P}, {size} int64: {1e3 * med:.3f} ms")
-    t0 = time.perf_counter()
-    model = steps.build(cfg.arch, device, cfg.torch_dtype, cfg.seed)
-    _progress(f"built {cfg.arch} with random weights in {time.perf_counter() - t0:.1f} s; replaying")
-    worker = cfg.worker(model)
-    layouts = [(s, rank_layouts(s, r.shape)) for r in recordings for s in r.steps]
-    try:
-        worker.reset(max(s.length + s.m for s, _ in layouts), max(lay.size for _, ls in layouts for lay in ls))
-    except LPError as e:
-        raise LPError(f"{cfg.arch} cannot replay this decode: {e}") from None
-    timer = worker_timer(worker, cfg.reps, cfg.seed)
+    if costs is not None:
+        timer = measured_timer(costs, cfg.costs)
+        engine = {k: costs[k] for k in COSTS_KEYS if k != "steps"}
+        engine.update(gpus=0, forwards=f"measured by lp.bench.steps on {costs.get('started', '?')} ({cfg.costs})")
+    else:
+        t0 = time.perf_counter()
+        model = steps.build(cfg.arch, device, cfg.torch_dtype, cfg.seed)
+        _progress(f"built {cfg.arch} with random weights in {time.perf_counter() - t0:.1f} s; replaying")
+        worker = cfg.worker(model)
+        layouts = [(s, rank_layouts(s, r.shape)) for r in recordings for s in r.steps]
+        try:
+            worker.reset(max(s.length + s.m for s, _ in layouts), max(lay.size for _, ls in layouts for lay in ls))
+        except LPError as e:
+            raise LPError(f"{cfg.arch} cannot replay this decode: {e}") from None
+        timer = worker_timer(worker, cfg.reps, cfg.seed)
+        engine = {"arch": cfg.arch, "device": str(device), "device_name": steps.device_name(device),
+                  "dtype": str(cfg.torch_dtype).removeprefix("torch."), "graphs": cfg.use_graphs,
+                  "attention": worker.attention, "torch": torch.__version__,
+                  "gpus": torch.cuda.device_count() if device.type == "cuda" else 0, "forwards": "replayed here"}
     rows = []
     for rec in recordings:
         t0 = time.perf_counter()
         rows.append(project(rec, timer, gather[rec.shape.P]["median_ms"] / 1e3))
-        _progress(f"replayed P={rec.shape.P} on {cfg.arch}: {rows[-1]['tok_s']:.1f} tok/s projected, "
+        _progress(f"projected P={rec.shape.P} on {engine['arch']}: {rows[-1]['tok_s']:.1f} tok/s, "
                   f"{rows[-1]['speedup_vs_ar']:.2f}x mode=ar, {time.perf_counter() - t0:.1f} s")
-    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-    return {"tool": "lp.bench.project", "projection": PROJECTION, "model": cfg.model, "dataset": cfg.dataset,
-            "arch": cfg.arch, "weights": "random weights (timing only)",
-            "device": str(device), "device_name": steps.device_name(device), "gpus": gpus,
-            "dtype": str(cfg.torch_dtype).removeprefix("torch."), "graphs": cfg.use_graphs,
-            "attention": worker.attention, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "settings": dataclasses.asdict(cfg), "allgather": gather,
+    return {"tool": "lp.bench.project", "projection": PROJECTION if costs is None else MEASURED_PROJECTION,
+            "model": cfg.model, "dataset": cfg.dataset, **engine, "weights": "random weights (timing only)",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": dataclasses.asdict(cfg), "allgather": gather,
             "nvlink_measured": False, "rows": rows}
 
 
@@ -268,10 +332,10 @@ def markdown(r: dict) -> str:
              f"# lp strong scaling, projected: {r['arch']} ({r['dtype']}) on {r['device_name']}", "",
              f"- S from {r['model']} decoding {r['dataset']} ({r['rows'][0]['prompts']} prompts, "
              f"{r['settings']['max_new_tokens']} new tokens at most) at world size 1",
-             f"- forwards: {r['arch']}, {r['weights']}, on {r['device']} ({r['device_name']}); every rank's share "
-             f"of every recorded step, one rank after another; a step = slowest rank + all-gather",
+             f"- forwards: {r['arch']}, {r['weights']}, on {r['device']} ({r['device_name']}), {r['forwards']}; "
+             f"every rank's share of every recorded step; a step = slowest rank + all-gather",
              f"- all-gather: {gathered}; NCCL/NVLink latency not measured ({r['gpus']} GPU(s) here)",
-             "- `mode=ar` (S = 1) replayed at the same cache lengths: the same engine's baseline", "",
+             "- `mode=ar` (S = 1) timed the same way at the same cache lengths: the same engine's baseline", "",
              "| P | W,N,G | prompts | S | step ms median | step ms mean | slowest rank ms (share) | "
              "slowest rank tokens | all-gather ms | tok/s | mode=ar tok/s | speedup vs ar |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -291,18 +355,19 @@ def plot(r: dict, path: Path) -> Path:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.5))
     Ps = [w["P"] for w in r["rows"]]
     a.plot(Ps, [w["tok_s"] for w in r["rows"]], marker="o", label="lp (projected)")
-    a.plot(Ps, [w["ar_tok_s"] for w in r["rows"]], marker="s", ls="--", label="lp mode=ar (replayed)")
+    a.plot(Ps, [w["ar_tok_s"] for w in r["rows"]], marker="s", ls="--", label="lp mode=ar (same timing)")
     b.plot(Ps, [w["speedup_vs_ar"] for w in r["rows"]], marker="o", color="C2")
     for ax, label in ((a, "tokens/s"), (b, "speedup vs mode=ar")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(Ps, [str(p) for p in Ps])
         ax.set_xlabel("P (ranks)")
         ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     a.legend(fontsize=8)
     fig.suptitle(f"PROJECTION: {r['arch']} {r['dtype']} on {r['device_name']}, S from {r['model']} on "
-                 f"{r['dataset']}\nmeasured: S, forwards, gloo all-gather; not: cross-GPU interference, NVLink",
-                 fontsize=9)
+                 f"{r['dataset']}\nmeasured: S, forwards ({r['forwards'].split(' (')[0]}), gloo all-gather; "
+                 f"not: cross-GPU interference, NVLink", fontsize=9)
     return _save(plt, fig, path, rect=(0, 0, 1, 0.9))
 
 

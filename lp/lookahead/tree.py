@@ -102,7 +102,7 @@ class TreeBuilder:
 
     def _new(self, parent: int, token: int) -> int | None:
         """A new node of `token` under `parent`, or None when the budget is spent (`grow` has
-        these lines inlined: keep the two alike)."""
+        these lines inlined, without the index: keep the two alike)."""
         node = len(self.tokens)
         if node >= self.budget:
             return None
@@ -132,6 +132,8 @@ class TreeBuilder:
         path's chance is the product of its steps'. At most `depth` tokens a path; nodes the tree
         already has cost nothing and are grown on. Sharing only. The builder's last call: the
         nodes it makes are not indexed, so `add` refuses after it."""
+        if self._grown:
+            raise ValueError("a tree is grown once (its grown nodes are not indexed)")
         self._grown = True
         row = successors.get(x0)
         if not self.share or depth < 1 or not rates or row is None:
@@ -146,7 +148,7 @@ class TreeBuilder:
         # offers its first child and its next sibling, so few wait. Entries of equal chance leave
         # in the order they came, as (-chance, arrival) keys in one heap would: one FIFO per
         # chance, the chances (a few dozen distinct ones in a real step's 350 entries) in a heap,
-        # which also orders a sibling whose rounded chance came out a hair above its own.
+        # which also orders a sibling whose rounded chance came out a hair off its predecessor's.
         chances = [-q0]
         waiting = {-q0: deque([(-1, row, 0, 1)])}
         while chances:
