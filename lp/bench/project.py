@@ -49,9 +49,9 @@ PROJECTION = ("PROJECTION, not a multi-GPU run: measured: S (real decode), forwa
               "all-gather (gloo processes on this host); not measured: cross-GPU interference, NCCL/NVLink "
               "latency when fewer GPUs than P are present, host work between forwards")
 MEASURED_PROJECTION = ("PROJECTION, not a multi-GPU run: measured: S (real decode here), forward times (a step-cost "
-                       "run on the device named, per step size), all-gather (gloo processes on this host); not "
-                       "measured: cross-GPU interference, NCCL/NVLink latency, host work between forwards, each rank's "
-                       "own share (its cache length, mask and logits rows: the step-cost run timed causal blocks)")
+                       "run on the device named, per step size); not measured: the all-gather on that device (gloo "
+                       "on this host at most), cross-GPU interference, host work between forwards, each rank's own "
+                       "share (its cache length, mask and logits rows: the step-cost run timed causal blocks)")
 DEFAULT_CONFIGS = "1:W15N5G15,2:W30N5G30,4:W45N5G45,8:W60N5G60"
 COSTS_KEYS = ("arch", "device", "device_name", "dtype", "graphs", "attention", "torch", "steps")  # of a costs= file
 AR_LAYOUT = step_layout(1, 0, 2, range(0), ())  # mode=ar: x0 alone
@@ -335,7 +335,8 @@ def markdown(r: dict) -> str:
              f"- forwards: {r['arch']}, {r['weights']}, on {r['device']} ({r['device_name']}), {r['forwards']}; "
              f"every rank's share of every recorded step; a step = slowest rank + all-gather",
              f"- all-gather: {gathered}; NCCL/NVLink latency not measured ({r['gpus']} GPU(s) here)",
-             "- `mode=ar` (S = 1) timed the same way at the same cache lengths: the same engine's baseline", "",
+             "- `mode=ar` (S = 1) replayed at the same cache lengths: the same engine's baseline" if r["forwards"] == "replayed here"
+             else "- `mode=ar` (S = 1) priced by the same step-cost run (its 1-token step): the same engine's baseline", "",
              "| P | W,N,G | prompts | S | step ms median | step ms mean | slowest rank ms (share) | "
              "slowest rank tokens | all-gather ms | tok/s | mode=ar tok/s | speedup vs ar |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
