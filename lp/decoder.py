@@ -349,17 +349,18 @@ class Decoder:
         output: list[int] = []
         checksum = _fingerprint(prompt_ids)
 
-        pinned: list[torch.Tensor] = []  # two host buffers, alternating: step i's is read before step i+2's lands
+        # two host buffers and their copies' events, alternating: step i's is read before step i+2's lands
+        pinned: list[tuple[torch.Tensor, torch.cuda.Event]] = []
 
         def fetch(gathered: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
             """Queue step i's messages' copy to the host; the event marks its end (None: already there)."""
             if not gathered.is_cuda:
                 return gathered, None
             if not pinned:
-                pinned.extend(torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True) for _ in range(2))
-            host = pinned[i % 2]
+                pinned.extend((torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True), torch.cuda.Event())
+                              for _ in range(2))
+            host, done = pinned[i % 2]
             host.copy_(gathered, non_blocking=True)
-            done = torch.cuda.Event()
             done.record()
             return host, done
 

@@ -41,6 +41,7 @@ import torch
 from lp.bench import steps
 from lp.decoder import StepObserver, StepPlan, rank_share
 from lp.errors import LPError
+from lp.graph import bucket
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.lookahead.tree import DraftTree
 from lp.throughput import compression
@@ -172,8 +173,6 @@ def measured_timer(doc: dict, source: str = "costs") -> Timer:
     """A forward's time read from a `lp.bench.steps` result `doc`: the median of its causal step
     of the same size, the size padded to its bucket where that run used fixed-shape steps
     (`graphs`), else interpolated between the sizes it measured. The cache length is ignored."""
-    from lp.graph import bucket
-
     try:
         measured = {int(row["tokens"]): float(row["median_ms"]) / 1e3 for row in doc["steps"] if row["kind"] == "causal"}
         fixed = bool(doc["graphs"])
