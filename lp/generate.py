@@ -1,6 +1,7 @@
 """`python -m lp.generate` (or `torchrun --nproc_per_node P -m lp.generate`): decode prompts
 with lookahead decoding, print text and a summary, write JSONL results (rank 0 only).
 Keys: configs/generate.yaml (`python -m lp.generate --help`)."""
+
 from __future__ import annotations
 
 import json
@@ -10,22 +11,41 @@ from pathlib import Path
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from lp import cli, models
+from lp import models
 from lp.collective import check_backend, check_device
 from lp.config import check_settings
 from lp.errors import LPError
-from lp.prompts import Prompt, read_jsonl
-from lp.runtime import LP, Result
+from lp.frontend import cli
+from lp.frontend.prompts import Prompt, read_jsonl
+from lp.frontend.runtime import LP, Result
 from lp.worker import check_options
 
-SETTINGS = ("W", "N", "G", "max_new_tokens", "mode", "seed", "pool_from_prompt", "pool_from_output",
-            "temperature", "top_k", "top_p", "drafts", "tree", "budget", "draft_len", "text_drafts",
-            "pool_size", "rank", "recycle")
+SETTINGS = (
+    "W",
+    "N",
+    "G",
+    "max_new_tokens",
+    "mode",
+    "seed",
+    "pool_from_prompt",
+    "pool_from_output",
+    "temperature",
+    "top_k",
+    "top_p",
+    "drafts",
+    "tree",
+    "budget",
+    "draft_len",
+    "text_drafts",
+    "pool_size",
+    "rank",
+    "recycle",
+)
 
 
 def _prompts(cfg: DictConfig) -> list[Prompt]:
     if (cfg.prompt is None) == (cfg.prompts is None):
-        raise LPError("give exactly one of prompt=\"...\" or prompts=FILE.jsonl")
+        raise LPError('give exactly one of prompt="..." or prompts=FILE.jsonl')
     if cfg.prompt is not None:
         if not str(cfg.prompt):
             raise LPError("empty prompt")
@@ -63,8 +83,10 @@ def summary(pid: object, r: Result) -> str:
     """One line per prompt, the same with and without `quiet`."""
     shape = f"lookahead W={r.W} N={r.N} G={r.G}" if r.mode == "lookahead" else "plain decoding (mode=ar)"
     ranks = f"{r.world_size} rank{'s' if r.world_size > 1 else ''}"
-    line = (f"[{pid}] {r.new_tokens} tokens in {r.steps} steps, S={r.compression:.2f}, "
-            f"{r.tokens_per_s:.1f} tokens/s; {shape}, {ranks}")
+    line = (
+        f"[{pid}] {r.new_tokens} tokens in {r.steps} steps, S={r.compression:.2f}, "
+        f"{r.tokens_per_s:.1f} tokens/s; {shape}, {ranks}"
+    )
     if r.predicted:
         line += f"; auto predicted S={r.predicted['S']:.2f}, {r.predicted['tokens_per_s']:.1f} tokens/s"
     return line
@@ -74,9 +96,17 @@ def run(cfg: DictConfig) -> None:
     """The job: check the input, load the model, decode every prompt (every rank alike)."""
     prompts, settings = check(cfg)  # on every rank, before any collective or model load
     cli.quiet_third_party()
-    lm = LP(cfg.model.name, dtype=cfg.model.dtype, device=cfg.device, timeout_s=cfg.timeout_s,
-            attention=cfg.attention, graphs=cfg.graphs, compile=cfg.compile, max_seq_len=cfg.max_seq_len,
-            backend=cfg.backend)
+    lm = LP(
+        cfg.model.name,
+        dtype=cfg.model.dtype,
+        device=cfg.device,
+        timeout_s=cfg.timeout_s,
+        attention=cfg.attention,
+        graphs=cfg.graphs,
+        compile=cfg.compile,
+        max_seq_len=cfg.max_seq_len,
+        backend=cfg.backend,
+    )
     main = lm.comm.is_main
     try:
         out = open(cfg.out, "w", encoding="utf-8") if (main and cfg.out) else None
@@ -84,8 +114,7 @@ def run(cfg: DictConfig) -> None:
         lm.close()
         raise LPError(f"cannot write out={cfg.out}: {e.strerror}") from None
     try:
-        bar = tqdm(prompts, disable=not main or cfg.quiet or len(prompts) < 2, desc="prompts",
-                   file=sys.stderr)
+        bar = tqdm(prompts, disable=not main or cfg.quiet or len(prompts) < 2, desc="prompts", file=sys.stderr)
         for i, p in enumerate(bar):
             r = lm.generate(p.text, chat=cfg.chat, stream=i, **settings)
             if not main:

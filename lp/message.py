@@ -10,6 +10,7 @@ draft + 1; R, k: logits rows and successors per row sent for the successor table
   [5+K+W : ]    R rows of (input token, its top-k next tokens): the rank's logits rows, then
                 rows of -1 (padding, which `merge` drops; lp/lookahead/successors.py)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,9 +43,17 @@ def step_message_size(cfg: DecodeConfig) -> int:
     return message_size(W, cfg.step_width, successor_rows(W, budget), cfg.successors_sent)
 
 
-def pack(y1: torch.Tensor, acc: Acceptance, first_candidate: int, new: torch.Tensor,
-         length: int, checksum: int, W: int, successors: torch.Tensor | None = None,
-         rows: int = 0) -> torch.Tensor:
+def pack(
+    y1: torch.Tensor,
+    acc: Acceptance,
+    first_candidate: int,
+    new: torch.Tensor,
+    length: int,
+    checksum: int,
+    W: int,
+    successors: torch.Tensor | None = None,
+    rows: int = 0,
+) -> torch.Tensor:
     """Build the message on the device from the rank's step results (no host sync).
     `successors`: `[r, 1 + k]` rows (input token, top-k next tokens), padded to `rows`."""
     best = torch.where(acc.best >= 0, acc.best + first_candidate, acc.best)
@@ -74,17 +83,16 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], width: int, k: int 
     head = gathered[:, :HEADER].tolist()  # P short rows: Python beats array ops at this size
     y1, _, _, length, checksum = head[0]
     if any(h[3] != length or h[4] != checksum for h in head):
-        raise LPError(f"ranks diverged: output lengths {[h[3] for h in head]}, "
-                      f"checksums {[h[4] for h in head]}")
+        raise LPError(f"ranks diverged: output lengths {[h[3] for h in head]}, checksums {[h[4] for h in head]}")
     # the most accepted, then the lowest global candidate index, among ranks that agree on y1
     best = min(((-h[2], h[1], r) for r, h in enumerate(head) if h[0] == y1 and h[1] >= 0), default=None)
     tokens, accepted = [y1], 0
     if best is not None:
         accepted, r = -best[0], best[2]
-        tokens = gathered[r, HEADER:HEADER + accepted + 1].tolist()
+        tokens = gathered[r, HEADER : HEADER + accepted + 1].tolist()
     start = HEADER + width
-    new = np.concatenate([gathered[r, start:start + len(p.columns)] for r, p in enumerate(plans)])
-    return Outcome(tokens, new, accepted, _successor_rows(gathered[:, start + len(new):], plans, k))
+    new = np.concatenate([gathered[r, start : start + len(p.columns)] for r, p in enumerate(plans)])
+    return Outcome(tokens, new, accepted, _successor_rows(gathered[:, start + len(new) :], plans, k))
 
 
 def _successor_rows(section: np.ndarray, plans: tuple[RankPlan, ...], k: int) -> np.ndarray:
@@ -99,5 +107,5 @@ def _successor_rows(section: np.ndarray, plans: tuple[RankPlan, ...], k: int) ->
         return np.zeros((0, 1), dtype=np.int64)
     rows = section.reshape(len(plans), -1, 1 + k)
     cols = [1 + len(p.columns) for p in plans]
-    nodes = [rows[r, c:c + len(p.candidates)] for r, (c, p) in enumerate(zip(cols, plans))]
+    nodes = [rows[r, c : c + len(p.candidates)] for r, (c, p) in enumerate(zip(cols, plans))]
     return np.concatenate([rows[0, :1]] + [rows[r, 1:c] for r, c in enumerate(cols)] + [n[::-1] for n in nodes[::-1]])

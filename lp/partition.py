@@ -8,6 +8,7 @@ Column j needs the row-0 prefix rows[0, 1..j], so a rank holding columns [a, b) 
 rows[0, 1..b-1] (duplicating what lower ranks feed). Cost is counted in step tokens, the
 quantity a rank's forward time grows with.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -26,8 +27,9 @@ class RankPlan:
     def cost(self, N: int, pending: int = 1, width: int | None = None) -> int:
         """Tokens this rank feeds: pending tokens, the row-0 prefix, its levels, its candidates
         (`width` tokens each, default N-1)."""
-        return _tokens(self.columns.start, self.columns.stop, len(self.candidates), N, pending,
-                       N - 1 if width is None else width)
+        return _tokens(
+            self.columns.start, self.columns.stop, len(self.candidates), N, pending, N - 1 if width is None else width
+        )
 
 
 def _tokens(first_col: int, stop_col: int, candidates: int, N: int, pending: int, width: int) -> int:
@@ -36,8 +38,9 @@ def _tokens(first_col: int, stop_col: int, candidates: int, N: int, pending: int
     return pending + prefix + (N - 2) * (stop_col - first_col) + width * candidates
 
 
-def _greedy(W: int, N: int, ends: tuple[int, ...], P: int, limit: int,
-            width: int) -> list[tuple[int, int, int, int]] | None:
+def _greedy(
+    W: int, N: int, ends: tuple[int, ...], P: int, limit: int, width: int
+) -> list[tuple[int, int, int, int]] | None:
     """Fill ranks in order up to `limit` tokens each: columns first, then whole candidate
     groups (`ends` are the groups' exclusive end indices). Both fills are closed forms: columns
     [a, b) cost `_tokens` = (N-1)b - (N-2)a tokens (b > a), so b is that solved for the limit, and
@@ -67,13 +70,15 @@ def _floor(W: int, N: int, P: int, groups: tuple[int, ...], width: int) -> int:
 
 
 @lru_cache(maxsize=4096)
-def partition(W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = None,
-              width: int | None = None) -> tuple[RankPlan, ...]:
+def partition(
+    W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = None, width: int | None = None
+) -> tuple[RankPlan, ...]:
     """Split W columns and G candidates over P ranks, minimising the largest rank's cost.
 
     Columns are taken in order (so a rank's prefix is shared by its columns), then candidates;
     a binary search finds a per-rank token limit the greedy fill can meet (the smallest one,
-    except in rare cases where the fill meets a limit but not the next: it is not monotone). `groups` (sizes summing to G) keeps
+    except in rare cases where the fill meets a limit but not the next: it is not monotone).
+    `groups` (sizes summing to G) keeps
     consecutive candidates together on one rank: a tree's root subtrees, or the candidates
     that share their first draft token, as sampling needs. `width`: tokens per candidate
     (default N-1). Ranks may end up empty (they still compute the next token and

@@ -5,8 +5,9 @@ The cache is allocated once, when the worker is built: `max_seq_len` committed t
 room for one step's speculative tokens after them. Steps run
 eagerly at their exact size (the CPU default: a few-token forward costs in proportion to its tokens
 there) or at fixed shapes, compiled and captured as CUDA graphs (the CUDA default;
-lp/graph.py).
+lp/engine/fixed_steps.py).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -14,12 +15,12 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from lp import attention, llama
-from lp.attention import FLEX_BLOCK
+from lp.engine import attention, llama
+from lp.engine.attention import FLEX_BLOCK
+from lp.engine.fixed_steps import DeviceLayout, FixedSteps, bucket, device_layout
+from lp.engine.forward import Forward, StepInputs, TransformersForward, kv_shape
+from lp.engine.kv import KVCache
 from lp.errors import LPError
-from lp.forward import Forward, StepInputs, TransformersForward, kv_shape
-from lp.graph import DeviceLayout, FixedSteps, bucket, device_layout
-from lp.kv import KVCache
 from lp.lookahead.mask import StepLayout
 
 DEFAULT_MAX_SEQ_LEN = 8192  # committed tokens when neither the user nor a shorter context says less
@@ -41,12 +42,14 @@ def check_options(attention_choice: str, graphs: bool | str, compile: bool | str
     for key, flag in (("graphs", graphs), ("compile", compile)):
         if flag != "auto" and not isinstance(flag, bool):
             raise LPError(f"{key} must be true, false or auto, got {flag!r}")
-    if max_seq_len is not None and (not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 2):
+    if max_seq_len is not None and (
+        not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 2
+    ):
         raise LPError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
 
 
 def _backend(choice: str, device: torch.device, lean: bool, fixed: bool, compiled: bool) -> str:
-    """The attention backend for `choice` (lp/attention.py); an LPError says why one cannot run."""
+    """The attention backend for `choice` (lp/engine/attention.py); an LPError says why one cannot run."""
     if choice == "auto":
         if lean and device.type == "cuda":
             # flex only compiled: uncompiled, it materialises scores over the whole cache
@@ -66,12 +69,19 @@ class Worker:
 
     `graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (`auto`: on CUDA).
     `compile`: torch.compile the fixed-shape forward (`auto`: with graphs on CUDA).
-    `attention`: `auto`, `sdpa`, `flex` or `split` (lp/attention.py).
+    `attention`: `auto`, `sdpa`, `flex` or `split` (lp/engine/attention.py).
     `max_seq_len`: the longest sequence, prompt included (default: the model's context, at
     most 8192); the cache holds that many tokens plus `STEP_ROOM` slots for a step."""
 
-    def __init__(self, model: torch.nn.Module, *, max_seq_len: int | None = None, attention: str = "auto",
-                 graphs: bool | str = "auto", compile: bool | str = "auto") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        max_seq_len: int | None = None,
+        attention: str = "auto",
+        graphs: bool | str = "auto",
+        compile: bool | str = "auto",
+    ) -> None:
         check_options(attention, graphs, compile, max_seq_len)
         param = next(model.parameters())
         self.model, self.device = model, param.device
@@ -84,10 +94,12 @@ class Worker:
         lean = llama.supports(model)
         self.attention = _backend(attention, self.device, lean, fixed, compiled)
         self.kv = KVCache(*kv_shape(model), capacity, param.dtype, self.device)
-        self.forward: Forward = (llama.LlamaForward(model, self.kv, self.attention) if lean
-                                 else TransformersForward(model, self.kv))
-        self.fixed = FixedSteps(self.forward, self.kv, self.device, self.attention == "flex", compiled) \
-            if fixed else None
+        self.forward: Forward = (
+            llama.LlamaForward(model, self.kv, self.attention) if lean else TransformersForward(model, self.kv)
+        )
+        self.fixed = (
+            FixedSteps(self.forward, self.kv, self.device, self.attention == "flex", compiled) if fixed else None
+        )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         # Step ids go to the device from pinned memory without blocking the host (CUDA only).
         self._staging = torch.empty(capacity, dtype=torch.long, pin_memory=True) if cuda else None
@@ -106,11 +118,15 @@ class Worker:
         """Start a new sequence that commits at most `tokens` and runs steps of at most
         `step_tokens` tokens; refuse it if the cache cannot hold that."""
         if tokens > self.max_seq_len:
-            raise LPError(f"the sequence needs {tokens} tokens (prompt + max_new_tokens), "
-                          f"more than max_seq_len={self.max_seq_len}")
+            raise LPError(
+                f"the sequence needs {tokens} tokens (prompt + max_new_tokens), "
+                f"more than max_seq_len={self.max_seq_len}"
+            )
         if tokens + self.step_slots(step_tokens) > self.capacity:
-            raise LPError(f"a step of {step_tokens} tokens does not fit in the KV cache after {tokens} tokens: "
-                          f"lower W or G (at most {STEP_ROOM} step tokens past max_seq_len)")
+            raise LPError(
+                f"a step of {step_tokens} tokens does not fit in the KV cache after {tokens} tokens: "
+                f"lower W or G (at most {STEP_ROOM} step tokens past max_seq_len)"
+            )
         self.kv.reset()
 
     def commit(self, n: int) -> None:
@@ -122,7 +138,7 @@ class Worker:
         if self._staging is None:
             return host.to(self.device)
         self._staged.synchronize()  # done long ago in practice: the last step was read since
-        staged = self._staging[:len(ids)]
+        staged = self._staging[: len(ids)]
         staged.copy_(host)
         out = staged.to(self.device, non_blocking=True)
         self._staged.record()
@@ -160,5 +176,6 @@ class Worker:
         if self.fixed is not None:
             return self.fixed.step(ids, dev, x0_position)
         c = self.kv.length
-        return self.forward(StepInputs(ids, dev.depth + x0_position, dev.block, dev.rows,
-                                       extent=c + layout.size, committed=c))
+        return self.forward(
+            StepInputs(ids, dev.depth + x0_position, dev.block, dev.rows, extent=c + layout.size, committed=c)
+        )

@@ -1,12 +1,13 @@
 """Helpers of the sampling tests (tests/ and tests_distributed/): exact next-tokens distributions and a chi-square
 goodness-of-fit test (no scipy needed)."""
+
 from __future__ import annotations
 
 from collections import Counter
 
 import torch
 
-from lp.sampling import warp
+from lp.verify.distribution import warp
 
 
 def peaked_llama(seed: int = 3, vocab: int = 8, scale: float = 40.0) -> tuple[torch.nn.Module, list[int]]:
@@ -15,9 +16,18 @@ def peaked_llama(seed: int = 3, vocab: int = 8, scale: float = 40.0) -> tuple[to
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)
@@ -27,8 +37,9 @@ def peaked_llama(seed: int = 3, vocab: int = 8, scale: float = 40.0) -> tuple[to
 
 
 @torch.inference_mode()
-def exact_distribution(model: torch.nn.Module, prompt: list[int], length: int, temperature: float,
-                       top_k: int = 0, top_p: float = 1.0) -> dict[tuple[int, ...], float]:
+def exact_distribution(
+    model: torch.nn.Module, prompt: list[int], length: int, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> dict[tuple[int, ...], float]:
     """P(first `length` tokens) under the warped model, by enumerating every prefix."""
     dist = {(): 1.0}
     for _ in range(length):
@@ -43,7 +54,9 @@ def exact_distribution(model: torch.nn.Module, prompt: list[int], length: int, t
     return dist
 
 
-def chi_square_pvalue(samples: list[tuple[int, ...]], expected: dict[tuple[int, ...], float], min_expected: float = 5.0) -> float:
+def chi_square_pvalue(
+    samples: list[tuple[int, ...]], expected: dict[tuple[int, ...], float], min_expected: float = 5.0
+) -> float:
     """Goodness of fit of `samples` to `expected` probabilities; cells with an expected count
     below `min_expected` are pooled into one. A sample outside the support gives p = 0."""
     n = len(samples)
@@ -61,8 +74,9 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], expected: dict[tuple[int, 
         cells.append((pooled_obs, pooled_exp))
     stat = sum((o - e) ** 2 / e for o, e in cells)
     dof = len(cells) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
 
 
 def follow_first_drafts(first_token: int, tree, p_nodes: torch.Tensor, width: int):
@@ -98,8 +112,10 @@ def sample_accept(p_x0: torch.Tensor, tree, p_nodes: torch.Tensor, u: torch.Tens
     depth = int(tree.depth.max()) if tree.size else 0
     width = width or depth + 1
     if p_nodes.shape[0] != tree.size or (tree.size and p_nodes.shape[1] != p_x0.shape[-1]):
-        raise ValueError(f"sample_accept: p_nodes {tuple(p_nodes.shape)} does not match a tree of "
-                         f"{tree.size} nodes and p_x0 {tuple(p_x0.shape)}")
+        raise ValueError(
+            f"sample_accept: p_nodes {tuple(p_nodes.shape)} does not match a tree of "
+            f"{tree.size} nodes and p_x0 {tuple(p_x0.shape)}"
+        )
     if u.numel() < uniforms_needed(depth):
         raise ValueError(f"sampling verification needs {uniforms_needed(depth)} uniforms, got {u.numel()}")
     first = sample_first_level(p_x0, torch.from_numpy(tree.tokens[tree.roots]), u)

@@ -1,14 +1,15 @@
-"""The attention backends (lp/attention.py): masks built on the device from the committed
+"""The attention backends (lp/engine/attention.py): masks built on the device from the committed
 length, split attention (committed KV + in-step block merged by log-sum-exp) equal to sdpa, and
 the backend choice with its one-line errors."""
+
 import pytest
 import torch
-
 from unit_helpers import build_tiny
-from lp import attention
+
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder
+from lp.decode.loop import Decoder
+from lp.engine import attention
 from lp.errors import LPError
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
@@ -19,8 +20,8 @@ def test_dense_mask():
     for start in (0, 4):
         m = attention.dense_mask(torch.tensor(start), block, start + 3 + 2)[0, 0]
         assert m[:, :start].all()  # every step token sees the committed slots
-        assert torch.equal(m[:, start:start + 3], block)  # and its chain within the step
-        assert not m[:, start + 3:].any()  # never the tail
+        assert torch.equal(m[:, start : start + 3], block)  # and its chain within the step
+        assert not m[:, start + 3 :].any()  # never the tail
         # per group head (CUDA's sdpa folds a kv head's query heads into its rows)
         grouped = attention.dense_mask(torch.tensor(start), block, start + 3 + 2, groups=3)[0, 0]
         assert torch.equal(grouped, torch.cat([m] * 3))
@@ -54,11 +55,13 @@ def test_backend_choice():
     model = build_tiny("llama")
     assert Worker(model).attention == "sdpa"  # CPU, auto
     assert Worker(model, graphs=True).attention == "sdpa"
-    for kw, fragment in ((dict(attention="flex", graphs=False), "attention=flex needs fixed-shape steps"),
-                         (dict(attention="split", graphs=True), "attention=split needs graphs=false"),
-                         (dict(attention="flash3"), "attention must be one of"),
-                         (dict(graphs="yes"), "graphs must be true, false or auto"),
-                         (dict(max_seq_len=1), "max_seq_len must be an integer >= 2")):
+    for kw, fragment in (
+        (dict(attention="flex", graphs=False), "attention=flex needs fixed-shape steps"),
+        (dict(attention="split", graphs=True), "attention=split needs graphs=false"),
+        (dict(attention="flash3"), "attention must be one of"),
+        (dict(graphs="yes"), "graphs must be true, false or auto"),
+        (dict(max_seq_len=1), "max_seq_len must be an integer >= 2"),
+    ):
         with pytest.raises(LPError, match=fragment):
             Worker(model, **kw)
 

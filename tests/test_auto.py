@@ -1,21 +1,23 @@
-"""`W=auto` (lp/auto.py): the same input on the same machine gets the same choice despite
+"""`W=auto` (lp/decode/auto.py): the same input on the same machine gets the same choice despite
 calibration noise, and what it predicts is reported next to what it achieves."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
 
-import lp.auto
-from lp.auto import LADDER, AutoTuner, CostCurve, step_tokens
+import lp.decode.auto
+from lp.decode.auto import LADDER, AutoTuner, CostCurve, step_tokens
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def curve(per_token: float, noise: float = 0.0, rng: random.Random | None = None) -> CostCurve:
     """A step costing 1 + per_token x (T - 1), each size timed with up to `noise` relative error."""
-    return CostCurve(SIZES, tuple((1 + per_token * (T - 1)) * (1 + (rng.uniform(-noise, noise) if rng else 0))
-                                  for T in SIZES))
+    return CostCurve(
+        SIZES, tuple((1 + per_token * (T - 1)) * (1 + (rng.uniform(-noise, noise) if rng else 0)) for T in SIZES)
+    )
 
 
 def choices(per_token: float, runs: int = 40, noise: float = 0.02) -> set:
@@ -32,7 +34,7 @@ def test_choice_is_stable_under_calibration_noise(per_token, expected):
 
 def test_without_the_margin_the_same_noise_flips_the_choice(monkeypatch):
     """Control for the test above: its near ties do flip when any gain wins."""
-    monkeypatch.setattr(lp.auto, "MARGIN", 1.0)
+    monkeypatch.setattr(lp.decode.auto, "MARGIN", 1.0)
     assert len(choices(0.08)) > 1 and len(choices(0.025)) > 1
 
 
@@ -45,7 +47,7 @@ def test_predictions_follow_what_is_achieved():
     for _ in range(12):
         shape, _ = tuner.choose()
         assert shape is not None  # steps are cheap here: lookahead always pays
-        achieved = 1 + 0.06 * lp.auto.math.log2(step_tokens(*shape)) + rng.uniform(-0.02, 0.02)
+        achieved = 1 + 0.06 * lp.decode.auto.math.log2(step_tokens(*shape)) + rng.uniform(-0.02, 0.02)
         errors.append(abs(tuner.expect(shape)[0] - achieved))
         tuner.observe(shape, achieved)
     assert max(errors[1:]) < 0.05, errors
@@ -98,8 +100,8 @@ def test_fixed_shape_costs_are_their_buckets():
 def test_calibration_builds_every_bucket_auto_can_use(tiny_models):
     """Fixed-shape steps: calibration times (so compiles and captures, on a GPU) every bucket a
     ladder shape's step uses, before any decode; exact-size steps keep the short sizes."""
-    from lp.auto import calibrate
-    from lp.graph import bucket
+    from lp.decode.auto import calibrate
+    from lp.engine.fixed_steps import bucket
     from lp.worker import Worker
 
     worker = Worker(tiny_models["llama"], graphs=True)

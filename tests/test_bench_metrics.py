@@ -1,5 +1,6 @@
 """The benchmark's metric code on synthetic inputs: S, the accepted-tokens histogram, medians,
 step intervals, speedup against the baseline, exactness, and per-category aggregation."""
+
 from __future__ import annotations
 
 import math
@@ -66,10 +67,23 @@ def test_first_mismatch():
 
 
 def _row(decoder, category, new, steps, secs, base, hist, matches=True, lat=(0.1,), status="ok"):
-    return dict(decoder=decoder, label=decoder, kind=decoder, category=category, world_size=1,
-                new_tokens=new, steps=steps, decode_seconds=secs, prefill_seconds=0.01,
-                baseline_seconds=base, speedup=m.speedup(base, secs), accepted_hist=hist,
-                step_latencies=list(lat), matches_greedy=matches, status=status)
+    return dict(
+        decoder=decoder,
+        label=decoder,
+        kind=decoder,
+        category=category,
+        world_size=1,
+        new_tokens=new,
+        steps=steps,
+        decode_seconds=secs,
+        prefill_seconds=0.01,
+        baseline_seconds=base,
+        speedup=m.speedup(base, secs),
+        accepted_hist=hist,
+        step_latencies=list(lat),
+        matches_greedy=matches,
+        status=status,
+    )
 
 
 def test_summarize_pools_tokens_steps_and_seconds():

@@ -1,10 +1,11 @@
 """Bad input gives one clear line `lp: error: ...` and a non-zero exit (CLI), or an LPError
-(Python API); plus lp.prompts.read_jsonl.
+(Python API); plus lp.frontend.prompts.read_jsonl.
 
 The CLI runs as real subprocesses for a representative set of errors (before and after the model
 is loaded) and one successful run; each costs a few CPU seconds of imports, so the remaining
 bad values go through the same hydra entry point in-process (`lp.generate.main` with argv set),
 which differs from a subprocess only in who prints the SystemExit message."""
+
 from __future__ import annotations
 
 import json
@@ -13,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from unit_helpers import PYTHON, REPO, TINY_DIR_CONTEXT, words
 
 import lp.generate
-from unit_helpers import PYTHON, REPO, TINY_DIR_CONTEXT, words
 from lp.errors import LPError
-from lp.prompts import Prompt, read_jsonl
+from lp.frontend.prompts import Prompt, read_jsonl
 
 SHORT = "w1 w2 w3 w4 w1 w2 w3 w4"
 LONG = " ".join(f"w{i % 20}" for i in range(20))  # 20 tokens: 20 + 50 > context 64
@@ -38,12 +39,17 @@ def cli_runs(tiny_model_dir, tmp_path_factory, cli_env):
         "too_long": [model, f"prompt={LONG}", "max_new_tokens=50"],
         "unknown_model": ["model.name=no-such-model", f"prompt={SHORT}"],
         "malformed_jsonl": [model, f"prompts={bad}"],
-        "ok": [model, f"prompt={SHORT}", "max_new_tokens=6", "W=4", "N=3", "G=4",
-               f"out={tmp / 'out.jsonl'}"],
+        "ok": [model, f"prompt={SHORT}", "max_new_tokens=6", "W=4", "N=3", "G=4", f"out={tmp / 'out.jsonl'}"],
     }
     procs = {
-        name: subprocess.Popen([PYTHON, "-m", "lp.generate", "chat=false", *args], cwd=tmp, env=cli_env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        name: subprocess.Popen(
+            [PYTHON, "-m", "lp.generate", "chat=false", *args],
+            cwd=tmp,
+            env=cli_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for name, args in cases.items()
     }
     results = {}
@@ -99,8 +105,22 @@ def test_cli_success_writes_the_contract(cli_runs):
     rows = [json.loads(line) for line in cli_runs["out_path"].read_text().splitlines()]
     assert len(rows) == 1
     row = rows[0]
-    for key in ("id", "prompt_ids", "output_ids", "text", "new_tokens", "steps", "compression",
-                "seconds", "tokens_per_s", "world_size", "W", "N", "G", "mode"):
+    for key in (
+        "id",
+        "prompt_ids",
+        "output_ids",
+        "text",
+        "new_tokens",
+        "steps",
+        "compression",
+        "seconds",
+        "tokens_per_s",
+        "world_size",
+        "W",
+        "N",
+        "G",
+        "mode",
+    ):
         assert key in row, key
     assert row["prompt_ids"] == [4, 5, 6, 7, 4, 5, 6, 7]
     assert 1 <= row["new_tokens"] == len(row["output_ids"]) <= 6
@@ -126,28 +146,34 @@ def run_main(monkeypatch, capsys, *args: str) -> str:
     return err.strip()
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["N=1"], "N must be"),
-    (["G=-1"], "G must be"),
-    (["max_new_tokens=0"], "max_new_tokens must be"),
-    (["mode=beam"], "mode must be"),
-    (["W=2.5"], "W must be"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["N=1"], "N must be"),
+        (["G=-1"], "G must be"),
+        (["max_new_tokens=0"], "max_new_tokens must be"),
+        (["mode=beam"], "mode must be"),
+        (["W=2.5"], "W must be"),
+    ],
+)
 def test_main_bad_settings(monkeypatch, capsys, tiny_model_dir, args, fragment):
     msg = run_main(monkeypatch, capsys, f"model.name={tiny_model_dir}", f"prompt={SHORT}", *args)
     assert fragment in msg
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["out=/nonexistent/dir/x.jsonl"], "the directory /nonexistent/dir does not exist"),
-    (["device=cuda:0"], "sees no CUDA device"),
-    (["device=tpu"], "device must be"),
-    (["attention=flash"], "attention must be"),
-    (["timeout_s=0"], "timeout_s must be"),
-    (["Wx=3"], "unknown key 'Wx'"),
-    (["W=[1"], "see --help"),
-    (["model=no-such-model"], "unknown model 'no-such-model'"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["out=/nonexistent/dir/x.jsonl"], "the directory /nonexistent/dir does not exist"),
+        (["device=cuda:0"], "sees no CUDA device"),
+        (["device=tpu"], "device must be"),
+        (["attention=flash"], "attention must be"),
+        (["timeout_s=0"], "timeout_s must be"),
+        (["Wx=3"], "unknown key 'Wx'"),
+        (["W=[1"], "see --help"),
+        (["model=no-such-model"], "unknown model 'no-such-model'"),
+    ],
+)
 def test_main_refuses_before_the_model_loads(monkeypatch, capsys, args, fragment):
     """The default model is never needed: its cache points at an empty folder."""
     monkeypatch.setenv("LP_CACHE", "/nonexistent/lp-cache")
@@ -188,10 +214,19 @@ def lm(tiny_model_dir):
     return LP(str(tiny_model_dir))
 
 
-@pytest.mark.parametrize("settings", [
-    dict(W=0), dict(N=1), dict(G=-1), dict(max_new_tokens=0), dict(mode="beam"),
-    dict(W="5"), dict(max_new_tokens=None), dict(bogus=1),
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(W=0),
+        dict(N=1),
+        dict(G=-1),
+        dict(max_new_tokens=0),
+        dict(mode="beam"),
+        dict(W="5"),
+        dict(max_new_tokens=None),
+        dict(bogus=1),
+    ],
+)
 def test_api_bad_settings_raise(lm, settings):
     with pytest.raises(LPError):
         lm.generate(SHORT, **settings)
@@ -228,17 +263,22 @@ def test_api_generate_is_exact_at_the_context_edge(lm):
     assert r.output_ids == ar.output_ids
     eos = sorted(lm.decoder.eos_ids)
     with torch.inference_mode():
-        ref = lm.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                do_sample=False, max_new_tokens=n, eos_token_id=eos or None,
-                                pad_token_id=0)[0, len(ids):].tolist()
+        ref = lm.model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=n,
+            eos_token_id=eos or None,
+            pad_token_id=0,
+        )[0, len(ids) :].tolist()
     if eos and ref[-1] in eos:
-        ref = ref[:ref.index(ref[-1]) + 1]
+        ref = ref[: ref.index(ref[-1]) + 1]
     assert r.output_ids == ref
     assert r.prompt_ids == ids and r.text == words(r.output_ids)
 
 
 # ---------------------------------------------------------------------------------------------
-# lp.prompts.read_jsonl
+# lp.frontend.prompts.read_jsonl
 
 
 def write(tmp_path: Path, *lines: str) -> Path:
@@ -248,11 +288,13 @@ def write(tmp_path: Path, *lines: str) -> Path:
 
 
 def test_read_prompt_and_turns(tmp_path):
-    p = write(tmp_path,
-              json.dumps({"id": "a", "prompt": "first", "category": "x"}),
-              "",
-              json.dumps({"question_id": 81, "turns": ["turn one", "turn two"], "category": "writing"}),
-              json.dumps({"prompt": "third"}))
+    p = write(
+        tmp_path,
+        json.dumps({"id": "a", "prompt": "first", "category": "x"}),
+        "",
+        json.dumps({"question_id": 81, "turns": ["turn one", "turn two"], "category": "writing"}),
+        json.dumps({"prompt": "third"}),
+    )
     got = read_jsonl(p)
     assert got == [Prompt("a", "first", "x"), Prompt(81, "turn one", "writing"), Prompt(2, "third", None)]
 
@@ -285,15 +327,18 @@ def test_limit_zero_reads_nothing(tmp_path):
     assert got == []
 
 
-@pytest.mark.parametrize("bad_line,fragment", [
-    ('{"prompt": "x", oops}', "malformed JSON at column 17: Expecting property name"),
-    ('{"prompt": "a\tb"}', "malformed JSON at column 14: Invalid control character"),
-    ('{"text": "no prompt key"}', "'prompt' or 'turns'"),
-    ('{"turns": []}', "'prompt' or 'turns'"),
-    ('{"prompt": ""}', "'prompt' or 'turns'"),
-    ('{"prompt": 5}', "'prompt' or 'turns'"),
-    ('["a", "list"]', "'prompt' or 'turns'"),
-])
+@pytest.mark.parametrize(
+    "bad_line,fragment",
+    [
+        ('{"prompt": "x", oops}', "malformed JSON at column 17: Expecting property name"),
+        ('{"prompt": "a\tb"}', "malformed JSON at column 14: Invalid control character"),
+        ('{"text": "no prompt key"}', "'prompt' or 'turns'"),
+        ('{"turns": []}', "'prompt' or 'turns'"),
+        ('{"prompt": ""}', "'prompt' or 'turns'"),
+        ('{"prompt": 5}', "'prompt' or 'turns'"),
+        ('["a", "list"]', "'prompt' or 'turns'"),
+    ],
+)
 def test_bad_line_names_file_and_line(tmp_path, bad_line, fragment):
     p = write(tmp_path, json.dumps({"prompt": "ok"}), "", bad_line)
     with pytest.raises(LPError) as exc:

@@ -1,6 +1,7 @@
 """`--help` of lp.generate and lp.bench: every key of the config, with its default and a line on
 what it does, rendered from the yaml files that hold the defaults; and the README shows it as
 printed."""
+
 from __future__ import annotations
 
 import re
@@ -8,11 +9,11 @@ import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
+from unit_helpers import REPO
 
 import lp.bench.__main__
 import lp.generate
-from lp import cli
-from unit_helpers import REPO
+from lp.frontend import cli
 
 MAINS = {"generate": lp.generate.main, "bench": lp.bench.__main__.main}
 

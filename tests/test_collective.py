@@ -1,5 +1,6 @@
 """The all-gather's backend and each rank's GPU (lp/collective.py): NCCL with one GPU per rank,
 gloo with host-staged messages when ranks share GPUs, one-line errors for what cannot work."""
+
 import pytest
 import torch
 
@@ -21,11 +22,14 @@ def test_cpu_uses_gloo():
     assert plan_backend("auto", False, 3, 4, 0) == ("gloo", None)
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (("nccl", True, 0, 2, 1), "backend=nccl needs one GPU per rank, but 2 ranks share 1"),
-    (("nccl", False, 0, 2, 0), "backend=nccl needs CUDA"),
-    (("mpi", False, 0, 1, 0), "backend must be one of auto, nccl, gloo"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (("nccl", True, 0, 2, 1), "backend=nccl needs one GPU per rank, but 2 ranks share 1"),
+        (("nccl", False, 0, 2, 0), "backend=nccl needs CUDA"),
+        (("mpi", False, 0, 1, 0), "backend must be one of auto, nccl, gloo"),
+    ],
+)
 def test_misconfigurations_are_one_line_errors(args, fragment):
     with pytest.raises(LPError, match=fragment):
         plan_backend(*args)

@@ -1,5 +1,6 @@
 """Exactness of the decode loop on tiny random Llama, Qwen2 and Mistral models: lookahead
 decoding (any W, N, G, any number of ranks) must give exactly plain greedy decoding."""
+
 from __future__ import annotations
 
 import gc
@@ -8,14 +9,14 @@ import threading
 import numpy as np
 import pytest
 import torch
-
 from unit_helpers import ARCHS, reference_greedy
+
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder, StepObserver, _drafts, collector_paused
+from lp.decode.loop import Decoder, StepObserver, _drafts, collector_paused
+from lp.errors import LPError
 from lp.lookahead import NGramPool
 from lp.lookahead.drafts import TextIndex
-from lp.errors import LPError
 from lp.worker import Worker
 
 MAX_NEW = 48
@@ -77,14 +78,24 @@ def test_verification_accepts_drafts(arch, tiny_models, refs):
             longest[(N, W, G)] = max(g.accepted_per_step)
     assert any(a > 1 for a in longest.values()), longest
     assert any(a > key[0] for key, a in longest.items()), longest
-    full = [max(decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW, drafts="pool").accepted_per_step) == N
-            for N, W, G in CONFIGS if G]
+    full = [
+        max(decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW, drafts="pool").accepted_per_step)
+        == N
+        for N, W, G in CONFIGS
+        if G
+    ]
     assert any(full), "no pool n-gram was ever fully matched"
 
 
-VARIANTS = [dict(drafts="pool", tree=False), dict(drafts="pool", tree=True), dict(drafts="pool+text", tree=False),
-            dict(drafts="pool+text", budget=7, draft_len=3), dict(drafts="pool+text", budget=40),
-            dict(pool_size=30, rank="frequent", text_drafts=8), dict(rank="recent", draft_len=4)]
+VARIANTS = [
+    dict(drafts="pool", tree=False),
+    dict(drafts="pool", tree=True),
+    dict(drafts="pool+text", tree=False),
+    dict(drafts="pool+text", budget=7, draft_len=3),
+    dict(drafts="pool+text", budget=40),
+    dict(pool_size=30, rank="frequent", text_drafts=8),
+    dict(rank="recent", draft_len=4),
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}{x}" for k, x in v.items()))
@@ -150,7 +161,7 @@ def test_ar_ahead_stops_at_eos_and_max_new_tokens(tiny_models, refs):
         dec.eos_ids = frozenset([tok])
         before = col.calls
         g = dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW))
-        assert g.output_ids == ref[:pos + 1] and g.steps == pos + 1, (tok, pos)
+        assert g.output_ids == ref[: pos + 1] and g.steps == pos + 1, (tok, pos)
         assert col.calls - before == g.steps + 2  # the handshake, the steps, the one past the EOS
         tried += 1
     assert tried >= 4
@@ -163,8 +174,10 @@ def test_ahead_leaves_lookahead_and_sampling_alone(tiny_models, refs):
     the host to build its tree, and sampling draws on the host."""
     model = tiny_models["llama"]
     dec = Decoder(Worker(model), Collective(), set(), 512, ahead=True)
-    for cfg in (DecodeConfig(W=5, N=3, G=5, max_new_tokens=MAX_NEW),
-                DecodeConfig(mode="ar", temperature=0.8, seed=3, max_new_tokens=24)):
+    for cfg in (
+        DecodeConfig(W=5, N=3, G=5, max_new_tokens=MAX_NEW),
+        DecodeConfig(mode="ar", temperature=0.8, seed=3, max_new_tokens=24),
+    ):
         order = _Order()
         g = dec.generate(PROMPT, cfg, observer=order)
         assert order.events == "fr" * g.steps, cfg
@@ -174,8 +187,9 @@ def test_ahead_leaves_lookahead_and_sampling_alone(tiny_models, refs):
 
 def test_without_pool_from_prompt_and_other_seeds(tiny_models, refs):
     for seed in (0, 1, 7):
-        g = decode(tiny_models["llama"], PROMPT, W=5, N=4, G=5, max_new_tokens=MAX_NEW,
-                   seed=seed, pool_from_prompt=False)
+        g = decode(
+            tiny_models["llama"], PROMPT, W=5, N=4, G=5, max_new_tokens=MAX_NEW, seed=seed, pool_from_prompt=False
+        )
         assert g.output_ids == refs["llama"]
 
 
@@ -201,9 +215,10 @@ def test_eos_stops_generation(N, W, G, tiny_models, refs):
         if tok in ref[:pos] or pos == 0:
             continue  # take tokens at their first occurrence, past the first position
         col = CountingCollective()
-        g = decode(tiny_models["mistral"], PROMPT, eos=[tok, 100_000], collective=col,
-                   W=W, N=N, G=G, max_new_tokens=MAX_NEW)
-        assert g.output_ids == ref[:pos + 1], (tok, pos)
+        g = decode(
+            tiny_models["mistral"], PROMPT, eos=[tok, 100_000], collective=col, W=W, N=N, G=G, max_new_tokens=MAX_NEW
+        )
+        assert g.output_ids == ref[: pos + 1], (tok, pos)
         assert g.output_ids[-1] == tok and g.steps == len(g.accepted_per_step)
         assert col.calls == g.steps + 1
         tried += 1
@@ -229,8 +244,7 @@ def test_context_limit(tiny_models):
 
 def test_bad_settings_raise(tiny_models):
     model = tiny_models["llama"]
-    for cfg in (dict(W=0), dict(N=1), dict(G=-1), dict(max_new_tokens=0), dict(mode="beam"),
-                dict(W=2.5), dict(N=True)):
+    for cfg in (dict(W=0), dict(N=1), dict(G=-1), dict(max_new_tokens=0), dict(mode="beam"), dict(W=2.5), dict(N=True)):
         with pytest.raises(LPError):
             decode(model, PROMPT, **cfg)
     with pytest.raises(LPError, match="empty"):
@@ -392,8 +406,11 @@ def test_each_rank_verifies_its_own_candidates(P, W, N, G, tiny_models):
             plan = partition(W, N, s.tree.size, P, s.tree.groups(), width=1)[self.rank]
             want = s.tree.slice(plan.candidates.start, plan.candidates.stop)
             checked.append(want.size)
-            if s.mine != plan.candidates or s.nodes.tolist() != want.tokens.tolist() \
-                    or tuple(s.parents.tolist()) != want.parents:
+            if (
+                s.mine != plan.candidates
+                or s.nodes.tolist() != want.tokens.tolist()
+                or tuple(s.parents.tolist()) != want.parents
+            ):
                 wrong.append((self.rank, plan.candidates, s.nodes.tolist(), want.tokens.tolist()))
             return super().__call__(s)
 
@@ -443,7 +460,7 @@ def test_parallel_ranks_eos(tiny_models, refs):
     pos = next(i for i, tok in enumerate(ref) if i > 10 and tok not in ref[:i])
     cfg = DecodeConfig(W=7, N=5, G=7, max_new_tokens=MAX_NEW)
     results, _ = run_ranks(tiny_models["llama"], 2, [PROMPT] * 2, cfg, eos=[ref[pos]])
-    assert [g.output_ids for g in results] == [ref[:pos + 1]] * 2
+    assert [g.output_ids for g in results] == [ref[: pos + 1]] * 2
 
 
 def test_parallel_rank_mismatch_is_an_error(tiny_models):
@@ -468,7 +485,7 @@ def test_draft_ranking():
 
 def test_recycled_drafts_come_last_and_fill_the_budget():
     """The successor table's paths follow the text and pool drafts, up to the budget."""
-    from lp.decoder import _tree
+    from lp.decode.loop import _tree
     from lp.lookahead.successors import SuccessorTable
 
     pool = NGramPool(3, 4)
@@ -493,8 +510,17 @@ def test_recycled_drafts_keep_the_output_and_raise_acceptance(arch, tiny_models,
     assert on.steps <= off.steps
 
 
-@pytest.mark.parametrize("settings", [dict(), dict(recycle=0), dict(G=0), dict(G=0, budget=8), dict(mode="ar"),
-                                      dict(N=2, tree=False, recycle=3, budget=30)])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(),
+        dict(recycle=0),
+        dict(G=0),
+        dict(G=0, budget=8),
+        dict(mode="ar"),
+        dict(N=2, tree=False, recycle=3, budget=30),
+    ],
+)
 def test_message_size_is_what_steps_send(settings, tiny_models):
     """lp.bench's all-gather timings use step_message_size: it must be the real message."""
     from lp.message import step_message_size

@@ -2,18 +2,19 @@
 graphs survive many prompts of varied lengths, workers of different cache sizes and several
 decoders in one process; compiled, captured steps equal eager ones; fp32 decoding equals
 transformers' greedy decoding, on tiny models and on the real default model."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
+from test_decoder import make_prompt
 from unit_helpers import build_tiny, off_greedy, reference_greedy
+
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder
+from lp.decode.loop import Decoder
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
-from test_decoder import make_prompt
 
 pytestmark = pytest.mark.cuda
 

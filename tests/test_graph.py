@@ -1,20 +1,21 @@
-"""Fixed-shape steps (lp/graph.py), the form a step takes to be compiled and captured as a CUDA
+"""Fixed-shape steps (lp/engine/fixed_steps.py), the form a step takes to be compiled and captured as a CUDA
 graph. On CPU they run eagerly, which checks everything but the capture: padding, the KV writes
 at the device-held committed length, the whole-cache masks (sdpa and FlexAttention), bucket
 reuse across steps and prompts, and a cache that never moves."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
+from test_decoder import make_prompt
 from unit_helpers import ARCHS, reference_greedy
+
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder
-from lp.graph import BUCKETS, bucket, device_layout
+from lp.decode.loop import Decoder
+from lp.engine.fixed_steps import BUCKETS, bucket, device_layout
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
-from test_decoder import make_prompt
 
 
 def test_bucket_sizes():
@@ -24,7 +25,9 @@ def test_bucket_sizes():
 
 @pytest.mark.parametrize("packed", [False, True])  # packed: one buffer, one copy (the GPU's way)
 def test_padded_layout(packed):
-    layout = step_layout(2, 5, 3, range(1, 4), (-1, 0, 0, -1, 3, 4))  # T=14: unpadded, 196 mask bytes (not a multiple of 8)
+    layout = step_layout(
+        2, 5, 3, range(1, 4), (-1, 0, 0, -1, 3, 4)
+    )  # T=14: unpadded, 196 mask bytes (not a multiple of 8)
     p = device_layout(layout, torch.device("cpu"), fixed=True, packed=packed)
     T, S = layout.size, bucket(layout.size)
     assert p.block.shape == (S, S) and p.size == T and p.n_rows == len(layout.logit_rows)
@@ -32,7 +35,7 @@ def test_padded_layout(packed):
     # pad tokens see only themselves, and nothing real sees them
     assert torch.equal(p.block[T:, T:], torch.eye(S - T, dtype=torch.bool))
     assert not p.block[T:, :T].any() and not p.block[:T, T:].any()
-    assert p.rows.shape == (S,) and p.rows[:p.n_rows].tolist() == layout.logit_rows.tolist()
+    assert p.rows.shape == (S,) and p.rows[: p.n_rows].tolist() == layout.logit_rows.tolist()
     assert p.depth.tolist() == layout.depth.tolist() + [0] * (S - T)
     exact = device_layout(layout, torch.device("cpu"), fixed=False, packed=packed)
     assert exact.block.shape == (T, T) and exact.rows.tolist() == layout.logit_rows.tolist()
@@ -40,8 +43,8 @@ def test_padded_layout(packed):
     n = len(layout.tree)
     for d in (p, exact):  # the tree's parents, and its depths and ancestors as the verifier reads them
         assert d.parents.tolist() == list(layout.tree) and d.block.dtype == torch.bool
-        assert d.tree_depth.tolist() == layout.depth[T - n:].tolist()
-        assert torch.equal(d.tree_ancestors, torch.from_numpy(layout.mask[T - n:, T - n:]))
+        assert d.tree_depth.tolist() == layout.depth[T - n :].tolist()
+        assert torch.equal(d.tree_ancestors, torch.from_numpy(layout.mask[T - n :, T - n :]))
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
@@ -96,8 +99,9 @@ def test_compiled_step_equals_eager(tiny_models):
     prompt = make_prompt(5, 10, 2)
     compiled = Worker(model, graphs=True, compile=True, attention="flex")
     dec = Decoder(compiled, Collective(), set(), 512)
-    assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=30)).output_ids == \
-        reference_greedy(model, prompt, 30)
+    assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=30)).output_ids == reference_greedy(
+        model, prompt, 30
+    )
     eager = Worker(model, graphs=True, attention="flex")
     layout = step_layout(2, 5, 3, range(5), 5)
     ids = torch.randint(3, 256, (layout.size,), generator=torch.Generator().manual_seed(0))

@@ -1,5 +1,6 @@
-"""The host-work benchmark (lp/bench/host.py): a decode recorded by P gloo processes, then
+"""The host-work benchmark (tools/host.py): a decode recorded by P gloo processes, then
 replayed rank by rank, one gap of host work per step."""
+
 import dataclasses
 import os
 import signal
@@ -9,9 +10,9 @@ import time
 
 import pytest
 
-from lp.bench.host import load_recording, main, record, replay
 from lp.config import DecodeConfig
 from lp.errors import LPError
+from tools.host import load_recording, main, record, replay
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def test_replay_times_every_step_of_the_recorded_decode(recorded):
 
 
 def test_every_rank_replays_and_the_slowest_bounds_each(recorded):
-    from lp.bench.host import slowest
+    from tools.host import slowest
 
     cfg, rec = recorded
     ranks = [replay(cfg, rec, rank) for rank in range(2)]
@@ -56,8 +57,17 @@ def test_replay_refuses_a_decode_it_did_not_record(recorded):
 
 
 def test_cli_records_once_then_replays_the_file(tmp_path, capsys):
-    args = ["model=random", "W=4", "N=3", "G=4", "P=2", "tokens=8", "replays=2", "allgather=0",
-            f"recording={tmp_path / 'rec'}"]
+    args = [
+        "model=random",
+        "W=4",
+        "N=3",
+        "G=4",
+        "P=2",
+        "tokens=8",
+        "replays=2",
+        "allgather=0",
+        f"recording={tmp_path / 'rec'}",
+    ]
     main(args)
     out = capsys.readouterr().out
     assert "host work per step at W=4 N=3 G=4 recycle=8, P=2" in out and "fastest of 2" in out
@@ -85,10 +95,10 @@ def test_replay_catches_other_trees_or_plans(recorded, monkeypatch, rank):
     """Drift shows in the replayed rank's message where the host decides it (its columns, its
     rows' input tokens), even while the output length and checksum (the recorded tokens') still
     agree."""
-    import lp.decoder
+    import lp.decode.loop
 
     cfg, rec = recorded
-    monkeypatch.setattr(lp.decoder, "_drafts", lambda *args: [])  # other trees than the recorded
+    monkeypatch.setattr(lp.decode.loop, "_drafts", lambda *args: [])  # other trees than the recorded
     with pytest.raises(LPError, match="drifted"):
         replay(cfg, rec, rank)
 
@@ -118,8 +128,12 @@ def _ranks(pid: int) -> set[int]:
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
 def test_a_terminated_recording_stops_its_ranks():
     """`kill` (SIGTERM) of the tool while it records ends the rank processes it started."""
-    tool = subprocess.Popen([sys.executable, "-m", "lp.bench.host", "model=random", "P=2", "tokens=4000",
-                             "allgather=0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tool = subprocess.Popen(
+        [sys.executable, "-m", "tools.host", "model=random", "P=2", "tokens=4000", "allgather=0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline, ranks = time.monotonic() + 60, set()
         while len(ranks) < 2 and time.monotonic() < deadline:

@@ -1,11 +1,12 @@
-"""The small-M matmul path of lp's CPU forwards (lp/kernels.py): same values as torch's linear,
+"""The small-M matmul path of lp's CPU forwards (lp/engine/kernels.py): same values as torch's linear,
 taken only for few-token inputs."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lp import kernels
+from lp.engine import kernels
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -28,5 +29,6 @@ def test_default_path_for_large_m(monkeypatch):
     monkeypatch.setattr(torch, "mm", lambda *a: pytest.fail("small-M path taken"))
     layer = torch.nn.Linear(24, 40)
     big = torch.randn(kernels.SMALL_M + 1, 24)
-    assert torch.equal(kernels.linear(big, layer.weight, layer.bias),
-                       torch.nn.functional.linear(big, layer.weight, layer.bias))
+    assert torch.equal(
+        kernels.linear(big, layer.weight, layer.bias), torch.nn.functional.linear(big, layer.weight, layer.bias)
+    )

@@ -1,27 +1,38 @@
-"""lp's lean Llama-family forward (lp/llama.py) against transformers' own logits, and the
-transformers-modules forward (lp/forward.py) for a model outside the family."""
+"""lp's lean Llama-family forward (lp/engine/llama.py) against transformers' own logits, and the
+transformers-modules forward (lp/engine/forward.py) for a model outside the family."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
+from test_decoder import make_prompt
 from unit_helpers import TINY, build_tiny, reference_greedy
+
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder
-from lp.forward import TransformersForward
-from lp import llama as lp_llama
-from lp.llama import LlamaForward
+from lp.decode.loop import Decoder
+from lp.engine import llama as lp_llama
+from lp.engine.forward import TransformersForward
+from lp.engine.llama import LlamaForward
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
-from test_decoder import make_prompt
 
 VARIANTS = {
     "llama": ("llama", {}),
     "llama-bias-mha": ("llama", dict(attention_bias=True, num_key_value_heads=4)),
-    "llama3-rope": ("llama", dict(rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
-                                                       low_freq_factor=1.0, high_freq_factor=4.0,
-                                                       original_max_position_embeddings=64))),
+    "llama3-rope": (
+        "llama",
+        dict(
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            )
+        ),
+    ),
     "qwen2": ("qwen2", {}),
     "mistral": ("mistral", {}),
 }
@@ -76,8 +87,9 @@ def test_other_architectures_run_through_their_own_modules(graphs):
     assert isinstance(worker.forward, TransformersForward)
     dec = Decoder(worker, Collective(), set(), 512)
     for prompt in (make_prompt(1, 8, 3), make_prompt(2, 6, 2)):
-        assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=24)).output_ids == \
-            reference_greedy(model, prompt, 24)
+        assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=24)).output_ids == reference_greedy(
+            model, prompt, 24
+        )
 
 
 def test_cache_is_sized_once():

@@ -1,5 +1,6 @@
 """step_layout against an independent brute-force construction from the chain rules of
 docs/design.md section 2: every token sees the earlier tokens of the chains it belongs to, nothing else."""
+
 from __future__ import annotations
 
 import itertools
@@ -58,7 +59,7 @@ def brute_force_allowed(m, N, columns, n_cand) -> tuple[set, set]:
     for chain in chains(m, N, columns, n_cand):
         tokens.update(chain)
         for qi, q in enumerate(chain):
-            for k in chain[:qi + 1]:
+            for k in chain[: qi + 1]:
                 allowed.add((q, k))
     return tokens, allowed
 
@@ -101,8 +102,9 @@ def test_mask_matches_chain_rules(m, N):
         assert layout.mask.shape == (T, T) and layout.mask.dtype == bool
         expect = np.array([[(q, k) in allowed for k in layout.tokens] for q in layout.tokens])
         bad = np.argwhere(expect != layout.mask)
-        assert bad.size == 0, (f"{shape_id(shape)}: mask differs at "
-                               f"{[(layout.tokens[q], layout.tokens[k]) for q, k in bad[:5]]}")
+        assert bad.size == 0, (
+            f"{shape_id(shape)}: mask differs at {[(layout.tokens[q], layout.tokens[k]) for q, k in bad[:5]]}"
+        )
 
 
 @pytest.mark.parametrize("shape", SHAPES[::7], ids=shape_id)
@@ -117,7 +119,7 @@ def test_depth_gather_order(shape):
     # decoder slices them off the end of the input).
     assert list(layout.tokens[:m]) == [("p", i) for i in range(m)]
     n_tail = n_cand * (N - 1)
-    tail = list(layout.tokens[len(layout.tokens) - n_tail:]) if n_tail else []
+    tail = list(layout.tokens[len(layout.tokens) - n_tail :]) if n_tail else []
     assert tail == [("g", i) for i in range(n_tail)]
 
 
@@ -193,9 +195,16 @@ def test_empty_column_ranges_do_not_depend_on_cache_history():
 
 
 def test_bad_shapes_raise():
-    for args in [(0, 5, 3, range(5), 0), (1, 5, 1, range(5), 0), (1, 5, 3, range(0, 6), 0),
-                 (1, 5, 3, range(5), -1), (1, 5, 3, range(5), (-1, 1)), (1, 5, 3, range(5), (0,)),
-                 (1, 5, 3, range(5), (-2,)), (1, 5, 3, range(5), (-1, -1, 3))]:
+    for args in [
+        (0, 5, 3, range(5), 0),
+        (1, 5, 1, range(5), 0),
+        (1, 5, 3, range(0, 6), 0),
+        (1, 5, 3, range(5), -1),
+        (1, 5, 3, range(5), (-1, 1)),
+        (1, 5, 3, range(5), (0,)),
+        (1, 5, 3, range(5), (-2,)),
+        (1, 5, 3, range(5), (-1, -1, 3)),
+    ]:
         with pytest.raises(ValueError):
             step_layout(*args)
 
@@ -221,6 +230,7 @@ def test_tree_mask_depth_and_rows(seed):
 
     def ancestors(i):
         return set() if tree[i] < 0 else {tree[i]} | ancestors(tree[i])
+
     for i in range(n):
         row = layout.mask[first + i]
         assert set(np.flatnonzero(row).tolist()) == set(range(m)) | {first + a for a in ancestors(i) | {i}}
@@ -238,8 +248,9 @@ def test_chains_equal_the_classic_branch():
     assert a is b
 
 
-@pytest.mark.parametrize("m,W,N,cols,tree", [(1, 5, 3, range(5), (-1, 0, -1)), (2, 7, 5, range(2, 5), 3),
-                                             (1, 0, 2, range(0), ())])
+@pytest.mark.parametrize(
+    "m,W,N,cols,tree", [(1, 5, 3, range(5), (-1, 0, -1)), (2, 7, 5, range(2, 5), 3), (1, 0, 2, range(0), ())]
+)
 def test_named_parts_of_a_step(m, W, N, cols, tree):
     """The row and position slices by name: x0's row, one row per column (its last level), one
     per tree node; the tree nodes are the last input positions."""

@@ -1,15 +1,16 @@
 """The per-step all-gather message: pack on each rank, merge identically everywhere."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from unit_helpers import chain_accept
 
 from lp.errors import LPError
 from lp.message import HEADER, merge, message_size, pack
 from lp.partition import RankPlan, partition
 from lp.verify import Acceptance
-from unit_helpers import chain_accept
 
 W, N = 5, 3
 
@@ -34,8 +35,8 @@ def test_pack_layout():
     msg = message(4, 1, 2, [4, 5, 6], first_candidate=3, new=[20, 21])
     assert msg.dtype == torch.long and msg.numel() == message_size(W, N) == HEADER + N + W
     assert msg[:HEADER].tolist() == [4, 1 + 3, 2, 10, 77]  # best is made global
-    assert msg[HEADER:HEADER + N].tolist() == [4, 5, 6]
-    assert msg[HEADER + N:].tolist() == [20, 21, -1, -1, -1]
+    assert msg[HEADER : HEADER + N].tolist() == [4, 5, 6]
+    assert msg[HEADER + N :].tolist() == [20, 21, -1, -1, -1]
 
 
 def test_pack_keeps_no_candidate_marker():
@@ -74,22 +75,23 @@ def test_round_trip_from_real_verification(P):
     msgs = []
     for plan in plans:
         cs = plan.candidates
-        acc = chain_accept(y1, drafts[cs.start:cs.stop], preds[cs.start:cs.stop])
-        msgs.append(pack(y1, acc, cs.start, new_all[plan.columns.start:plan.columns.stop], 10, 77, W))
+        acc = chain_accept(y1, drafts[cs.start : cs.stop], preds[cs.start : cs.stop])
+        msgs.append(pack(y1, acc, cs.start, new_all[plan.columns.start : plan.columns.stop], 10, 77, W))
     out = merge(gather(*msgs), plans, N)
     whole = chain_accept(y1, drafts, preds)
     a = int(whole.accepted)
     assert out.accepted == a == N - 1
-    assert out.tokens == whole.tokens[:a + 1].tolist()
+    assert out.tokens == whole.tokens[: a + 1].tolist()
     assert out.new.tolist() == new_all.tolist()
 
 
 def test_new_tokens_concatenated_in_column_order():
-    plans = (RankPlan(range(0, 2), range(0, 0)), RankPlan(range(2, 3), range(0, 1)),
-             RankPlan(range(3, 5), range(1, 2)))
-    msgs = [message(4, -1, 0, [4, -1, -1], 0, new=[10, 11]),
-            message(4, 0, 0, [4, 8, 8], 0, new=[12]),
-            message(4, 0, 0, [4, 9, 9], 1, new=[13, 14])]
+    plans = (RankPlan(range(0, 2), range(0, 0)), RankPlan(range(2, 3), range(0, 1)), RankPlan(range(3, 5), range(1, 2)))
+    msgs = [
+        message(4, -1, 0, [4, -1, -1], 0, new=[10, 11]),
+        message(4, 0, 0, [4, 8, 8], 0, new=[12]),
+        message(4, 0, 0, [4, 9, 9], 1, new=[13, 14]),
+    ]
     out = merge(gather(*msgs), plans, N)
     assert out.new.tolist() == [10, 11, 12, 13, 14]
     assert out.tokens == [4]
@@ -98,8 +100,7 @@ def test_new_tokens_concatenated_in_column_order():
 def test_rank0_y1_is_authoritative():
     plans = (RankPlan(range(0, 3), range(0, 1)), RankPlan(range(3, 5), range(1, 2)))
     # rank 1 computed a different y1 (numerical near-tie): its full acceptance must not count
-    msgs = [message(4, 0, 0, [4, 8, 8], 0, new=[1, 2, 3]),
-            message(6, 0, 2, [6, 7, 8], 1, new=[4, 5])]
+    msgs = [message(4, 0, 0, [4, 8, 8], 0, new=[1, 2, 3]), message(6, 0, 2, [6, 7, 8], 1, new=[4, 5])]
     out = merge(gather(*msgs), plans, N)
     assert out.tokens == [4] and out.accepted == 0
     assert out.new.tolist() == [1, 2, 3, 4, 5]
@@ -107,8 +108,7 @@ def test_rank0_y1_is_authoritative():
 
 def test_rank0_y1_used_when_rank0_has_no_candidates():
     plans = (RankPlan(range(0, 5), range(0, 0)), RankPlan(range(5, 5), range(0, 2)))
-    msgs = [message(4, -1, 0, [4, -1, -1], 0, new=[1, 2, 3, 4, 5]),
-            message(6, 0, 2, [6, 7, 8], 0, new=[])]
+    msgs = [message(4, -1, 0, [4, -1, -1], 0, new=[1, 2, 3, 4, 5]), message(6, 0, 2, [6, 7, 8], 0, new=[])]
     out = merge(gather(*msgs), plans, N)
     assert out.tokens == [4]
     msgs[1] = message(4, 1, 1, [4, 7, 8], 0, new=[])
@@ -117,47 +117,58 @@ def test_rank0_y1_used_when_rank0_has_no_candidates():
 
 
 def test_longest_acceptance_wins():
-    plans = (RankPlan(range(0, 2), range(0, 2)), RankPlan(range(2, 4), range(2, 4)),
-             RankPlan(range(4, 5), range(4, 6)))
-    msgs = [message(4, 1, 1, [4, 5, 0], 0, new=[1, 2]),
-            message(4, 0, 2, [4, 6, 7], 2, new=[3, 4]),
-            message(4, 0, 1, [4, 9, 0], 4, new=[5])]
+    plans = (RankPlan(range(0, 2), range(0, 2)), RankPlan(range(2, 4), range(2, 4)), RankPlan(range(4, 5), range(4, 6)))
+    msgs = [
+        message(4, 1, 1, [4, 5, 0], 0, new=[1, 2]),
+        message(4, 0, 2, [4, 6, 7], 2, new=[3, 4]),
+        message(4, 0, 1, [4, 9, 0], 4, new=[5]),
+    ]
     out = merge(gather(*msgs), plans, N)
     assert out.tokens == [4, 6, 7] and out.accepted == 2
 
 
 def test_ties_go_to_lowest_global_candidate():
-    plans = (RankPlan(range(0, 2), range(0, 2)), RankPlan(range(2, 4), range(2, 4)),
-             RankPlan(range(4, 5), range(4, 6)))
+    plans = (RankPlan(range(0, 2), range(0, 2)), RankPlan(range(2, 4), range(2, 4)), RankPlan(range(4, 5), range(4, 6)))
     # ranks 1 and 2 both accept 2 drafts; rank 1's candidate (global 3) beats rank 2's (global 4)
-    base = [message(4, 0, 1, [4, 5, 0], 0, new=[1, 2]),
-            message(4, 1, 2, [4, 6, 7], 2, new=[3, 4]),
-            message(4, 0, 2, [4, 6, 9], 4, new=[5])]
+    base = [
+        message(4, 0, 1, [4, 5, 0], 0, new=[1, 2]),
+        message(4, 1, 2, [4, 6, 7], 2, new=[3, 4]),
+        message(4, 0, 2, [4, 6, 9], 4, new=[5]),
+    ]
     out = merge(gather(*base), plans, N)
     assert out.tokens == [4, 6, 7]
     # the tie-break is by global candidate index, not by rank order
-    plans2 = (RankPlan(range(0, 2), range(4, 6)), RankPlan(range(2, 4), range(2, 4)),
-              RankPlan(range(4, 5), range(0, 2)))
-    msgs = [message(4, 0, 2, [4, 6, 9], 4, new=[1, 2]),
-            message(4, 1, 2, [4, 6, 8], 2, new=[3, 4]),
-            message(4, 1, 2, [4, 6, 7], 0, new=[5])]
+    plans2 = (
+        RankPlan(range(0, 2), range(4, 6)),
+        RankPlan(range(2, 4), range(2, 4)),
+        RankPlan(range(4, 5), range(0, 2)),
+    )
+    msgs = [
+        message(4, 0, 2, [4, 6, 9], 4, new=[1, 2]),
+        message(4, 1, 2, [4, 6, 8], 2, new=[3, 4]),
+        message(4, 1, 2, [4, 6, 7], 0, new=[5]),
+    ]
     out = merge(gather(*msgs), plans2, N)
     assert out.tokens == [4, 6, 7]
 
 
 def test_diverged_length_raises():
     plans = partition(W, N, 0, 2)
-    msgs = [message(4, -1, 0, [4, -1, -1], 0, new=[1, 2, 3], length=10),
-            message(4, -1, 0, [4, -1, -1], 0, new=[4, 5], length=11)]
+    msgs = [
+        message(4, -1, 0, [4, -1, -1], 0, new=[1, 2, 3], length=10),
+        message(4, -1, 0, [4, -1, -1], 0, new=[4, 5], length=11),
+    ]
     with pytest.raises(LPError, match="diverged"):
         merge(gather(*msgs), plans, N)
 
 
 def test_diverged_checksum_raises():
     plans = partition(W, N, 0, 3)
-    msgs = [message(4, -1, 0, [4, -1, -1], 0, new=[1, 2], checksum=5),
-            message(4, -1, 0, [4, -1, -1], 0, new=[3, 4], checksum=5),
-            message(4, -1, 0, [4, -1, -1], 0, new=[5], checksum=6)]
+    msgs = [
+        message(4, -1, 0, [4, -1, -1], 0, new=[1, 2], checksum=5),
+        message(4, -1, 0, [4, -1, -1], 0, new=[3, 4], checksum=5),
+        message(4, -1, 0, [4, -1, -1], 0, new=[5], checksum=6),
+    ]
     with pytest.raises(LPError):
         merge(gather(*msgs), plans, N)
 
@@ -182,8 +193,17 @@ def test_successor_rows_merge_in_one_rank_order():
 
     def rank_message(plan: RankPlan, tokens: list[int]) -> torch.Tensor:
         succ = t([[tok, tok * 10, tok * 10 + 1] for tok in tokens])
-        return pack(t(4), acceptance(-1, 0, [4, -1, -1]), plan.candidates.start, t([7] * len(plan.columns)),
-                    10, 77, 3, succ, rows)
+        return pack(
+            t(4),
+            acceptance(-1, 0, [4, -1, -1]),
+            plan.candidates.start,
+            t([7] * len(plan.columns)),
+            10,
+            77,
+            3,
+            succ,
+            rows,
+        )
 
     # rank 0: x0 (token 1), columns 2 3, node 5; rank 1: x0, column 4, nodes 6 8
     msgs = [rank_message(plans[0], [1, 2, 3, 5]), rank_message(plans[1], [1, 4, 6, 8])]

@@ -1,5 +1,5 @@
 """Nothing in `lp/` replaces another object's methods (monkey-patching): code that watches or
-changes a decode goes through an interface (lp.decoder.StepObserver, torch's module hooks).
+changes a decode goes through an interface (lp.decode.loop.StepObserver, torch's module hooks).
 
 The check reads the source (ast): it flags `setattr` / `delattr` on anything but `self` /
 `cls`, writes into another object's `__dict__`, assignments to another object's `forward` or
@@ -7,6 +7,7 @@ The check reads the source (ast): it flags `setattr` / `delattr` on anything but
 (a lambda, a nested `def`, `functools.partial`, `types.MethodType`, `f.__get__(obj)`) or of a
 method saved earlier from an attribute of the same name (`step = worker.step` ... `worker.step
 = step`). Plain attribute assignment (`self.x = ...`, `row.name = "..."`) is not flagged."""
+
 from __future__ import annotations
 
 import ast
@@ -62,16 +63,31 @@ def patches(source: str, filename: str = "<src>") -> list[str]:
     def scan(scope: ast.AST) -> None:
         body = list(ast.walk(scope))
         local_defs = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not scope}
-        local_defs |= {t.id for n in body for t, v in _pairs(n) if isinstance(t, ast.Name) and isinstance(v, ast.Lambda)}
-        saved = {t.id: v.attr for n in body for t, v in _pairs(n)  # `step = worker.step`
-                 if isinstance(t, ast.Name) and isinstance(v, ast.Attribute) and not _is_own(v.value)}
+        local_defs |= {
+            t.id for n in body for t, v in _pairs(n) if isinstance(t, ast.Name) and isinstance(v, ast.Lambda)
+        }
+        saved = {
+            t.id: v.attr
+            for n in body
+            for t, v in _pairs(n)  # `step = worker.step`
+            if isinstance(t, ast.Name) and isinstance(v, ast.Attribute) and not _is_own(v.value)
+        }
         for n in body:
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("setattr", "delattr") \
-                    and n.args and not _is_own(n.args[0]):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name)
+                and n.func.id in ("setattr", "delattr")
+                and n.args
+                and not _is_own(n.args[0])
+            ):
                 flag(n)
             for target, value in _pairs(n):
-                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute) \
-                        and target.value.attr == "__dict__" and not _is_own(target.value.value):
+                if (
+                    isinstance(target, ast.Subscript)
+                    and isinstance(target.value, ast.Attribute)
+                    and target.value.attr == "__dict__"
+                    and not _is_own(target.value.value)
+                ):
                     flag(n)
                 if not isinstance(target, ast.Attribute) or _is_own(target.value):
                     continue
@@ -119,6 +135,9 @@ def test_detector_ignores_plain_assignment():
 
 
 def test_lp_replaces_no_methods():
-    found = [hit for path in sorted((REPO / "lp").rglob("*.py"))
-             for hit in patches(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))]
+    found = [
+        hit
+        for path in sorted((REPO / "lp").rglob("*.py"))
+        for hit in patches(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
+    ]
     assert not found, "method replacement on another object (use an interface or hook instead):\n" + "\n".join(found)

@@ -1,8 +1,9 @@
 """The Lookahead Parallelism partitioner: coverage, contiguity and optimal balance."""
+
 from __future__ import annotations
 
 import itertools
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -50,7 +51,7 @@ def dp_optimum(W: int, N: int, G: int, P: int) -> int:
     seq = items(W, G)
     n = len(seq)
 
-    @lru_cache(maxsize=None)
+    @cache
     def f(p: int, i: int) -> int:  # best max cost splitting seq[i:] into p parts
         if p == 1:
             return part_cost(seq[i:], N)
@@ -74,20 +75,37 @@ def max_cost(plans, N) -> int:
     return max(p.cost(N) for p in plans)
 
 
-SMALL = [(W, N, G, P) for W in range(0, 7) for N in (2, 3, 5) for G in range(0, 5) for P in (1, 2, 3, 4)
-         if W + G <= 9 or P <= 3]
+SMALL = [
+    (W, N, G, P)
+    for W in range(0, 7)
+    for N in (2, 3, 5)
+    for G in range(0, 5)
+    for P in (1, 2, 3, 4)
+    if W + G <= 9 or P <= 3
+]
 
 
 @pytest.mark.parametrize("N", [2, 3, 5])
 def test_small_cases_coverage_and_optimal_balance(N):
-    for W, n, G, P in (s for s in SMALL if s[1] == N):
+    for W, _, G, P in (s for s in SMALL if s[1] == N):
         plans = partition(W, N, G, P)
         check_coverage(plans, W, G, P)
         assert max_cost(plans, N) == brute_force_optimum(W, N, G, P), (W, N, G, P, plans)
 
 
-@pytest.mark.parametrize("W,N,G,P", [(7, 5, 7, 2), (15, 5, 15, 4), (20, 7, 20, 8), (30, 4, 10, 3),
-                                     (10, 3, 40, 5), (5, 3, 20, 2), (64, 2, 0, 7), (0, 4, 33, 6)])
+@pytest.mark.parametrize(
+    "W,N,G,P",
+    [
+        (7, 5, 7, 2),
+        (15, 5, 15, 4),
+        (20, 7, 20, 8),
+        (30, 4, 10, 3),
+        (10, 3, 40, 5),
+        (5, 3, 20, 2),
+        (64, 2, 0, 7),
+        (0, 4, 33, 6),
+    ],
+)
 def test_larger_cases_optimal(W, N, G, P):
     plans = partition(W, N, G, P)
     check_coverage(plans, W, G, P)
@@ -99,16 +117,20 @@ def test_larger_cases_optimal(W, N, G, P):
     assert got == dp_optimum(W, N, G, P)
 
 
-GROUPED = [(W, N, groups, P) for W in (0, 1, 3, 5) for N in (2, 3, 5)
-           for groups in [(1,), (2,), (3, 1), (1, 3), (2, 2, 1), (1, 1, 4), (4, 2)]
-           for P in (1, 2, 3)]
+GROUPED = [
+    (W, N, groups, P)
+    for W in (0, 1, 3, 5)
+    for N in (2, 3, 5)
+    for groups in [(1,), (2,), (3, 1), (1, 3), (2, 2, 1), (1, 1, 4), (4, 2)]
+    for P in (1, 2, 3)
+]
 
 
 @pytest.mark.parametrize("N", [2, 3, 5])
 def test_groups_stay_together_and_balance_is_optimal(N):
     """Candidates sharing a first draft token (a group) stay on one rank; among the splits that
     respect that, the largest rank cost is optimal."""
-    for W, n, groups, P in (s for s in GROUPED if s[1] == N):
+    for W, _, groups, P in (s for s in GROUPED if s[1] == N):
         G = sum(groups)
         plans = partition(W, N, G, P, groups)
         check_coverage(plans, W, G, P)

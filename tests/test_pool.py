@@ -1,4 +1,5 @@
 """The n-gram pool: bounded per key, deduplicated, least-recently-inserted eviction."""
+
 from __future__ import annotations
 
 import random
@@ -82,7 +83,7 @@ def test_add_sequence_seeds_every_ngram():
     assert pool.lookup(1) == [(2, 5), (3, 5)]
     assert pool.lookup(2) == [(5, 1)]
     assert pool.lookup(3) == [(5, 1)]
-    grams = {tuple(seq[i:i + 3]) for i in range(len(seq) - 2)}
+    grams = {tuple(seq[i : i + 3]) for i in range(len(seq) - 2)}
     stored = {(k, *t) for k in set(seq) for t in pool.lookup(k)}
     assert stored == grams and len(pool) == len(grams)
 
@@ -176,7 +177,7 @@ def test_queued_inserts_read_like_eager_ones():
                 tokens = rng.integers(0, 5, size=int(rng.integers(0, 7))).tolist()
                 pool.add_sequence(tokens)
                 for i in range(len(tokens) - 2):
-                    eager.insert(tokens[i], tuple(tokens[i + 1:i + 3]))
+                    eager.insert(tokens[i], tuple(tokens[i + 1 : i + 3]))
             elif op == 2:
                 key, tail = int(rng.integers(5)), tuple(rng.integers(0, 5, size=2).tolist())
                 pool.add(key, tail)

@@ -1,6 +1,7 @@
-"""`python -m lp.bench.project`: a recorded decode's steps split over P ranks exactly as the
+"""`python -m tools.project`: a recorded decode's steps split over P ranks exactly as the
 decoder splits them, the projection's arithmetic (slowest rank + all-gather) with an injected
 cost, the PROJECTION label in every output, and one-line errors."""
+
 from __future__ import annotations
 
 import json
@@ -9,10 +10,10 @@ import math
 import pytest
 
 from lp import LP
-from lp.bench import project
-from lp.bench.project import AR_LAYOUT, Recording, Shape, parse_configs, rank_layouts, record
 from lp.errors import LPError
 from lp.lookahead.mask import step_layout
+from tools import project
+from tools.project import AR_LAYOUT, Recording, Shape, parse_configs, rank_layouts, record
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [20, 30, 40, 20, 30, 40, 20]]
 SHAPES = [Shape(1, 3, 3, 4), Shape(2, 3, 3, 4), Shape(3, 4, 4, 3)]
@@ -64,9 +65,9 @@ def test_one_rank_replays_the_planned_layout(lm):
 
 @pytest.mark.parametrize("P", [2, 3])
 def test_every_rank_replays_what_the_decoder_would_plan(lm, P):
-    """At P ranks, each rank's replayed layout is the one lp.decoder.plan_step gives that rank
+    """At P ranks, each rank's replayed layout is the one lp.decode.loop.plan_step gives that rank
     for the same step (the real tree, a window of the right shape: ids do not matter)."""
-    from lp.decoder import plan_step
+    from lp.decode.loop import plan_step
     from lp.lookahead import JacobiWindow
 
     watch = _Layouts()
@@ -118,7 +119,7 @@ def test_projection_arithmetic(recordings):
 def test_worker_timer_replays_on_tiny(recordings):
     import torch
 
-    from lp.bench import steps
+    from tools import steps
 
     model = steps.build("tiny", torch.device("cpu"), torch.float32)
     worker = steps.Settings(arch="tiny", device="cpu").validate().worker(model)
@@ -132,12 +133,27 @@ def test_worker_timer_replays_on_tiny(recordings):
 
 def test_cli_writes_the_projection(tiny_model_dir, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"id": str(i), "prompt": " ".join(f"w{t}" for t in ids)})
-                                 for i, ids in enumerate(PROMPTS)) + "\n")
+    prompts.write_text(
+        "\n".join(json.dumps({"id": str(i), "prompt": " ".join(f"w{t}" for t in ids)}) for i, ids in enumerate(PROMPTS))
+        + "\n"
+    )
     out = tmp_path / "out"
-    assert project.main([f"model={tiny_model_dir}", "dataset=jsonl", f"prompts={prompts}", "arch=tiny",
-                         "device=cpu", "configs=1:W3N3G4,2:W6N3G8", "max_new_tokens=8", "allgather_reps=0",
-                         f"out={out}"]) == 0
+    assert (
+        project.main(
+            [
+                f"model={tiny_model_dir}",
+                "dataset=jsonl",
+                f"prompts={prompts}",
+                "arch=tiny",
+                "device=cpu",
+                "configs=1:W3N3G4,2:W6N3G8",
+                "max_new_tokens=8",
+                "allgather_reps=0",
+                f"out={out}",
+            ]
+        )
+        == 0
+    )
     md = (out / "project.md").read_text()
     assert md.splitlines()[0].startswith("**PROJECTION") and md in capsys.readouterr().out
     r = json.loads((out / "project.json").read_text())
@@ -146,14 +162,23 @@ def test_cli_writes_the_projection(tiny_model_dir, tmp_path, capsys):
     assert (out / "project.png").stat().st_size > 0
 
 
-MEASURED = {1: 6.5, 16: 6.6, 32: 7.0, 64: 7.4}  # ms a step of that many tokens, as lp.bench.steps writes them
+MEASURED = {1: 6.5, 16: 6.6, 32: 7.0, 64: 7.4}  # ms a step of that many tokens, as tools.steps writes them
 
 
 def steps_result(graphs: bool) -> dict:
-    return {"tool": "lp.bench.steps", "arch": "llama-7b", "device": "cuda", "device_name": "Some GPU",
-            "dtype": "bfloat16", "graphs": graphs, "attention": "flex", "torch": "2.x", "started": "then",
-            "steps": [{"kind": "causal", "tokens": t, "median_ms": ms} for t, ms in MEASURED.items()]
-            + [{"kind": "ladder", "tokens": 30, "median_ms": 99.0}]}
+    return {
+        "tool": "tools.steps",
+        "arch": "llama-7b",
+        "device": "cuda",
+        "device_name": "Some GPU",
+        "dtype": "bfloat16",
+        "graphs": graphs,
+        "attention": "flex",
+        "torch": "2.x",
+        "started": "then",
+        "steps": [{"kind": "causal", "tokens": t, "median_ms": ms} for t, ms in MEASURED.items()]
+        + [{"kind": "ladder", "tokens": 30, "median_ms": 99.0}],
+    }
 
 
 def test_measured_costs_take_the_bucket_or_interpolate():
@@ -174,24 +199,39 @@ def test_measured_costs_take_the_bucket_or_interpolate():
 
 def test_cli_projects_onto_measured_costs(tiny_model_dir, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"id": str(i), "prompt": " ".join(f"w{t}" for t in ids)})
-                                 for i, ids in enumerate(PROMPTS)) + "\n")
+    prompts.write_text(
+        "\n".join(json.dumps({"id": str(i), "prompt": " ".join(f"w{t}" for t in ids)}) for i, ids in enumerate(PROMPTS))
+        + "\n"
+    )
     costs = tmp_path / "steps.json"
     costs.write_text(json.dumps(steps_result(True)))
     out = tmp_path / "out"
-    assert project.main([f"model={tiny_model_dir}", "dataset=jsonl", f"prompts={prompts}", "device=cpu",
-                         "configs=1:W3N3G4,2:W6N3G8", "max_new_tokens=8", "allgather_reps=0", f"costs={costs}",
-                         f"out={out}"]) == 0
+    assert (
+        project.main(
+            [
+                f"model={tiny_model_dir}",
+                "dataset=jsonl",
+                f"prompts={prompts}",
+                "device=cpu",
+                "configs=1:W3N3G4,2:W6N3G8",
+                "max_new_tokens=8",
+                "allgather_reps=0",
+                f"costs={costs}",
+                f"out={out}",
+            ]
+        )
+        == 0
+    )
     r = json.loads((out / "project.json").read_text())
     assert r["projection"] == project.MEASURED_PROJECTION and r["device_name"] == "Some GPU"
-    assert r["arch"] == "llama-7b" and r["forwards"].startswith("measured by lp.bench.steps on then")
+    assert r["arch"] == "llama-7b" and r["forwards"].startswith("measured by tools.steps on then")
     for row in r["rows"]:
         assert row["ar_tok_s"] == pytest.approx(1e3 / MEASURED[1])
         # no all-gather: a step costs its slowest rank's bucket as measured (16 tokens or more)
         assert MEASURED[16] <= row["step_ms_mean"] <= MEASURED[64] and row["allgather_ms"] == 0
     assert "Some GPU" in (out / "project.md").read_text().splitlines()[2]
     bad = tmp_path / "bad.json"
-    for doc, says in (({}, "is not a result of lp.bench.steps"), ({"tool": "lp.bench.steps"}, "lacks arch, device")):
+    for doc, says in (({}, "is not a result of tools.steps"), ({"tool": "tools.steps"}, "lacks arch, device")):
         bad.write_text(json.dumps(doc))
         with pytest.raises(SystemExit) as e:
             project.main([f"costs={bad}", "configs=1:W3N3G4"])
@@ -205,8 +245,15 @@ def test_bad_configs_are_one_line(configs):
     assert "\n" not in str(e.value) and str(e.value).startswith("configs:")
 
 
-@pytest.mark.parametrize("arg,says", [("arch=gpt9", "arch must be one of"), ("configs=2:W5", "configs:"),
-                                      ("reps=0", "reps must be >= 1"), ("nokey=1", "expected key=value")])
+@pytest.mark.parametrize(
+    "arg,says",
+    [
+        ("arch=gpt9", "arch must be one of"),
+        ("configs=2:W5", "configs:"),
+        ("reps=0", "reps must be >= 1"),
+        ("nokey=1", "expected key=value"),
+    ],
+)
 def test_cli_errors_are_one_line(arg, says, capsys):
     with pytest.raises(SystemExit) as e:
         project.main([arg])

@@ -1,29 +1,27 @@
 """Sampling: warper parity with transformers, validation, the counter-based random stream, and
 sampling verification (Algorithm 4): exact agreement with a literal implementation, the greedy
 reduction, and a chi-square test of the output distribution that also rejects wrong rules."""
+
 from __future__ import annotations
 
 import math
 import random
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 
 import pytest
 import torch
-from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
+from sampling_helpers import alive_after, sample_accept
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from unit_helpers import chain_accept, chain_continue, chain_sample, chains
 
 from lp.errors import LPError
-from lp.sampling import uniforms, validate_sampling, warp
 from lp.lookahead.tree import build_tree
-from unit_helpers import chains
+from lp.verify.distribution import uniforms, validate_sampling, warp
 from lp.verify.sampling import FirstLevel, Sampled, sample_first_level, uniforms_needed
-from sampling_helpers import alive_after, sample_accept
-from unit_helpers import chain_accept, chain_continue, chain_sample
 
 ALPHA = 1e-3  # false-alarm rate of every statistical test here (seeds are fixed: deterministic)
-
 
 
 def _accepted_candidate(drafts: torch.Tensor, result: Sampled) -> int:
@@ -35,10 +33,12 @@ def _accepted_candidate(drafts: torch.Tensor, result: Sampled) -> int:
     match = (drafts[:, :k] == result.tokens[:k].to(drafts.device)).all(dim=1)
     return int(torch.nonzero(match)[0, 0]) if bool(match.any()) else -1
 
+
 def chi2_sf(x: float, df: int) -> float:
     """Chi-square survival function via the regularized upper incomplete gamma function."""
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(x / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64))
+    )
 
 
 def chi2_pvalue(counts: dict, expected: dict, total: int, min_expected: float = 5.0) -> float:
@@ -72,9 +72,22 @@ def _reference_probs(logits, temperature, top_k, top_p):
     return scores.softmax(dim=-1)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [
-    (1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.9), (0.5, 10, 0.8), (2.0, 3, 0.5),
-    (1.0, 100, 0.3), (1.0, 1, 1.0), (0.9, 0, 0.01), (1, 7, 1), (3.0, 2, 0.999)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [
+        (1.0, 0, 1.0),
+        (0.7, 0, 1.0),
+        (1.3, 5, 1.0),
+        (1.0, 0, 0.9),
+        (0.5, 10, 0.8),
+        (2.0, 3, 0.5),
+        (1.0, 100, 0.3),
+        (1.0, 1, 1.0),
+        (0.9, 0, 0.01),
+        (1, 7, 1),
+        (3.0, 2, 0.999),
+    ],
+)
 def test_warp_matches_transformers(temperature, top_k, top_p):
     g = torch.Generator().manual_seed(7)
     logits = torch.randn(16, 60, generator=g) * 3
@@ -87,8 +100,9 @@ def test_warp_matches_transformers(temperature, top_k, top_p):
     torch.testing.assert_close(probs.sum(-1), torch.ones(16), rtol=0, atol=1e-5)
     # lower-precision logits are warped in float32 like transformers does
     half = logits.bfloat16()
-    torch.testing.assert_close(warp(half, temperature, top_k, top_p),
-                               _reference_probs(half, temperature, top_k, top_p), rtol=0, atol=0)
+    torch.testing.assert_close(
+        warp(half, temperature, top_k, top_p), _reference_probs(half, temperature, top_k, top_p), rtol=0, atol=0
+    )
 
 
 def test_warp_temperature_zero_is_argmax_one_hot():
@@ -101,11 +115,22 @@ def test_warp_temperature_zero_is_argmax_one_hot():
     assert warp(logits[0], 0, 0, 1.0)[3] == 1  # 1-D input works too
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(temperature=float("nan")),
-                                 dict(temperature=float("inf")), dict(temperature="1"),
-                                 dict(top_p=0.0), dict(top_p=1.5), dict(top_p=-0.2),
-                                 dict(top_p=float("nan")), dict(top_k=-1), dict(top_k=2.5),
-                                 dict(top_k=True)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(temperature=-0.1),
+        dict(temperature=float("nan")),
+        dict(temperature=float("inf")),
+        dict(temperature="1"),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(top_p=-0.2),
+        dict(top_p=float("nan")),
+        dict(top_k=-1),
+        dict(top_k=2.5),
+        dict(top_k=True),
+    ],
+)
 def test_validation_errors(bad):
     args = dict(temperature=1.0, top_k=0, top_p=1.0) | bad
     with pytest.raises(LPError) as err:
@@ -140,7 +165,7 @@ def test_uniforms_reproducible_and_pinned():
 
 
 def test_uniforms_same_in_another_process_and_ignore_global_rng():
-    code = "from lp.sampling import uniforms; print(uniforms(123, 4, 56, 6).tolist())"
+    code = "from lp.verify.distribution import uniforms; print(uniforms(123, 4, 56, 6).tolist())"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert other.stdout.strip() == str(uniforms(123, 4, 56, 6).tolist())
     torch.manual_seed(0)
@@ -236,6 +261,7 @@ def recycled(u: list, N: int):
 
     def sample(level, P):
         return inverse_cdf(P, u[2 * (level - 1) + 1])
+
     return draw, sample
 
 
@@ -255,15 +281,20 @@ def random_case(g: torch.Generator, V: int, G: int, N: int):
         if boost is not None and torch.rand(1, generator=g) < 0.5:
             p[boost] += 4 * p.sum()
         return p / p.sum()
+
     p_x0 = dist(int(drafts[0, 0]) if G else None)
-    p_cand = torch.stack([torch.stack([dist(int(drafts[c, k + 1]) if k < N - 2 else None)
-                                       for k in range(N - 1)]) for c in range(G)]) \
-        if G else torch.zeros(0, N - 1, V, dtype=torch.float64)
+    p_cand = (
+        torch.stack(
+            [torch.stack([dist(int(drafts[c, k + 1]) if k < N - 2 else None) for k in range(N - 1)]) for c in range(G)]
+        )
+        if G
+        else torch.zeros(0, N - 1, V, dtype=torch.float64)
+    )
     # candidates sharing a prefix share the distribution after it, as a model would give
     for c in range(G):
         for c2 in range(c):
             for k in range(N - 1):
-                if torch.equal(drafts[c, :k + 1], drafts[c2, :k + 1]):
+                if torch.equal(drafts[c, : k + 1], drafts[c2, : k + 1]):
                     p_cand[c, k] = p_cand[c2, k]
     return p_x0, drafts, p_cand
 
@@ -277,8 +308,8 @@ def test_matches_literal_algorithm4_with_documented_uniforms():
         u = uniforms(5, trial, 0, 2 * N)
         got = chain_sample(p_x0, drafts, p_cand, u)
         want = algorithm4(p_x0.tolist(), drafts.tolist(), p_cand.tolist(), *recycled(u.tolist(), N))
-        assert got.tokens[:got.n].tolist() == want, trial
-        assert (got.tokens[got.n:] == -1).all() and got.tokens.shape == (N,)
+        assert got.tokens[: got.n].tolist() == want, trial
+        assert (got.tokens[got.n :] == -1).all() and got.tokens.shape == (N,)
         seen_n.add((N, got.n))
         # the LP split gives the same answer
         first = sample_first_level(p_x0, drafts[:, 0], u)
@@ -288,7 +319,7 @@ def test_matches_literal_algorithm4_with_documented_uniforms():
             cont = chain_continue(first.token, drafts[alive], p_cand[alive], u)
             assert torch.equal(cont.tokens, got.tokens) and cont.n == got.n
             c = _accepted_candidate(drafts, got)
-            assert c >= 0 and drafts[c, :got.n - 1].tolist() == want[:got.n - 1] and alive[c]
+            assert c >= 0 and drafts[c, : got.n - 1].tolist() == want[: got.n - 1] and alive[c]
         else:
             assert got.n == 1 and not alive.any() and _accepted_candidate(drafts, got) == -1
     assert {(N, N) for N in (3, 4, 5)} <= seen_n and {(N, 1) for N in (2, 3, 4, 5)} <= seen_n
@@ -333,8 +364,12 @@ def test_edge_cases_zero_mass_and_rounding():
     res = sample_first_level(p, order, torch.tensor([top, 0.5]))
     assert res == FirstLevel(int(order[-1]), True)
     # G = 0 (or no draft accepted) commits one token sampled from p_x0 with u[1]
-    res = chain_sample(torch.tensor([0.2, 0.3, 0.5]), torch.zeros(0, 2, dtype=torch.long),
-                        torch.zeros(0, 2, 3), torch.tensor([0.99, 0.45, 0.5, 0.5, 0.5]))
+    res = chain_sample(
+        torch.tensor([0.2, 0.3, 0.5]),
+        torch.zeros(0, 2, dtype=torch.long),
+        torch.zeros(0, 2, 3),
+        torch.tensor([0.99, 0.45, 0.5, 0.5, 0.5]),
+    )
     assert res.n == 1 and res.tokens.tolist() == [1, -1, -1]
 
 
@@ -365,10 +400,13 @@ def test_one_hot_reduces_to_greedy_with_bonus():
                 c = c + (t,)
             drafts.append(row)
         d = torch.tensor(drafts, dtype=torch.long).reshape(-1, N - 1)
-        ctxs = [[ctx + tuple(row[:k + 1]) for k in range(N - 1)] for row in drafts]
+        ctxs = [[ctx + tuple(row[: k + 1]) for k in range(N - 1)] for row in drafts]
         p_x0 = warp(logits(ctx)[None], 0.0)[0]
-        p_cand = (warp(torch.stack([torch.stack([logits(c) for c in row]) for row in ctxs]), 0.0)
-                  if drafts else torch.zeros(0, N - 1, V))
+        p_cand = (
+            warp(torch.stack([torch.stack([logits(c) for c in row]) for row in ctxs]), 0.0)
+            if drafts
+            else torch.zeros(0, N - 1, V)
+        )
         preds = torch.tensor([[argmax(c) for c in row] for row in ctxs], dtype=torch.long).reshape(-1, N - 1)
         want = chain_accept(torch.tensor(argmax(ctx)), d, preds)
         got = chain_sample(p_x0, d, p_cand, uniforms(9, trial, 0, 2 * N))
@@ -391,7 +429,7 @@ def hash_ctx(ctx) -> int:
 V_STAT, N_STAT, PROMPT, SEED = 6, 3, (0, 1), 2024
 
 
-@lru_cache(maxsize=None)
+@cache
 def model(ctx: tuple) -> torch.Tensor:
     """A fixed random next-token model over V_STAT tokens (float64 probabilities), sometimes
     peaked, sometimes flat, sometimes with zero-probability tokens (top-k)."""
@@ -405,7 +443,7 @@ def ranked(ctx):
     return torch.argsort(model(ctx), descending=True, stable=True).tolist()
 
 
-@lru_cache(maxsize=None)
+@cache
 def step_inputs(ctx: tuple):
     """Adversarial fixed drafts for context ctx: likely and unlikely (even zero-probability)
     first tokens, candidates sharing a first token that diverge at level 2, repeated tokens,
@@ -416,14 +454,23 @@ def step_inputs(ctx: tuple):
     else:
         r = ranked(ctx)
         a, b, z = r[0], r[1], r[-1]
-        drafts = [[z, ranked(ctx + (z,))[0]], [b, ranked(ctx + (b,))[0]], [a, ranked(ctx + (a,))[0]],
-                  [a, ranked(ctx + (a,))[-1]], [b, ranked(ctx + (b,))[1]], [z, ranked(ctx + (z,))[2]]]
+        drafts = [
+            [z, ranked(ctx + (z,))[0]],
+            [b, ranked(ctx + (b,))[0]],
+            [a, ranked(ctx + (a,))[0]],
+            [a, ranked(ctx + (a,))[-1]],
+            [b, ranked(ctx + (b,))[1]],
+            [z, ranked(ctx + (z,))[2]],
+        ]
         shift = h % len(drafts)
         drafts = drafts[shift:] + drafts[:shift]
-        drafts = drafts[:3 + h % 4]
+        drafts = drafts[: 3 + h % 4]
     d = torch.tensor(drafts, dtype=torch.long).reshape(-1, N_STAT - 1)
-    p_cand = torch.stack([torch.stack([model(ctx + tuple(row[:k + 1])) for k in range(N_STAT - 1)])
-                          for row in drafts]) if drafts else torch.zeros(0, N_STAT - 1, V_STAT, dtype=torch.float64)
+    p_cand = (
+        torch.stack([torch.stack([model(ctx + tuple(row[: k + 1])) for k in range(N_STAT - 1)]) for row in drafts])
+        if drafts
+        else torch.zeros(0, N_STAT - 1, V_STAT, dtype=torch.float64)
+    )
     return model(ctx), d, p_cand
 
 
@@ -444,7 +491,7 @@ def first3(step_fn) -> tuple:
     while len(ctx) < len(PROMPT) + 3:
         ctx = ctx + tuple(step_fn(ctx, step))
         step += 1
-    return ctx[len(PROMPT):len(PROMPT) + 3]
+    return ctx[len(PROMPT) : len(PROMPT) + 3]
 
 
 def histogram(samples) -> dict:
@@ -457,7 +504,8 @@ def histogram(samples) -> dict:
 def _lookahead_step(k):
     def step_fn(ctx, step):
         res = chain_sample(*step_inputs(ctx), uniforms(SEED, k, step, 2 * N_STAT))
-        return res.tokens[:res.n].tolist()
+        return res.tokens[: res.n].tolist()
+
     return step_fn
 
 
@@ -479,7 +527,8 @@ def _tree_step(k):
     def step_fn(ctx, step):
         p_x0, tree, p_nodes = tree_inputs(ctx)
         res = sample_accept(p_x0, tree, p_nodes, uniforms(SEED, k, step, uniforms_needed(3)))
-        return res.tokens[:res.n].tolist()
+        return res.tokens[: res.n].tolist()
+
     return step_fn
 
 
@@ -489,6 +538,7 @@ def _literal_step(rng, **wrong):
     def step_fn(ctx, step):
         p_x0, d, p_cand = step_inputs(ctx)
         return algorithm4(p_x0.tolist(), d.tolist(), p_cand.tolist(), draw, sample, **wrong)
+
     return step_fn
 
 
@@ -499,8 +549,7 @@ def test_distribution_exact_chi_square():
     n = 20000
     # (a) plain ancestral sampling passes (sanity check of the test itself)
     rng = random.Random(1)
-    ancestral = histogram(first3(lambda ctx, step: [inverse_cdf(model(ctx).tolist(), rng.random())])
-                          for _ in range(n))
+    ancestral = histogram(first3(lambda ctx, step: [inverse_cdf(model(ctx).tolist(), rng.random())]) for _ in range(n))
     assert chi2_pvalue(ancestral, expected, n) > ALPHA
     # (b) repeated sample_accept steps with fixed adversarial drafts, stream k per sample
     ours = histogram(first3(_lookahead_step(k)) for k in range(n))

@@ -1,14 +1,15 @@
 """Lossless sampling end to end (paper Algorithm 4): lp's lookahead samples, lp's autoregressive
 samples and transformers' samples all follow the exact distribution of the first tokens, and a
 wrong acceptance rule is caught by the same test. Each test has a false-alarm rate of ALPHA."""
+
 import pytest
 import torch
+from sampling_helpers import chi_square_pvalue, exact_distribution, follow_first_drafts, peaked_llama
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder
+from lp.decode.loop import Decoder
 from lp.verify.verifier import SamplingVerifier
-from sampling_helpers import chi_square_pvalue, exact_distribution, follow_first_drafts, peaked_llama
 from lp.worker import Worker
 
 ALPHA = 1e-3
@@ -83,10 +84,16 @@ def test_autoregressive_sampling_matches_the_model(model, prompt, expected):
 
 def test_transformers_sampling_matches_the_model(model, prompt, expected):
     torch.manual_seed(0)
-    out = model.generate(torch.tensor([prompt] * SAMPLES), do_sample=True, max_new_tokens=LENGTH,
-                         temperature=SETTINGS["temperature"], top_k=SETTINGS["top_k"], top_p=1.0,
-                         attention_mask=torch.ones(SAMPLES, len(prompt), dtype=torch.long))
-    samples = [tuple(row) for row in out[:, len(prompt):].tolist()]
+    out = model.generate(
+        torch.tensor([prompt] * SAMPLES),
+        do_sample=True,
+        max_new_tokens=LENGTH,
+        temperature=SETTINGS["temperature"],
+        top_k=SETTINGS["top_k"],
+        top_p=1.0,
+        attention_mask=torch.ones(SAMPLES, len(prompt), dtype=torch.long),
+    )
+    samples = [tuple(row) for row in out[:, len(prompt) :].tolist()]
     assert chi_square_pvalue(samples, expected) > ALPHA
 
 

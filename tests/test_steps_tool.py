@@ -1,5 +1,6 @@
-"""`python -m lp.bench.steps` on a tiny random Llama: the outputs exist, the timings are
+"""`python -m tools.steps` on a tiny random Llama: the outputs exist, the timings are
 positive and ordered, and every derived number (ratios, floor) follows from the measured ones."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,8 +11,8 @@ import statistics
 import pytest
 import torch
 
-from lp.auto import LADDER, step_tokens
-from lp.bench import steps
+from lp.decode.auto import LADDER, step_tokens
+from tools import steps
 
 ARGS = ["arch=tiny", "prompt_len=16", "tokens=1,4,8", "reps=3", "warmup=1", "new_tokens=8", "runs=2", "copy_mib=8"]
 

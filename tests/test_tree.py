@@ -1,12 +1,13 @@
 """The verification tree (lp/lookahead/tree.py) and the text drafts (lp/lookahead/drafts.py)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from unit_helpers import chains
 
 from lp.lookahead.drafts import MAX_MATCH, MIN_MATCH, TextIndex
 from lp.lookahead.tree import TreeBuilder, build_tree
-from unit_helpers import chains
 
 
 def paths(tree) -> set[tuple[int, ...]]:
@@ -91,7 +92,7 @@ def scanned_drafts(tokens: list[int], length: int, count: int) -> list[tuple[int
         return m
 
     ends = sorted((e for e in range(n - 1) if match(e) >= MIN_MATCH), key=lambda e: (-match(e), -e))
-    out = dict.fromkeys(tuple(tokens[e + 1:e + 1 + length]) for e in ends)
+    out = dict.fromkeys(tuple(tokens[e + 1 : e + 1 + length]) for e in ends)
     return list(out)[:count]
 
 
@@ -102,7 +103,7 @@ def test_text_index_extended_step_by_step_equals_a_scan(seed):
     tokens = rng.integers(0, vocab, int(rng.integers(1, 60))).tolist()
     index = TextIndex(tokens[:5])
     for end in range(5, len(tokens) + 1):
-        index.extend(tokens[len(index.tokens):end])
+        index.extend(tokens[len(index.tokens) : end])
         length, count = int(rng.integers(1, 12)), int(rng.integers(1, 6))
         assert index.drafts(length, count) == scanned_drafts(tokens[:end], length, count)
 

@@ -1,14 +1,14 @@
 """Greedy verification (paper Algorithm 3) with the bonus token."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
-
 import torch
+from unit_helpers import chain_accept, tree_accept
 
 from lp.lookahead.tree import build_tree
-from unit_helpers import chain_accept, tree_accept
 
 
 def run(y1: int, drafts: list[list[int]], preds: list[list[int]], n1: int | None = None):
@@ -17,7 +17,7 @@ def run(y1: int, drafts: list[list[int]], preds: list[list[int]], n1: int | None
     p = torch.tensor(preds, dtype=torch.long).reshape(-1, n1)
     acc = chain_accept(torch.tensor(y1), d, p)
     a = int(acc.accepted)
-    return int(acc.best), a, acc.tokens.tolist(), acc.tokens[:a + 1].tolist()
+    return int(acc.best), a, acc.tokens.tolist(), acc.tokens[: a + 1].tolist()
 
 
 def naive_algorithm3(y1: int, drafts: list[list[int]], preds: list[list[int]]):
@@ -113,7 +113,7 @@ def naive_tree_walk(y1: int, drafts: list[tuple[int, ...]], model) -> list[int]:
     out, expect = [], y1
     while True:
         out.append(expect)
-        if not any(d[:len(out)] == tuple(out) for d in drafts):
+        if not any(d[: len(out)] == tuple(out) for d in drafts):
             return out
         expect = model(tuple(out))
 
@@ -128,8 +128,9 @@ def test_tree_matches_a_naive_walk(share):
         vocab = rng.randint(2, 3)
         table: dict = {}
 
-        def model(ctx):  # a deterministic "argmax" per context
+        def model(ctx, table=table, vocab=vocab):  # a deterministic "argmax" per context
             return table.setdefault(ctx, rng.randrange(vocab))
+
         y1 = rng.randrange(vocab)
         drafts = [tuple(rng.randrange(vocab) for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(0, 6))]
         tree = build_tree(drafts, budget=rng.randint(0, 20), share=share)
@@ -138,8 +139,8 @@ def test_tree_matches_a_naive_walk(share):
         preds = torch.tensor([model(p) for p in paths_of(tree)], dtype=torch.long)
         acc = tree_accept(torch.tensor(y1), tree, preds, 7)
         a = int(acc.accepted)
-        assert acc.tokens[:a + 1].tolist() == want, (trial, drafts, tree)
-        assert (acc.tokens[a + 1:] == -1).all() and acc.tokens.shape == (7,)
+        assert acc.tokens[: a + 1].tolist() == want, (trial, drafts, tree)
+        assert (acc.tokens[a + 1 :] == -1).all() and acc.tokens.shape == (7,)
         assert (int(acc.best) == -1) == (a == 0)
         lengths.add(a)
     assert lengths >= {0, 1, 2, 3}

@@ -1,4 +1,5 @@
 """The 2D Jacobi window: seeded start, warm-up, update and the n-grams it closes."""
+
 from __future__ import annotations
 
 import numpy as np

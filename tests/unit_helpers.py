@@ -3,6 +3,7 @@ with tests_distributed/conftest.py; tests/conftest.py registers its fixtures).
 
 Shared fixtures: tiny random causal LMs built in-process (no downloads) and a tiny model
 directory with an offline word-level tokenizer, loadable by plain transformers and by lp."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,14 @@ ARCHS = ("llama", "qwen2", "mistral")
 
 def build_tiny(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """A tiny random causal LM of the given architecture, eval mode, sdpa attention, fp32."""
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              Qwen2Config, Qwen2ForCausalLM)
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     classes = {
         "llama": (LlamaConfig, LlamaForCausalLM),
@@ -61,14 +68,21 @@ def tiny_models() -> dict[str, torch.nn.Module]:
 
 
 @torch.inference_mode()
-def reference_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int,
-                     eos: list[int] | None = None) -> list[int]:
+def reference_greedy(
+    model: torch.nn.Module, prompt: list[int], max_new_tokens: int, eos: list[int] | None = None
+) -> list[int]:
     """Plain transformers greedy decoding: the ground truth lookahead decoding must equal
     (stopping at `eos` ids, like lp, where given)."""
     ids = torch.tensor([prompt], dtype=torch.long, device=next(model.parameters()).device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def off_greedy(model: torch.nn.Module, prompt: list[int], output: list[int], tol: float) -> int | None:
@@ -80,8 +94,8 @@ def off_greedy(model: torch.nn.Module, prompt: list[int], output: list[int], tol
     as a token far from the best."""
     ids = torch.tensor([prompt + output], dtype=torch.long, device=next(model.parameters()).device)
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
-    chosen = logits.gather(1, ids[0, len(prompt):, None])[:, 0]
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    chosen = logits.gather(1, ids[0, len(prompt) :, None])[:, 0]
     bad = (logits.max(-1).values - chosen > tol).nonzero()
     return int(bad[0]) if len(bad) else None
 
@@ -103,8 +117,7 @@ def _word_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
 @pytest.fixture(scope="session")
@@ -133,8 +146,13 @@ def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        CUDA_VISIBLE_DEVICES="",
+    )
     return env
 
 
@@ -145,8 +163,11 @@ def tree_tensors(tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
     n = tree.size
     mask = step_layout(1, 1, 2, range(0), tree.parents).mask
-    return (torch.tensor(tree.parents, dtype=torch.long).reshape(n), torch.from_numpy(tree.depth),
-            torch.from_numpy(mask[mask.shape[0] - n:, mask.shape[0] - n:].copy()))
+    return (
+        torch.tensor(tree.parents, dtype=torch.long).reshape(n),
+        torch.from_numpy(tree.depth),
+        torch.from_numpy(mask[mask.shape[0] - n :, mask.shape[0] - n :].copy()),
+    )
 
 
 def tree_accept(y1: torch.Tensor, tree, preds: torch.Tensor, width: int):

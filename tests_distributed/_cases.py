@@ -1,4 +1,5 @@
 """The batched API cases: which (architecture, prompt, N, W, G) run at which world size."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -46,19 +47,16 @@ def cases(world_size: int) -> list[tuple[str, str, int, dict]]:
 
 
 def api_spec(models: dict[str, Path], world_size: int) -> dict:
-    tasks = [{"id": cid, "model": arch, "prompt": PROMPTS[p], "settings": s}
-             for cid, arch, p, s in cases(world_size)]
+    tasks = [{"id": cid, "model": arch, "prompt": PROMPTS[p], "settings": s} for cid, arch, p, s in cases(world_size)]
     if world_size > 1:
-        base = {"model": ARCHS[0], "prompt": PROMPTS[0],
-                "settings": {"N": 3, "W": 3, "G": 3, "max_new_tokens": 8}}
+        base = {"model": ARCHS[0], "prompt": PROMPTS[0], "settings": {"N": 3, "W": 3, "G": 3, "max_new_tokens": 8}}
         last = str(world_size - 1)
         tasks += [
             dict(base, id="mismatch/prompt", per_rank={"1": {"prompt": PROMPTS[1]}}),
             dict(base, id="mismatch/W", per_rank={last: {"settings": dict(base["settings"], W=4)}}),
             dict(base, id="mismatch/recovered"),  # the group still works after a mismatch
         ]
-    return {"models": {k: str(v) for k, v in models.items()}, "timeout_s": COLLECTIVE_TIMEOUT_S,
-            "tasks": tasks}
+    return {"models": {k: str(v) for k, v in models.items()}, "timeout_s": COLLECTIVE_TIMEOUT_S, "tasks": tasks}
 
 
 def completed(launch, docs: list[dict], world_size: int) -> list[dict]:

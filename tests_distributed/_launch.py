@@ -13,6 +13,7 @@ Two launchers:
 Both kill the whole process tree when the time limit passes, so a hang fails the test instead
 of blocking the suite. Children run with one thread each (OMP_NUM_THREADS=1) and offline.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,15 +35,31 @@ ZYGOTE = str(HERE / "_zygote.py")
 _TORCHRUN = Path(PYTHON).with_name("torchrun")
 TORCHRUN = [str(_TORCHRUN)] if _TORCHRUN.exists() else [PYTHON, "-m", "torch.distributed.run"]
 
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_DIST_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
-               TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore")
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        PYTHONWARNINGS="ignore",
+    )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env.update(extra or {})
     return env
@@ -106,15 +123,24 @@ class Launch:
         if self.stdout or self.stderr:
             parts.append(f"--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}")
         for r in self.ranks:
-            parts.append(f"--- rank {r.rank} rc={r.returncode}\n[stdout]\n{r.stdout[-2000:]}\n"
-                         f"[stderr]\n{r.stderr[-4000:]}")
+            parts.append(
+                f"--- rank {r.rank} rc={r.returncode}\n[stdout]\n{r.stdout[-2000:]}\n[stderr]\n{r.stderr[-4000:]}"
+            )
         return "\n".join(parts)
 
 
 def _ranks(case_dir: Path, nproc: int, exits: dict[int, tuple[int, float]]) -> list[RankRun]:
     read = lambda name: (case_dir / name).read_text(errors="replace") if (case_dir / name).exists() else ""  # noqa: E731
-    return [RankRun(r, exits[r][0] if r in exits else None, read(f"{r}.out"), read(f"{r}.err"),
-                    exits[r][1] if r in exits else None) for r in range(nproc)]
+    return [
+        RankRun(
+            r,
+            exits[r][0] if r in exits else None,
+            read(f"{r}.out"),
+            read(f"{r}.err"),
+            exits[r][1] if r in exits else None,
+        )
+        for r in range(nproc)
+    ]
 
 
 def _launch(ranks: list[RankRun], start: float, stdout: str = "", stderr: str = "") -> Launch:
@@ -124,8 +150,14 @@ def _launch(ranks: list[RankRun], start: float, stdout: str = "", stderr: str = 
     return Launch(rc, start, end, stdout, stderr, ranks=ranks)
 
 
-def spawn_batch(cases: dict[str, list[str]], nproc: int, *, timeout: float, env: dict[str, str] | None = None,
-                cwd: str | Path = ROOT) -> dict[str, Launch]:
+def spawn_batch(
+    cases: dict[str, list[str]],
+    nproc: int,
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: str | Path = ROOT,
+) -> dict[str, Launch]:
     """Run several jobs at once, each `python ARGS` as `nproc` ranks forked from one `_zygote.py`
     (so the imports are paid once for all of them); wait at most `timeout` seconds in all."""
     base_env = child_env(env)
@@ -136,9 +168,15 @@ def spawn_batch(cases: dict[str, list[str]], nproc: int, *, timeout: float, env:
         spec = tmp_path / "cases.json"
         spec.write_text(json.dumps({name: {"argv": argv, "port": free_port()} for name, argv in cases.items()}))
         with open(tmp_path / "zygote.out", "w+") as zout, open(tmp_path / "zygote.err", "w+") as zerr:
-            proc = subprocess.Popen([PYTHON, ZYGOTE, tmp, str(nproc), "--batch", str(spec)], cwd=cwd,
-                                    env=base_env, stdout=zout, stderr=zerr, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [PYTHON, ZYGOTE, tmp, str(nproc), "--batch", str(spec)],
+                cwd=cwd,
+                env=base_env,
+                stdout=zout,
+                stderr=zerr,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -156,8 +194,15 @@ def spawn_batch(cases: dict[str, list[str]], nproc: int, *, timeout: float, env:
     return launches
 
 
-def spawn_ranks(args: list[str], nproc: int, *, timeout: float, env: dict[str, str] | None = None,
-                cwd: str | Path = ROOT, fork: bool = True) -> Launch:
+def spawn_ranks(
+    args: list[str],
+    nproc: int,
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: str | Path = ROOT,
+    fork: bool = True,
+) -> Launch:
     """Run `python ARGS` as `nproc` ranks of one job; wait at most `timeout` seconds.
 
     fork=True (default): one `_zygote.py` process imports torch/transformers/lp once and forks
@@ -173,11 +218,21 @@ def spawn_ranks(args: list[str], nproc: int, *, timeout: float, env: dict[str, s
         exits: dict[int, tuple[int, float]] = {}
         procs = []
         for r in range(nproc):
-            rank_env = dict(base_env, RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_RANK=str(r),
-                            LOCAL_WORLD_SIZE=str(nproc))
+            rank_env = dict(
+                base_env, RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(nproc)
+            )
             with open(tmp_path / f"{r}.out", "w") as out, open(tmp_path / f"{r}.err", "w") as err:
-                procs.append(subprocess.Popen([PYTHON, *args], cwd=cwd, env=rank_env, stdout=out, stderr=err,
-                                              stdin=subprocess.DEVNULL, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        [PYTHON, *args],
+                        cwd=cwd,
+                        env=rank_env,
+                        stdout=out,
+                        stderr=err,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
         try:
             while time.time() < deadline and len(exits) < nproc:
                 for r, p in enumerate(procs):
@@ -190,16 +245,40 @@ def spawn_ranks(args: list[str], nproc: int, *, timeout: float, env: dict[str, s
         return _launch(_ranks(tmp_path, nproc, exits), start)
 
 
-def torchrun(args: list[str], nproc: int, *, timeout: float, env: dict[str, str] | None = None,
-             module: bool = False, cwd: str | Path = ROOT) -> Launch:
+def torchrun(
+    args: list[str],
+    nproc: int,
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    module: bool = False,
+    cwd: str | Path = ROOT,
+) -> Launch:
     """Run `torchrun --standalone --nproc_per_node NPROC [-m] ARGS`; wait at most `timeout` s."""
     with tempfile.TemporaryDirectory(prefix="lp-torchrun-") as logs:
-        cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", str(nproc), "--log-dir", logs,
-               "--tee", "3", *(["-m"] if module else []), *args]
+        cmd = [
+            *TORCHRUN,
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            "--log-dir",
+            logs,
+            "--tee",
+            "3",
+            *(["-m"] if module else []),
+            *args,
+        ]
         start = time.time()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=child_env(env), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=child_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
             rc = proc.returncode
@@ -211,13 +290,17 @@ def torchrun(args: list[str], nproc: int, *, timeout: float, env: dict[str, str]
         ranks = []
         for r in range(nproc):
             found = sorted(Path(logs).glob(f"*/attempt_*/{r}"))
-            read = lambda name: (found[-1] / name).read_text(errors="replace") if found and (found[-1] / name).exists() else ""  # noqa: E731
+
+            def read(name: str, found: list[Path] = found) -> str:
+                return (found[-1] / name).read_text(errors="replace") if found and (found[-1] / name).exists() else ""
+
             ranks.append(RankRun(r, None, read("stdout.log"), read("stderr.log"), None))
     return Launch(rc, start, end, stdout, stderr, ranks)
 
 
-def run_api_worker(spec: dict, nproc: int, *, timeout: float, tmp: Path,
-                   env: dict[str, str] | None = None) -> tuple[Launch, list[dict]]:
+def run_api_worker(
+    spec: dict, nproc: int, *, timeout: float, tmp: Path, env: dict[str, str] | None = None
+) -> tuple[Launch, list[dict]]:
     """Run `_worker.py` on `nproc` ranks with a task spec; return the launch and each rank's
     result document (an empty dict for a rank that wrote none)."""
     tmp.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
 """Tiny random models (built in-process, no network) and the transformers greedy reference."""
+
 from __future__ import annotations
 
 import shutil
@@ -23,10 +24,20 @@ def build_tiny(arch: str, out: Path, *, vocab: int, seed: int, init: float = 0.2
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
     kind = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch]
-    cfg = kind(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-               tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-               initializer_range=init)
+    cfg = kind(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        initializer_range=init,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
     model.save_pretrained(out)
@@ -46,6 +57,11 @@ def load(path: str | Path):
 def greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """transformers' own greedy decoding: the ids of the new tokens."""
     ids = torch.tensor([prompt_ids])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, pad_token_id=model.generation_config.pad_token_id)
-    return out[0, len(prompt_ids):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=model.generation_config.pad_token_id,
+    )
+    return out[0, len(prompt_ids) :].tolist()

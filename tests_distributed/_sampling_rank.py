@@ -5,12 +5,13 @@ model through lp's decoder under Lookahead Parallelism; rank 0 writes them as JS
 
 `wrong` swaps in an acceptance rule that always accepts the drafts, which the test must catch;
 `recycled` takes drafts from the successor table alone and samples 3 tokens (tests/test_sampling_decoder.py)."""
+
 import json
 import sys
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder
+from lp.decode.loop import Decoder
 from lp.verify.verifier import SamplingVerifier
 from lp.worker import Worker
 from tests.sampling_helpers import follow_first_drafts, peaked_llama
@@ -32,7 +33,9 @@ def main() -> None:
     cfg = DecodeConfig(**{**SETTINGS, **(RECYCLED if "recycled" in sys.argv[3:] else {})})
     rows, multi = [], 0
     for i in range(samples):
-        verifier = SamplingVerifier(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, i, accept_always) if wrong else None
+        verifier = (
+            SamplingVerifier(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, i, accept_always) if wrong else None
+        )
         g = dec.generate(prompt, cfg, stream=i, verifier=verifier)
         rows.append(g.output_ids)
         multi += max(g.accepted_per_step) > 1

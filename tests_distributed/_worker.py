@@ -13,6 +13,7 @@ On rank r, the k-th call of `Worker.step` first writes time.time() to FILE, then
 `os._exit(3)` (die) or sleeps forever (hang). LP_TEST_TUNER=ar (--cli mode) makes the W/N/G
 auto-tuner choose plain decoding, as it does by timing on a loaded CPU.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,20 +32,63 @@ torch.set_num_threads(1)
 
 # ---------------------------------------------------------------- counting communication
 API_NAMES = (
-    "all_gather_single", "all_gather_into_tensor", "_all_gather_base", "all_gather",
-    "all_gather_coalesced", "all_gather_object", "broadcast", "broadcast_object_list",
-    "all_reduce", "all_reduce_coalesced", "reduce", "gather", "gather_object", "scatter",
-    "scatter_object_list", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
-    "_reduce_scatter_base", "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv",
-    "send_object_list", "recv_object_list", "batch_isend_irecv", "barrier", "monitored_barrier",
+    "all_gather_single",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "send_object_list",
+    "recv_object_list",
+    "batch_isend_irecv",
+    "barrier",
+    "monitored_barrier",
 )
 PG_METHODS = (
-    "allgather", "_allgather_base", "all_gather_single", "allgather_coalesced",
-    "allgather_into_tensor_coalesced", "all_gather_single_coalesced", "allreduce",
-    "allreduce_coalesced", "alltoall", "alltoall_base", "all_to_all_single", "barrier",
-    "monitored_barrier", "broadcast", "gather", "scatter", "reduce", "reduce_scatter",
-    "_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_single_coalesced",
-    "reduce_scatter_tensor_coalesced", "send", "recv", "recv_anysource",
+    "allgather",
+    "_allgather_base",
+    "all_gather_single",
+    "allgather_coalesced",
+    "allgather_into_tensor_coalesced",
+    "all_gather_single_coalesced",
+    "allreduce",
+    "allreduce_coalesced",
+    "alltoall",
+    "alltoall_base",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "broadcast",
+    "gather",
+    "scatter",
+    "reduce",
+    "reduce_scatter",
+    "_reduce_scatter_base",
+    "reduce_scatter_single",
+    "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "send",
+    "recv",
+    "recv_anysource",
 )
 CALLS: list[dict] = []  # top-level torch.distributed API calls
 PG_CALLS: list[str] = []  # ProcessGroup-level operations (what actually reaches the backend)
@@ -71,9 +115,13 @@ def _describe(name: str, args: tuple, kwargs: dict) -> dict:
     else:
         out = inp = None
     if isinstance(inp, torch.Tensor):
-        call.update(in_numel=inp.numel(), in_dtype=str(inp.dtype), in_shape=list(inp.shape),
-                    in_is_floating=inp.is_floating_point() or inp.is_complex(),
-                    out_numel=sum(t.numel() for t in _tensors(out)))
+        call.update(
+            in_numel=inp.numel(),
+            in_dtype=str(inp.dtype),
+            in_shape=list(inp.shape),
+            in_is_floating=inp.is_floating_point() or inp.is_complex(),
+            out_numel=sum(t.numel() for t in _tensors(out)),
+        )
     else:
         call["tensors"] = [[t.numel(), str(t.dtype)] for t in _tensors(list(args) + list(kwargs.values()))]
     return call
@@ -90,6 +138,7 @@ def _counted(name: str, fn):
             return fn(*args, **kwargs)
         finally:
             _depth[0] -= 1
+
     wrapper.__lp_counted__ = True
     return wrapper
 
@@ -119,7 +168,9 @@ def install_counters() -> None:
             def pg_wrapper(self, *args, **kwargs):
                 PG_CALLS.append(name)
                 return method(self, *args, **kwargs)
+
             return pg_wrapper
+
         try:
             setattr(pg, name, make())
             PATCHED["process_group"].append(name)
@@ -158,7 +209,7 @@ def install_tuner_choice() -> None:
     decides by timing on a loaded CPU), so a test does not depend on the machine's load."""
     if os.environ.get("LP_TEST_TUNER") != "ar":
         return
-    from lp.auto import AutoTuner
+    from lp.decode.auto import AutoTuner
 
     AutoTuner.choose = lambda self, **_: (None, "plain decoding (forced by the test)")
 
@@ -168,8 +219,13 @@ def run_spec(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", "0"))
     out_file = Path(spec["out_dir"]) / f"rank{rank}.json"
-    doc = {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")), "patched": PATCHED,
-           "results": {}, "done": False}
+    doc = {
+        "rank": rank,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "patched": PATCHED,
+        "results": {},
+        "done": False,
+    }
 
     def save() -> None:
         tmp = out_file.with_suffix(".tmp")
@@ -192,13 +248,21 @@ def run_spec(spec_path: str) -> int:
             t = time.time()
             try:
                 r = lm.generate(mine["prompt"], chat=mine.get("chat", False), **mine.get("settings", {}))
-                res.update(prompt_ids=r.prompt_ids, output_ids=r.output_ids, steps=r.steps,
-                           accepted_per_step=r.accepted_per_step, world_size=r.world_size,
-                           new_tokens=r.new_tokens, W=r.W, N=r.N, G=r.G, mode=r.mode)
+                res.update(
+                    prompt_ids=r.prompt_ids,
+                    output_ids=r.output_ids,
+                    steps=r.steps,
+                    accepted_per_step=r.accepted_per_step,
+                    world_size=r.world_size,
+                    new_tokens=r.new_tokens,
+                    W=r.W,
+                    N=r.N,
+                    G=r.G,
+                    mode=r.mode,
+                )
             except LPError as e:
                 res["error"] = {"type": type(e).__name__, "message": str(e)}
-            res.update(calls=CALLS[n_calls:], pg_calls=PG_CALLS[n_pg:],
-                       seconds=time.time() - t)
+            res.update(calls=CALLS[n_calls:], pg_calls=PG_CALLS[n_pg:], seconds=time.time() - t)
             doc["results"][task["id"]] = res
             save()
         doc["done"] = True

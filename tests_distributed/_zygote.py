@@ -14,6 +14,7 @@ exit and records each one's exit code and exit time in OUT_DIR/exits.json.
 `--batch`: CASES.json maps case names to {"argv": python-args, "port": MASTER_PORT}; every
 case's NPROC ranks are forked at once, with OUT_DIR/CASE/ as that case's OUT_DIR.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,21 +34,21 @@ _worker.install_counters()
 
 # Everything a rank would import lazily anyway (no computation: no thread pools before fork).
 import hydra  # noqa: E402,F401
-import lp  # noqa: E402,F401
-import lp.generate  # noqa: E402,F401
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402,F401
 from transformers.models.llama import modeling_llama  # noqa: E402,F401
 from transformers.models.mistral import modeling_mistral  # noqa: E402,F401
 from transformers.models.qwen2 import modeling_qwen2  # noqa: E402,F401
 
+import lp  # noqa: E402,F401
+import lp.generate  # noqa: E402,F401
+
 for _name in ("PreTrainedTokenizerFast", "TokenizersBackend"):
     getattr(transformers, _name, None)
 
 
 def _run_rank(rank: int, nproc: int, out_dir: Path, argv: list[str]) -> int:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(nproc))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc))
     for fd, name in ((1, f"{rank}.out"), (2, f"{rank}.err")):
         f = os.open(out_dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)

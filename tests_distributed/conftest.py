@@ -4,6 +4,7 @@ Launching ranks is the slow part, so one launch per world size runs every API ca
 architectures and (N, W, G) configurations, plus the rank-mismatch cases); the exactness,
 collective-count and mismatch tests all read that launch's per-rank results.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,9 @@ def api_run(tiny_models, tmp_path_factory):
     def get(world_size: int):
         if world_size not in cache:
             tmp = tmp_path_factory.mktemp(f"api_p{world_size}")
-            cache[world_size] = run_api_worker(api_spec(tiny_models, world_size), world_size,
-                                               timeout=API_TIMEOUT_S, tmp=tmp)
+            cache[world_size] = run_api_worker(
+                api_spec(tiny_models, world_size), world_size, timeout=API_TIMEOUT_S, tmp=tmp
+            )
         return cache[world_size]
 
     return get

@@ -2,6 +2,7 @@
 parallelism (torch DTensor plan, its MLP-only fallback, transformers' `tp_plan="auto"`) and
 pipeline parallelism all reproduce transformers' greedy output. Each launch has a hard time
 limit (the whole process tree is killed past it)."""
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,16 @@ def _tiny_dir(out: Path, heads: int, kv: int, hidden: int) -> Path:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=128,
-                      initializer_range=0.05)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=hidden,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=128,
+        initializer_range=0.05,
+    )
     LlamaForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -43,16 +51,31 @@ def _tiny_dir(out: Path, heads: int, kv: int, hidden: int) -> Path:
 def work(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("bench_dist")
     (d / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    return {"dir": d, "prompts": d / "prompts.jsonl",
-            "even": _tiny_dir(d / "even", heads=4, kv=2, hidden=64),  # TP 2 shards heads
-            "odd": _tiny_dir(d / "odd", heads=6, kv=3, hidden=96)}  # 3 kv heads: TP 2 shards the MLP only
+    return {
+        "dir": d,
+        "prompts": d / "prompts.jsonl",
+        "even": _tiny_dir(d / "even", heads=4, kv=2, hidden=64),  # TP 2 shards heads
+        "odd": _tiny_dir(d / "odd", heads=6, kv=3, hidden=96),
+    }  # 3 kv heads: TP 2 shards the MLP only
 
 
 def _bench(work, model: Path, name: str, *overrides: str) -> tuple[list[dict], object]:
     out = work["dir"] / name
-    args = ["-m", "lp.bench", f"model.name={model}", "dataset=jsonl", f"prompts={work['prompts']}",
-            "max_new_tokens=10", "warmup_tokens=3", "device=cpu", "timeout_s=40", f"out_dir={out}",
-            "plots=false", "progress=false", *overrides]
+    args = [
+        "-m",
+        "lp.bench",
+        f"model.name={model}",
+        "dataset=jsonl",
+        f"prompts={work['prompts']}",
+        "max_new_tokens=10",
+        "warmup_tokens=3",
+        "device=cpu",
+        "timeout_s=40",
+        f"out_dir={out}",
+        "plots=false",
+        "progress=false",
+        *overrides,
+    ]
     launch = spawn_ranks(args, 2, timeout=LIMIT_S)
     assert launch.returncode == 0, launch.describe()
     rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines() if x.strip()]

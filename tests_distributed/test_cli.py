@@ -1,6 +1,7 @@
 """`torchrun --nproc_per_node P -m lp.generate ... out=FILE`: rank 0 alone writes the JSONL,
 one line per prompt with the contract fields (docs/design.md section 5), world_size == P, and the
 output is transformers' greedy output."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,22 @@ from _launch import torchrun
 from _models import greedy, load
 
 P = 2
-FIELDS = ("id", "prompt_ids", "output_ids", "text", "new_tokens", "steps", "compression", "seconds",
-          "tokens_per_s", "world_size", "W", "N", "G", "mode")
+FIELDS = (
+    "id",
+    "prompt_ids",
+    "output_ids",
+    "text",
+    "new_tokens",
+    "steps",
+    "compression",
+    "seconds",
+    "tokens_per_s",
+    "world_size",
+    "W",
+    "N",
+    "G",
+    "mode",
+)
 PROMPTS = [
     {"id": "a", "prompt": "The cat sat on the mat. The cat sat on the mat. The cat"},
     {"question_id": 7, "category": "demo", "turns": ["Count: one two three one two three one two", "unused"]},
@@ -25,9 +40,23 @@ def test_rank0_alone_writes_the_contract_jsonl(tiny_text_model, tmp_path):
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     # Every rank resolves `out` with its own RANK: a rank other than 0 that wrote would leave a file.
     out_pattern = str(tmp_path / "out_rank${oc.env:RANK}.jsonl")
-    launch = torchrun(["lp.generate", f"model.name={tiny_text_model}", f"prompts={prompts}", "chat=false",
-                       "W=5", "N=3", "G=5", f"max_new_tokens={MAX_NEW}", f"out={out_pattern}", "timeout_s=60"],
-                      P, module=True, timeout=120)
+    launch = torchrun(
+        [
+            "lp.generate",
+            f"model.name={tiny_text_model}",
+            f"prompts={prompts}",
+            "chat=false",
+            "W=5",
+            "N=3",
+            "G=5",
+            f"max_new_tokens={MAX_NEW}",
+            f"out={out_pattern}",
+            "timeout_s=60",
+        ],
+        P,
+        module=True,
+        timeout=120,
+    )
     assert launch.returncode == 0, launch.describe()
     written = sorted(p.name for p in tmp_path.glob("out_rank*"))
     assert written == ["out_rank0.jsonl"], f"output files written: {written}"
@@ -58,8 +87,9 @@ def test_rank0_alone_writes_the_contract_jsonl(tiny_text_model, tmp_path):
         assert row["output_ids"] == greedy(model, row["prompt_ids"], MAX_NEW)
 
     # Only rank 0 prints results: each generated text, then a `[id] N tokens in ...` summary line.
-    summaries = re.findall(r"^\[(\w+)\] \d+ tokens in \d+ steps, S=.*; lookahead W=5 N=3 G=5, 2 ranks$",
-                           launch.ranks[0].stdout, re.M)
+    summaries = re.findall(
+        r"^\[(\w+)\] \d+ tokens in \d+ steps, S=.*; lookahead W=5 N=3 G=5, 2 ranks$", launch.ranks[0].stdout, re.M
+    )
     assert summaries == ["a", "7"], launch.describe()
     for r in launch.ranks[1:]:
         assert "tokens in" not in r.stdout, f"rank {r.rank} printed results:\n{r.stdout}"

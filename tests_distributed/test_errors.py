@@ -1,12 +1,12 @@
 """Errors end every rank instead of hanging any: bad input, rank mismatch, a rank that dies
 mid-generation, a rank that hangs. Every launch has a hard time limit, so a hang fails here."""
+
 from __future__ import annotations
 
 import re
 import shlex
 
 import pytest
-
 from _cases import MISMATCH_IDS, WORLD_SIZES, completed
 from _launch import ROOT, WORKER, spawn_batch, spawn_ranks, torchrun
 
@@ -16,8 +16,17 @@ HARD_LIMIT_S = 120
 
 
 def _cli(model, *extra: str) -> list[str]:
-    return ["-m", "lp.generate", f"model.name={model}", "prompt=Hello world hello world hello",
-            "chat=false", "max_new_tokens=8", "timeout_s=30", "quiet=true", *extra]
+    return [
+        "-m",
+        "lp.generate",
+        f"model.name={model}",
+        "prompt=Hello world hello world hello",
+        "chat=false",
+        "max_new_tokens=8",
+        "timeout_s=30",
+        "quiet=true",
+        *extra,
+    ]
 
 
 def _one_error_line(stderr: str) -> list[str]:
@@ -51,8 +60,7 @@ def bad_input_runs(tiny_text_model, tmp_path_factory):
     names = {f"case{i}": cmd for i, cmd in enumerate(cases)}
     runs = {}
     for P in (1, 2):
-        launches = spawn_batch({n: cases[cmd] for n, cmd in names.items()}, P, timeout=HARD_LIMIT_S, env=env,
-                               cwd=cwd)
+        launches = spawn_batch({n: cases[cmd] for n, cmd in names.items()}, P, timeout=HARD_LIMIT_S, env=env, cwd=cwd)
         runs.update({(names[n], P): launch for n, launch in launches.items()})
     return runs
 
@@ -104,13 +112,28 @@ def test_rank_mismatch_raises_on_every_rank(world_size, api_run):
 
 
 def _fault_env(mode: str, mark) -> dict[str, str]:
-    return {"LP_TEST_FAULT": mode, "LP_TEST_FAULT_RANK": "1", "LP_TEST_FAULT_STEP": "3",
-            "LP_TEST_FAULT_MARK": str(mark)}
+    return {
+        "LP_TEST_FAULT": mode,
+        "LP_TEST_FAULT_RANK": "1",
+        "LP_TEST_FAULT_STEP": "3",
+        "LP_TEST_FAULT_MARK": str(mark),
+    }
 
 
 def _fault_args(model) -> list[str]:
-    return [WORKER, "--cli", f"model.name={model}", "prompt=Hello world hello world hello", "chat=false",
-            "W=5", "N=3", "G=5", "max_new_tokens=64", f"timeout_s={FAULT_TIMEOUT_S}", "quiet=true"]
+    return [
+        WORKER,
+        "--cli",
+        f"model.name={model}",
+        "prompt=Hello world hello world hello",
+        "chat=false",
+        "W=5",
+        "N=3",
+        "G=5",
+        "max_new_tokens=64",
+        f"timeout_s={FAULT_TIMEOUT_S}",
+        "quiet=true",
+    ]
 
 
 def test_dead_rank_fails_the_others(tiny_text_model, tmp_path):
@@ -122,10 +145,13 @@ def test_dead_rank_fails_the_others(tiny_text_model, tmp_path):
     died = float(mark.read_text())
     assert launch.ranks[1].returncode == 3, launch.describe()
     for r in (launch.ranks[0], launch.ranks[2]):
-        assert r.returncode is not None, f"rank {r.rank} still running {HARD_LIMIT_S}s after start:\n{launch.describe()}"
+        assert r.returncode is not None, (
+            f"rank {r.rank} still running {HARD_LIMIT_S}s after start:\n{launch.describe()}"
+        )
         assert r.returncode != 0, launch.describe()
-        assert r.exit_time - died < FAULT_TIMEOUT_S + SLACK_S, \
+        assert r.exit_time - died < FAULT_TIMEOUT_S + SLACK_S, (
             f"rank {r.rank} took {r.exit_time - died:.1f}s to fail after rank 1 died"
+        )
 
 
 def test_hung_rank_fails_the_job_within_the_timeout(tiny_text_model, tmp_path):
@@ -138,8 +164,9 @@ def test_hung_rank_fails_the_job_within_the_timeout(tiny_text_model, tmp_path):
     assert launch.returncode is not None, f"job still running {HARD_LIMIT_S}s after start:\n{launch.describe()}"
     assert launch.returncode != 0, launch.describe()
     waited = launch.end - hung
-    assert FAULT_TIMEOUT_S - 1 < waited < FAULT_TIMEOUT_S + SLACK_S, \
+    assert FAULT_TIMEOUT_S - 1 < waited < FAULT_TIMEOUT_S + SLACK_S, (
         f"the job ended {waited:.1f}s after rank 1 hung (timeout_s={FAULT_TIMEOUT_S})\n{launch.describe()}"
+    )
 
 
 def test_lp_started_ranks_end_with_lps_error_line(tmp_path):
@@ -149,9 +176,14 @@ def test_lp_started_ranks_end_with_lps_error_line(tmp_path):
 
     from _launch import PYTHON, child_env
 
-    proc = subprocess.run([PYTHON, "-m", "lp.generate", "nproc=2", "prompt=Hi", "W=0"], cwd=tmp_path,
-                          env=child_env({"CUDA_VISIBLE_DEVICES": ""}), capture_output=True, text=True,
-                          timeout=HARD_LIMIT_S)
+    proc = subprocess.run(
+        [PYTHON, "-m", "lp.generate", "nproc=2", "prompt=Hi", "W=0"],
+        cwd=tmp_path,
+        env=child_env({"CUDA_VISIBLE_DEVICES": ""}),
+        capture_output=True,
+        text=True,
+        timeout=HARD_LIMIT_S,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert _one_error_line(proc.stderr) == ["lp: error: W must be an integer >= 1, got 0"], proc.stderr

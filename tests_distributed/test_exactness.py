@@ -1,13 +1,13 @@
 """Greedy LP output equals transformers `generate(do_sample=False)` at world sizes 1-4, on tiny
 random Llama, Qwen2 and Mistral models, for (N, W, G) in {(2,5,5), (3,3,3), (5,7,7)} and the
 same windows with G=0; every rank returns the same output and step count."""
+
 from __future__ import annotations
 
 import pytest
+from _cases import CONFIGS, EOS_MODEL, MAX_NEW, WORLD_SIZES, cases, completed
 
 from lp.config import DecodeConfig
-
-from _cases import CONFIGS, EOS_MODEL, MAX_NEW, WORLD_SIZES, cases, completed
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
@@ -20,10 +20,14 @@ def test_output_equals_transformers_greedy(world_size, api_run, references):
             res = doc["results"][cid]
             assert "error" not in res, f"{cid} rank {doc['rank']}: {res['error']}"
             if res["output_ids"] != want:
-                first = next((i for i, (a, b) in enumerate(zip(res["output_ids"], want)) if a != b),
-                             min(len(want), len(res["output_ids"])))
-                wrong.append(f"{cid} rank {doc['rank']}: first difference at token {first}: "
-                             f"lp {res['output_ids'][first:first + 5]} vs transformers {want[first:first + 5]}")
+                first = next(
+                    (i for i, (a, b) in enumerate(zip(res["output_ids"], want)) if a != b),
+                    min(len(want), len(res["output_ids"])),
+                )
+                wrong.append(
+                    f"{cid} rank {doc['rank']}: first difference at token {first}: "
+                    f"lp {res['output_ids'][first : first + 5]} vs transformers {want[first : first + 5]}"
+                )
     assert not wrong, f"{len(wrong)} outputs differ from transformers greedy:\n" + "\n".join(wrong)
 
 

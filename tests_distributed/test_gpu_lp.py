@@ -1,10 +1,10 @@
 """Lookahead Parallelism on CUDA (skipped without a GPU): 2 and 4 ranks on the GPUs there are
 (one GPU: ranks share it, the all-gather goes over gloo, host-staged) decode the real model in
 fp32 exactly as one rank and as transformers' greedy decoding."""
+
 from __future__ import annotations
 
 import pytest
-
 from _cases import completed
 from _launch import run_api_worker
 from _models import REAL_MODEL
@@ -20,8 +20,16 @@ def test_lp_on_cuda_equals_one_rank_and_greedy(world_size, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    tasks = [{"id": f"q{i}", "model": "smollm2", "prompt": q, "chat": True,
-              "settings": {"N": 5, "W": 15, "G": 15, "max_new_tokens": 48}} for i, q in enumerate(_questions())]
+    tasks = [
+        {
+            "id": f"q{i}",
+            "model": "smollm2",
+            "prompt": q,
+            "chat": True,
+            "settings": {"N": 5, "W": 15, "G": 15, "max_new_tokens": 48},
+        }
+        for i, q in enumerate(_questions())
+    ]
     runs = {}
     for P in (1, world_size):
         spec = {"models": {"smollm2": str(REAL_MODEL)}, "device": "cuda", "timeout_s": 120, "tasks": tasks}
@@ -30,7 +38,7 @@ def test_lp_on_cuda_equals_one_rank_and_greedy(world_size, tmp_path):
     for t in tasks:
         one = runs[1][0]["results"][t["id"]]
         ids = torch.tensor([one["prompt_ids"]], device="cuda")
-        want = model.generate(ids, do_sample=False, max_new_tokens=48)[0, ids.shape[1]:].tolist()
+        want = model.generate(ids, do_sample=False, max_new_tokens=48)[0, ids.shape[1] :].tolist()
         got = [doc["results"][t["id"]]["output_ids"] for doc in runs[world_size]]
         assert one["output_ids"] == want, t["id"]
         assert got == [one["output_ids"]] * world_size, t["id"]

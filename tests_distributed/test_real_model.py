@@ -7,15 +7,16 @@ Decoding the real model on the shared 2-core CPU is the most expensive part of t
 x 2 prompts x 2 configs did not fit the suite's 4-minute budget, nor did 2 ranks x 4 pairs
 (~63 CPU-s, 90-100 s wall on the loaded machine); world sizes 1-4 and every config are covered
 on the tiny models."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from _cases import completed
 from _launch import run_api_worker
 from _models import REAL_MODEL, greedy, load
+
 from lp.bench.datasets import SPEC_BENCH
 
 WORLD_SIZES = (2,)
@@ -37,13 +38,22 @@ def real_runs(tmp_path_factory):
 
     def get(world_size):
         if world_size not in cache:
-            tasks = [{"id": f"q{i}/N{N}W{W}G{G}", "model": "smollm2", "prompt": q, "chat": True,
-                      "settings": {"N": N, "W": W, "G": G, "max_new_tokens": MAX_NEW}}
-                     for i, (q, (N, W, G)) in enumerate(zip(_questions(), CONFIGS))]
+            tasks = [
+                {
+                    "id": f"q{i}/N{N}W{W}G{G}",
+                    "model": "smollm2",
+                    "prompt": q,
+                    "chat": True,
+                    "settings": {"N": N, "W": W, "G": G, "max_new_tokens": MAX_NEW},
+                }
+                for i, (q, (N, W, G)) in enumerate(zip(_questions(), CONFIGS))
+            ]
             spec = {"models": {"smollm2": str(REAL_MODEL)}, "timeout_s": 120, "tasks": tasks}
-            cache[world_size] = run_api_worker(spec, world_size, timeout=300,
-                                               tmp=tmp_path_factory.mktemp(f"real_p{world_size}"))
+            cache[world_size] = run_api_worker(
+                spec, world_size, timeout=300, tmp=tmp_path_factory.mktemp(f"real_p{world_size}")
+            )
         return cache[world_size]
+
     return get
 
 
@@ -57,6 +67,7 @@ def real_reference():
         if key not in refs:
             refs[key] = greedy(model, prompt_ids, MAX_NEW)
         return refs[key]
+
     return get
 
 
@@ -73,16 +84,16 @@ def test_real_model_equals_transformers_greedy(world_size, real_runs, real_refer
         seen = [doc["results"][cid] for doc in docs]
         assert all("error" not in r for r in seen), [r.get("error") for r in seen]
         res = seen[0]
-        q = questions[int(cid[1:cid.index("/")])]
-        chat_ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                           tokenize=True)
+        q = questions[int(cid[1 : cid.index("/")])]
+        chat_ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
         chat_ids = list(chat_ids["input_ids"] if hasattr(chat_ids, "keys") else chat_ids)
         assert res["prompt_ids"] == chat_ids, f"{cid}: LP.encode(chat=True) differs from the chat template"
         for r in seen[1:]:
             assert (r["output_ids"], r["steps"]) == (res["output_ids"], res["steps"]), f"{cid}: ranks disagree"
         want = real_reference(res["prompt_ids"])
-        assert res["output_ids"] == want, (f"{cid} on {world_size} ranks:\nlp:           {res['output_ids']}\n"
-                                           f"transformers: {want}")
+        assert res["output_ids"] == want, (
+            f"{cid} on {world_size} ranks:\nlp:           {res['output_ids']}\ntransformers: {want}"
+        )
         assert res["new_tokens"] == MAX_NEW and res["steps"] <= MAX_NEW
         steps += res["steps"]
     assert steps < N_PROMPTS * MAX_NEW, "no draft was ever accepted on the real model"
@@ -97,7 +108,7 @@ def test_real_model_ar_one_step_ahead(real_reference):
 
     from lp.collective import Collective
     from lp.config import DecodeConfig
-    from lp.decoder import Decoder
+    from lp.decode.loop import Decoder
     from lp.worker import Worker
 
     tok = AutoTokenizer.from_pretrained(REAL_MODEL)

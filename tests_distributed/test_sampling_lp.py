@@ -1,12 +1,13 @@
 """Lossless sampling under Lookahead Parallelism: with 2 gloo ranks, lp's lookahead samples
 follow the model's exact distribution of the first tokens (false-alarm rate ALPHA), with pool
 and text drafts and with recycled ones, and an always-accept rule is caught by the same test."""
+
 import json
 
 import pytest
+from _launch import spawn_ranks  # tests_distributed/conftest.py puts this folder on sys.path
 
 from tests.sampling_helpers import chi_square_pvalue, exact_distribution, peaked_llama
-from _launch import spawn_ranks  # tests_distributed/conftest.py puts this folder on sys.path
 
 ALPHA = 1e-3
 SAMPLES = 1200

@@ -2,6 +2,7 @@
 Keys: configs/bench.yaml (`python -m lp.bench --help`). Writes OUT_DIR/rows.jsonl,
 summary.csv, summary.json, meta.json, config.yaml and categories.png (rank 0), and prints the
 summary table."""
+
 from __future__ import annotations
 
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from lp import cli
+from lp.frontend import cli
 
 
 def run(cfg: DictConfig) -> None:

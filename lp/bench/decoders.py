@@ -1,5 +1,5 @@
 """The decoders the benchmark compares, behind one interface (`BenchDecoder`; not to be confused
-with `lp.decoder.Decoder`, lp's own decode loop, which `LPDecoder` drives).
+with `lp.decode.loop.Decoder`, lp's own decode loop, which `LPDecoder` drives).
 
 | name               | what                                                             | ranks       |
 | ------------------ | ---------------------------------------------------------------- | ----------- |
@@ -36,6 +36,7 @@ Step accounting:
   consecutive forwards' token arrivals (decode steps only).
 - pp: as transformers decoders, with its own pipelined loop (lp/bench/pp.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,7 +48,7 @@ import torch
 from lp import models
 from lp.bench import pp, tp
 from lp.bench.metrics import intervals
-from lp.decoder import Generation, StepObserver
+from lp.decode.loop import Generation, StepObserver
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,18 @@ class _ForwardTimer(StepObserver):
 class LPDecoder(BenchDecoder):
     """lp's runtime (`lp.LP`), lookahead or `mode=ar`, on every rank."""
 
-    def __init__(self, lm, *, mode: str = "lookahead", W: int | str = 5, N: int | str = 3, G: int | str = 5,
-                 seed: int = 0, pool_from_prompt: bool = True, **options) -> None:
+    def __init__(
+        self,
+        lm,
+        *,
+        mode: str = "lookahead",
+        W: int | str = 5,
+        N: int | str = 3,
+        G: int | str = 5,
+        seed: int = 0,
+        pool_from_prompt: bool = True,
+        **options,
+    ) -> None:
         """`options`: further DecodeConfig settings (drafts, tree, budget, draft_len, text_drafts,
         pool_size, recycle), named in the label as in `parse_lookahead`."""
         self.name = "lp" if mode == "lookahead" else "lp-ar"
@@ -155,15 +166,26 @@ class LPDecoder(BenchDecoder):
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> DecodeOutput:
         timer = _ForwardTimer(self.lm.comm.device)
-        r = self.lm.generate(list(prompt_ids), chat=False, max_new_tokens=max_new_tokens, observer=timer,
-                             **self.settings)
+        r = self.lm.generate(
+            list(prompt_ids), chat=False, max_new_tokens=max_new_tokens, observer=timer, **self.settings
+        )
         # lp's decode clock starts right after the prefill and runs r.seconds (same perf_counter clock).
         end = timer.prefill_end + r.seconds
         lat = intervals(timer.starts, max(end, timer.starts[-1])) if timer.starts else []
-        chosen = {"mode": r.mode, "W": r.W, "N": r.N, "G": r.G, "auto": r.auto, "predicted": r.predicted} \
-            if r.auto else {}
-        return DecodeOutput(list(r.output_ids), r.steps, r.prefill_seconds, r.seconds, list(r.accepted_per_step),
-                            list(r.step_tokens), lat, timer.forward_seconds, chosen)
+        chosen = (
+            {"mode": r.mode, "W": r.W, "N": r.N, "G": r.G, "auto": r.auto, "predicted": r.predicted} if r.auto else {}
+        )
+        return DecodeOutput(
+            list(r.output_ids),
+            r.steps,
+            r.prefill_seconds,
+            r.seconds,
+            list(r.accepted_per_step),
+            list(r.step_tokens),
+            lat,
+            timer.forward_seconds,
+            chosen,
+        )
 
 
 # ----------------------------------------------------------------------------------- transformers
@@ -190,8 +212,17 @@ class _StepStream:
 class HFGenerate(BenchDecoder):
     """transformers `generate` (greedy, or prompt lookup when `prompt_lookup_num_tokens`)."""
 
-    def __init__(self, model, eos_ids: list[int], pad_id: int | None, *, label: str,
-                 world_size: int = 1, local: bool = True, **generate_kwargs) -> None:
+    def __init__(
+        self,
+        model,
+        eos_ids: list[int],
+        pad_id: int | None,
+        *,
+        label: str,
+        world_size: int = 1,
+        local: bool = True,
+        **generate_kwargs,
+    ) -> None:
         super().__init__(label, world_size, dict(generate_kwargs))
         self.model = model
         self.local = local
@@ -213,18 +244,26 @@ class HFGenerate(BenchDecoder):
         def count(module, args, kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
             fed.append(int(ids.shape[-1]) if ids is not None else 1)
+
         hook = self.model.register_forward_pre_hook(count, with_kwargs=True)
         _sync(dev)
         t0 = time.perf_counter()
         try:
             out = self.model.generate(
-                x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
-                eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id, streamer=stream, **self.kwargs)
+                x,
+                attention_mask=torch.ones_like(x),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=self.eos_ids or None,
+                pad_token_id=self.pad_id,
+                streamer=stream,
+                **self.kwargs,
+            )
         finally:
             hook.remove()
         _sync(dev)
         t_end = time.perf_counter()
-        ids = out[0, x.shape[1]:].tolist()
+        ids = out[0, x.shape[1] :].tolist()
         times, counts = stream.times, stream.counts
         if not times:  # nothing generated
             return DecodeOutput(ids, 0, t_end - t0, 0.0, [], [])
@@ -232,9 +271,16 @@ class HFGenerate(BenchDecoder):
             log.warning("%s: streamed %d tokens but generate returned %d", self.label, sum(counts), len(ids))
         # the first forward reads the whole prompt; count it as lp does: the prompt's last token
         # (lp's prefill, the prompt but its last token, is not a step)
-        fed = [1] + fed[1:len(times)]
-        return DecodeOutput(ids, len(times), times[0] - t0, t_end - times[0], counts, fed,
-                            [b - a for a, b in zip(times[:-1], times[1:])])
+        fed = [1] + fed[1 : len(times)]
+        return DecodeOutput(
+            ids,
+            len(times),
+            times[0] - t0,
+            t_end - times[0],
+            counts,
+            fed,
+            [b - a for a, b in zip(times[:-1], times[1:])],
+        )
 
 
 def hf_greedy(model, eos_ids, pad_id, static: bool = False) -> HFGenerate:
@@ -246,8 +292,14 @@ def hf_greedy(model, eos_ids, pad_id, static: bool = False) -> HFGenerate:
 
 
 def hf_prompt_lookup(model, eos_ids, pad_id, num_tokens: int = 10, max_ngram: int = 2) -> HFGenerate:
-    d = HFGenerate(model, eos_ids, pad_id, label=f"hf-prompt-lookup[k{num_tokens}m{max_ngram}]",
-                   prompt_lookup_num_tokens=num_tokens, max_matching_ngram_size=max_ngram)
+    d = HFGenerate(
+        model,
+        eos_ids,
+        pad_id,
+        label=f"hf-prompt-lookup[k{num_tokens}m{max_ngram}]",
+        prompt_lookup_num_tokens=num_tokens,
+        max_matching_ngram_size=max_ngram,
+    )
     d.name = "hf-prompt-lookup"
     return d
 
@@ -262,7 +314,7 @@ class TensorParallel(HFGenerate):
     (`DistributedConfig(tp_plan="auto")`), which needs the head counts divisible by P, else the
     decoder is reported unsupported. With one rank the plain model runs (nothing to shard)."""
 
-    def __init__(self, ctx: "Context", impl: str = "dtensor") -> None:
+    def __init__(self, ctx: Context, impl: str = "dtensor") -> None:
         from transformers import AutoConfig
 
         P = ctx.comm.world_size
@@ -295,7 +347,7 @@ class PipelineParallel(BenchDecoder):
 
     name = "pp"
 
-    def __init__(self, ctx: "Context", balance: bool = True) -> None:
+    def __init__(self, ctx: Context, balance: bool = True) -> None:
         from transformers import AutoConfig
 
         comm = ctx.comm
@@ -306,8 +358,9 @@ class PipelineParallel(BenchDecoder):
         self.unsupported = pp.pp_support(config, P)
         if self.unsupported:
             return
-        ranges = pp.split_layers(config.get_text_config().num_hidden_layers, P,
-                                 pp.head_cost(config) if balance else 0.0)
+        ranges = pp.split_layers(
+            config.get_text_config().num_hidden_layers, P, pp.head_cost(config) if balance else 0.0
+        )
         self.label = f"pp[{'-'.join(str(e - s) for s, e in ranges)}]" if P > 1 else "pp"
         # loaded on the host: only this rank's stage goes to the device
         self.stage = pp.PipelineStage(ctx.load_model("cpu"), comm, ranges)
@@ -319,8 +372,15 @@ class PipelineParallel(BenchDecoder):
         out, times = self.stage.decode(prompt_ids, max_new_tokens, self.eos_ids)
         _sync(dev)
         t_end = time.perf_counter()
-        return DecodeOutput(out, len(times), times[0] - t0, t_end - times[0], [1] * len(times), [1] * len(times),
-                            [b - a for a, b in zip(times[:-1], times[1:])])
+        return DecodeOutput(
+            out,
+            len(times),
+            times[0] - t0,
+            t_end - times[0],
+            [1] * len(times),
+            [1] * len(times),
+            [b - a for a, b in zip(times[:-1], times[1:])],
+        )
 
 
 # ----------------------------------------------------------------------------------- building
@@ -356,17 +416,23 @@ class Context:
         return pad
 
 
-LOOKAHEAD_OPTIONS = {"pool": ("drafts", "pool"), "text": ("drafts", "pool+text"), "chains": ("tree", False),
-                     "tree": ("tree", True),
-                     "recent": ("rank", "recent"), "frequent": ("rank", "frequent"),
-                     "context": ("rank", "context")}
+LOOKAHEAD_OPTIONS = {
+    "pool": ("drafts", "pool"),
+    "text": ("drafts", "pool+text"),
+    "chains": ("tree", False),
+    "tree": ("tree", True),
+    "recent": ("rank", "recent"),
+    "frequent": ("rank", "frequent"),
+    "context": ("rank", "context"),
+}
 NUMBER_OPTIONS = {"B": "budget", "D": "draft_len", "T": "text_drafts", "P": "pool_size", "R": "recycle"}  # -B80 etc.
 
 
 def parse_lookahead(spec: str) -> dict:
     """lp's settings from a config name: "W15N5G15" -> W=15 N=5 G=15; "auto": W/N/G chosen from a
-    measured step-cost curve (lp/auto.py). Options follow with dashes: `-pool` (no text
-    drafts), `-text` (pool and text drafts), `-chains` (no shared prefixes), `-tree`, `-recent`, `-frequent`, `-context` (pool candidate order), `-B80`
+    measured step-cost curve (lp/decode/auto.py). Options follow with dashes: `-pool` (no text
+    drafts), `-text` (pool and text drafts), `-chains` (no shared prefixes), `-tree`, `-recent`,
+    `-frequent`, `-context` (pool candidate order), `-B80`
     (budget: 80 verification tokens), `-D6` (text drafts of at most 6 tokens), `-T8` (8 text
     drafts per step), `-P60` (the pool keeps 60 n-grams per first token), `-R8` (the successor
     table keeps each token's top 8 next tokens; `-R0`: no recycled drafts); e.g.
@@ -379,8 +445,11 @@ def parse_lookahead(spec: str) -> dict:
     else:
         m = re.fullmatch(r"W(\d+)N(\d+)G(\d+)", head, flags=re.IGNORECASE)
         if not m:
-            raise ValueError(f"lookahead config must look like W15N5G15 or auto (options: -pool, -text, "
-                             f"-chains, -tree, -recent, -frequent, -context, -B<budget>, -D<draft length>, -T<text drafts>, -P<pool size>, -R<successors>), got {spec!r}")
+            raise ValueError(
+                f"lookahead config must look like W15N5G15 or auto (options: -pool, -text, "
+                f"-chains, -tree, -recent, -frequent, -context, -B<budget>, -D<draft length>, "
+                f"-T<text drafts>, -P<pool size>, -R<successors>), got {spec!r}"
+            )
         out = dict(W=int(m[1]), N=int(m[2]), G=int(m[3]))
     for opt in options:
         number = re.fullmatch(r"([BDTPR])(\d+)", opt, flags=re.IGNORECASE)
@@ -390,13 +459,25 @@ def parse_lookahead(spec: str) -> dict:
             key, value = LOOKAHEAD_OPTIONS[opt.lower()]
             out[key] = value
         else:
-            raise ValueError(f"unknown lookahead option {opt!r} in {spec!r} (known: pool, text, chains, tree, recent, frequent, context, B<n>, D<n>, T<n>, P<n>, R<n>)")
+            raise ValueError(
+                f"unknown lookahead option {opt!r} in {spec!r} (known: pool, text, chains, tree, recent, "
+                f"frequent, context, B<n>, D<n>, T<n>, P<n>, R<n>)"
+            )
     return out
 
 
-def build(kinds: list[str], ctx: Context, *, lookahead: list[dict], seed: int = 0,
-          pool_from_prompt: bool = True, pld_tokens: int = 10, pld_ngram: int = 2,
-          tp_impl: str = "dtensor", pp_balance: bool = True) -> list[BenchDecoder]:
+def build(
+    kinds: list[str],
+    ctx: Context,
+    *,
+    lookahead: list[dict],
+    seed: int = 0,
+    pool_from_prompt: bool = True,
+    pld_tokens: int = 10,
+    pld_ngram: int = 2,
+    tp_impl: str = "dtensor",
+    pp_balance: bool = True,
+) -> list[BenchDecoder]:
     """The decoders named in `kinds`, in that order (`lp` expands to one per lookahead config)."""
     out: list[BenchDecoder] = []
     lm = ctx.lm
@@ -435,5 +516,14 @@ def build(kinds: list[str], ctx: Context, *, lookahead: list[dict], seed: int = 
     return out
 
 
-__all__ = ["BenchDecoder", "Context", "DecodeOutput", "HFGenerate", "LPDecoder", "PipelineParallel",
-           "TensorParallel", "build", "parse_lookahead"]
+__all__ = [
+    "BenchDecoder",
+    "Context",
+    "DecodeOutput",
+    "HFGenerate",
+    "LPDecoder",
+    "PipelineParallel",
+    "TensorParallel",
+    "build",
+    "parse_lookahead",
+]

@@ -4,7 +4,7 @@ baseline of the same run, exactness against the greedy reference, and per-group 
 result rows.
 
 Conventions (docs/design.md section 1):
-- S = generated tokens / decoding steps and tokens/s are `lp.throughput`'s formulas, the ones
+- S = generated tokens / decoding steps and tokens/s are `lp.decode.throughput`'s formulas, the ones
   lp's own results use (nan when undefined). For lp a step is one forward of the step layout
   (its prefill is separate and not a step); for transformers decoders a step is one model
   forward, the first of which (prompt -> first token) is also timed as their prefill.
@@ -12,13 +12,14 @@ Conventions (docs/design.md section 1):
   run. Over a group of prompts it is the ratio of summed decode seconds (a throughput ratio,
   the way Spec-Bench pools it), computed only over prompts where both ran.
 """
+
 from __future__ import annotations
 
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from lp.throughput import NAN, compression, tokens_per_s  # S and tokens/s: one formula for lp and the bench
+from lp.decode.throughput import NAN, compression, tokens_per_s  # S and tokens/s: one formula for lp and the bench
 
 
 def mean_step_tokens(step_tokens: Iterable[int]) -> float:
@@ -107,8 +108,9 @@ def _ok(row: dict) -> bool:
     return row.get("status", "ok") == "ok"
 
 
-def summarize(rows: Sequence[dict], by: Sequence[str] = ("decoder", "category"),
-              overall: str | None = "all") -> list[dict]:
+def summarize(
+    rows: Sequence[dict], by: Sequence[str] = ("decoder", "category"), overall: str | None = "all"
+) -> list[dict]:
     """Aggregate per-prompt rows into one summary row per group of `by` keys (only rows whose
     status is "ok" contribute). With `overall`, also one row per decoder over every category
     (its category is `overall`). Speedup pools decode seconds over the prompts that have both
@@ -144,8 +146,9 @@ def summarize(rows: Sequence[dict], by: Sequence[str] = ("decoder", "category"),
         dec = sum(float(r["decode_seconds"]) for r in rs)
         pre = sum(float(r["prefill_seconds"]) for r in rs)
         lat = [x for r in rs for x in (r.get("step_latencies") or [])]
-        paired = [r for r in rs if r.get("baseline_seconds") is not None
-                  and not math.isnan(float(r["baseline_seconds"]))]
+        paired = [
+            r for r in rs if r.get("baseline_seconds") is not None and not math.isnan(float(r["baseline_seconds"]))
+        ]
         base = sum(float(r["baseline_seconds"]) for r in paired)
         mine = sum(float(r["decode_seconds"]) for r in paired)
         timed = [r for r in rs if r.get("forward_seconds") is not None]
@@ -153,18 +156,26 @@ def summarize(rows: Sequence[dict], by: Sequence[str] = ("decoder", "category"),
         first = rs[0] if rs else {}
         summary = dict(zip(by, key))
         summary.update(
-            label=first.get("label"), world_size=first.get("world_size"),
-            prompts=len(rs), new_tokens=new, steps=steps,
+            label=first.get("label"),
+            world_size=first.get("world_size"),
+            prompts=len(rs),
+            new_tokens=new,
+            steps=steps,
             S=compression(new, steps),
             step_tokens=(sum(int(r.get("step_tokens_total") or 0) for r in rs) / steps) if steps else NAN,
             S_mean=(sum(compression(int(r["new_tokens"]), int(r["steps"])) for r in rs) / len(rs)) if rs else NAN,
-            prefill_seconds=pre, decode_seconds=dec, tokens_per_s=tokens_per_s(new, dec),
+            prefill_seconds=pre,
+            decode_seconds=dec,
+            tokens_per_s=tokens_per_s(new, dec),
             step_latency_median=median(lat),
             accepted_hist=merge_histograms(r.get("accepted_hist") for r in rs),
             speedup=speedup(base, mine) if paired else NAN,
             speedup_geomean=geomean(float(r.get("speedup", NAN)) for r in paired),
-            outside_forward=outside_forward(sum(float(r["forward_seconds"]) for r in timed),
-                                            sum(float(r["decode_seconds"]) for r in timed)) if timed else NAN,
+            outside_forward=outside_forward(
+                sum(float(r["forward_seconds"]) for r in timed), sum(float(r["decode_seconds"]) for r in timed)
+            )
+            if timed
+            else NAN,
             matches_greedy=(all(matches) if matches else None),
             mismatches=sum(1 for m in matches if m is False),
             status="ok" if rs else "; ".join(sorted(set(status_of.get(key, [])))) or "no rows",
@@ -178,5 +189,6 @@ def summarize(rows: Sequence[dict], by: Sequence[str] = ("decoder", "category"),
         for name, v in zip(by, key):
             if v != overall:
                 rank[name].setdefault(v, len(rank[name]))
-    return sorted(out, key=lambda s: tuple(
-        (1, 0) if s.get(k) == overall else (0, rank[k].get(s.get(k), 0)) for k in by))
+    return sorted(
+        out, key=lambda s: tuple((1, 0) if s.get(k) == overall else (0, rank[k].get(s.get(k), 0)) for k in by)
+    )

@@ -12,6 +12,7 @@
   (lp, tp, pp, ...), `DIR/strong_scaling.png` and `.csv`. Decoders that could not run at some
   rank count are listed in the CSV with their status, and marked on the plot.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,8 +88,18 @@ def scaling_points(runs: list[dict]) -> list[dict]:
                 a[0] += int(r["new_tokens"])
                 a[1] += int(r["steps"])
                 a[2] += 1
-    return [{"N": n, "W": w, "G": g, "prompts": a[2], "new_tokens": a[0], "steps": a[1],
-             "S": metrics.compression(a[0], a[1])} for (n, w, g), a in sorted(acc.items())]
+    return [
+        {
+            "N": n,
+            "W": w,
+            "G": g,
+            "prompts": a[2],
+            "new_tokens": a[0],
+            "steps": a[1],
+            "S": metrics.compression(a[0], a[1]),
+        }
+        for (n, w, g), a in sorted(acc.items())
+    ]
 
 
 def scaling_law(points: list[dict], path: str | Path, title: str | None = None) -> Path:
@@ -122,8 +133,15 @@ def strong_points(runs: list[dict]) -> list[dict]:
             kind = rs[0].get("kind") or label
             ok = [r for r in rs if r.get("status") == "ok"]
             series = kind if kinds.count(kind) == 1 else label
-            pt = {"series": series, "decoder": label, "kind": kind, "ranks": ws_run,
-                  "world_size": rs[0].get("world_size"), "prompts": len(ok), "tag": rs[0].get("tag")}
+            pt = {
+                "series": series,
+                "decoder": label,
+                "kind": kind,
+                "ranks": ws_run,
+                "world_size": rs[0].get("world_size"),
+                "prompts": len(ok),
+                "tag": rs[0].get("tag"),
+            }
             if ok:
                 tokens = sum(int(r["new_tokens"]) for r in ok)
                 secs = sum(float(r["decode_seconds"]) for r in ok)
@@ -131,19 +149,25 @@ def strong_points(runs: list[dict]) -> list[dict]:
                 pt.update(
                     ms_per_token=1e3 * secs / tokens if tokens else float("nan"),
                     decode_seconds_mean=secs / len(ok),
-                    speedup=metrics.speedup(sum(float(r["baseline_seconds"]) for r in paired),
-                                            sum(float(r["decode_seconds"]) for r in paired)) if paired else float("nan"),
+                    speedup=metrics.speedup(
+                        sum(float(r["baseline_seconds"]) for r in paired),
+                        sum(float(r["decode_seconds"]) for r in paired),
+                    )
+                    if paired
+                    else float("nan"),
                     S=metrics.compression(tokens, sum(int(r["steps"]) for r in ok)),
                     matches_greedy=all(r.get("matches_greedy") is not False for r in ok),
-                    status="ok")
+                    status="ok",
+                )
             else:
                 pt["status"] = "; ".join(sorted({str(r.get("status")) for r in rs}))
             pts.append(pt)
     return sorted(pts, key=lambda p: (p["series"], p["ranks"]))
 
 
-def strong_scaling(points: list[dict], path: str | Path, title: str | None = None,
-                   kinds: tuple[str, ...] | None = None) -> Path:
+def strong_scaling(
+    points: list[dict], path: str | Path, title: str | None = None, kinds: tuple[str, ...] | None = None
+) -> Path:
     """Two panels against the number of ranks: ms per token and speedup vs AR."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -154,12 +178,19 @@ def strong_scaling(points: list[dict], path: str | Path, title: str | None = Non
         ok = [p for p in ps if p["status"] == "ok"]
         m = MARKERS[i % len(MARKERS)]
         for ax, key in ((axes[0], "ms_per_token"), (axes[1], "speedup")):
-            line, = ax.plot([p["ranks"] for p in ok], [p[key] for p in ok], marker=m, label=name)
+            (line,) = ax.plot([p["ranks"] for p in ok], [p[key] for p in ok], marker=m, label=name)
             for p in ps:
                 if p["status"] != "ok":  # say it, don't silently drop it
-                    ax.annotate("n/a", (p["ranks"], 0), color=line.get_color(), fontsize=8,
-                                xycoords=("data", "axes fraction"), xytext=(0, 4 + 9 * i),
-                                textcoords="offset points", ha="center")
+                    ax.annotate(
+                        "n/a",
+                        (p["ranks"], 0),
+                        color=line.get_color(),
+                        fontsize=8,
+                        xycoords=("data", "axes fraction"),
+                        xytext=(0, 4 + 9 * i),
+                        textcoords="offset points",
+                        ha="center",
+                    )
     for ax, ylabel in ((axes[0], "decode latency (ms per token)"), (axes[1], "speedup vs autoregressive")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ranks)

@@ -7,6 +7,7 @@ Per step, rank 0 embeds the input, each rank runs its layers and sends the hidde
 next with send/recv; the last rank picks the greedy token and broadcasts it to every rank.
 Works with gloo (CPU) and NCCL. Supported: Llama, Mistral, Qwen2 (embed -> layers -> norm,
 rotary embeddings on the base model; sequences shorter than any sliding window)."""
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,11 @@ def head_cost(config) -> float:
     cfg = config.get_text_config()
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    layer = (2 * cfg.hidden_size * cfg.num_attention_heads * hd + 2 * cfg.hidden_size * kv * hd
-             + 3 * cfg.hidden_size * cfg.intermediate_size)
+    layer = (
+        2 * cfg.hidden_size * cfg.num_attention_heads * hd
+        + 2 * cfg.hidden_size * kv * hd
+        + 3 * cfg.hidden_size * cfg.intermediate_size
+    )
     return cfg.vocab_size * cfg.hidden_size / layer
 
 
@@ -101,8 +105,14 @@ class PipelineStage:
                 dist.recv(h, src=rank - 1)
             pe = self.rotary(h, position_ids=pos)
             for layer in self.layers:
-                h = layer(h, attention_mask=None, position_ids=pos, past_key_values=cache, use_cache=True,
-                          position_embeddings=pe)
+                h = layer(
+                    h,
+                    attention_mask=None,
+                    position_ids=pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                    position_embeddings=pe,
+                )
             if not self.last:
                 dist.send(h.contiguous(), dst=rank + 1)
             else:

@@ -1,6 +1,7 @@
 """Writing and reading benchmark results: `rows.jsonl` (one line per prompt and decoder),
 `summary.csv` / `summary.json` (one line per decoder and category, plus category `all`),
 `meta.json` (settings, world size, device, versions) and the printed table."""
+
 from __future__ import annotations
 
 import csv
@@ -8,9 +9,28 @@ import json
 import math
 from pathlib import Path
 
-SUMMARY_COLUMNS = ("decoder", "category", "world_size", "prompts", "new_tokens", "steps", "S", "step_tokens", "S_mean",
-                   "tokens_per_s", "decode_seconds", "prefill_seconds", "step_latency_median_ms", "speedup",
-                   "speedup_geomean", "outside_forward", "matches_greedy", "mismatches", "accepted_hist", "status")
+SUMMARY_COLUMNS = (
+    "decoder",
+    "category",
+    "world_size",
+    "prompts",
+    "new_tokens",
+    "steps",
+    "S",
+    "step_tokens",
+    "S_mean",
+    "tokens_per_s",
+    "decode_seconds",
+    "prefill_seconds",
+    "step_latency_median_ms",
+    "speedup",
+    "speedup_geomean",
+    "outside_forward",
+    "matches_greedy",
+    "mismatches",
+    "accepted_hist",
+    "status",
+)
 
 
 def clean(obj):
@@ -51,8 +71,9 @@ def summary_records(summary: list[dict]) -> list[dict]:
     out = []
     for s in summary:
         r = {k: s.get(k) for k in SUMMARY_COLUMNS if k in s}
-        r["step_latency_median_ms"] = (s["step_latency_median"] * 1e3
-                                       if s.get("step_latency_median") is not None else None)
+        r["step_latency_median_ms"] = (
+            s["step_latency_median"] * 1e3 if s.get("step_latency_median") is not None else None
+        )
         r["accepted_hist"] = hist_text(s.get("accepted_hist") or {})
         out.append(r)
     return out
@@ -70,12 +91,23 @@ def write_summary(out_dir: Path, summary: list[dict]) -> None:
 
 def table(summary: list[dict]) -> str:
     """The printed summary: one line per decoder and category."""
-    cols = [("decoder", "decoder", 0), ("category", "category", 0), ("ws", "world_size", 0), ("n", "prompts", 0),
-            ("tokens", "new_tokens", 0), ("steps", "steps", 0), ("S", "S", 2), ("step tok", "step_tokens", 1),
-            ("tok/s", "tokens_per_s", 1),
-            ("step ms", "step_latency_median_ms", 1), ("speedup", "speedup", 2), ("outside fwd", "outside_forward", 3),
-            ("exact", "matches_greedy", 0),
-            ("accepted/step", "accepted_hist", 0), ("status", "status", 0)]
+    cols = [
+        ("decoder", "decoder", 0),
+        ("category", "category", 0),
+        ("ws", "world_size", 0),
+        ("n", "prompts", 0),
+        ("tokens", "new_tokens", 0),
+        ("steps", "steps", 0),
+        ("S", "S", 2),
+        ("step tok", "step_tokens", 1),
+        ("tok/s", "tokens_per_s", 1),
+        ("step ms", "step_latency_median_ms", 1),
+        ("speedup", "speedup", 2),
+        ("outside fwd", "outside_forward", 3),
+        ("exact", "matches_greedy", 0),
+        ("accepted/step", "accepted_hist", 0),
+        ("status", "status", 0),
+    ]
     recs = summary_records(summary)
     cells = [[h for h, _, _ in cols]]
     for r in recs:

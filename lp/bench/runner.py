@@ -7,6 +7,7 @@ those runs are not recorded. Rank 0 compares every output with the reference dec
 writes one JSONL row per (prompt, decoder) as it goes, then the summary (CSV, JSON, printed
 table) and the per-category plots.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ import torch
 
 from lp.bench import datasets, metrics, report
 from lp.bench.decoders import KINDS, BenchDecoder, Context, DecodeOutput, build, parse_lookahead
-from lp.decoder import collector_paused
+from lp.decode.loop import collector_paused
 from lp.errors import LPError
 
 
@@ -61,7 +62,7 @@ class Settings:
     attention: str = "auto"
     max_seq_len: int | None = None
     backend: str = "auto"
-    nproc: int = 1  # read by the command line (lp/cli.py), which starts the ranks itself
+    nproc: int = 1  # read by the command line (lp/frontend/cli.py), which starts the ranks itself
     timeout_s: float = 600.0
     out_dir: str = "bench-results/latest"
     tag: str | None = None
@@ -70,7 +71,7 @@ class Settings:
     print_table: bool = True
 
     @classmethod
-    def from_mapping(cls, cfg: Mapping) -> "Settings":
+    def from_mapping(cls, cfg: Mapping) -> Settings:
         known = {f.name for f in fields(cls)}
         data = {}
         for k, v in dict(cfg).items():
@@ -85,8 +86,16 @@ class Settings:
         return s
 
     def validate(self) -> None:
-        for key, low in (("max_new_tokens", 1), ("warmup", 0), ("warmup_tokens", 1), ("W", 1), ("N", 2), ("G", 0),
-                         ("prompt_lookup_num_tokens", 1), ("max_matching_ngram_size", 1)):
+        for key, low in (
+            ("max_new_tokens", 1),
+            ("warmup", 0),
+            ("warmup_tokens", 1),
+            ("W", 1),
+            ("N", 2),
+            ("G", 0),
+            ("prompt_lookup_num_tokens", 1),
+            ("max_matching_ngram_size", 1),
+        ):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise LPError(f"{key} must be an integer >= {low}, got {v!r}")
@@ -122,16 +131,37 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def _row(p: datasets.BenchPrompt, ids: list[int], d: BenchDecoder, o: DecodeOutput | None, s: Settings,
-         status: str, tokenizer) -> dict:
-    row = {"tag": s.tag, "dataset": p.dataset, "id": p.id, "category": p.category, "subcategory": p.subcategory,
-           "decoder": d.label, "kind": d.name, "world_size": d.world_size if not d.local else 1,
-           "model": s.model, "prompt_tokens": len(ids), "max_new_tokens": s.max_new_tokens}
+def _row(
+    p: datasets.BenchPrompt,
+    ids: list[int],
+    d: BenchDecoder,
+    o: DecodeOutput | None,
+    s: Settings,
+    status: str,
+    tokenizer,
+) -> dict:
+    row = {
+        "tag": s.tag,
+        "dataset": p.dataset,
+        "id": p.id,
+        "category": p.category,
+        "subcategory": p.subcategory,
+        "decoder": d.label,
+        "kind": d.name,
+        "world_size": d.world_size if not d.local else 1,
+        "model": s.model,
+        "prompt_tokens": len(ids),
+        "max_new_tokens": s.max_new_tokens,
+    }
     row.update({k: d.settings[k] for k in ("W", "N", "G", "drafts", "tree", "budget", "draft_len") if k in d.settings})
     if o is not None:
         row.update(
-            new_tokens=o.new_tokens, steps=o.steps, S=o.compression,
-            prefill_seconds=o.prefill_seconds, decode_seconds=o.seconds, tokens_per_s=o.tokens_per_s,
+            new_tokens=o.new_tokens,
+            steps=o.steps,
+            S=o.compression,
+            prefill_seconds=o.prefill_seconds,
+            decode_seconds=o.seconds,
+            tokens_per_s=o.tokens_per_s,
             step_latency_median=metrics.median(o.step_latencies),
             step_tokens=metrics.mean_step_tokens(o.step_tokens),
             step_tokens_total=sum(o.step_tokens),
@@ -142,12 +172,19 @@ def _row(p: datasets.BenchPrompt, ids: list[int], d: BenchDecoder, o: DecodeOutp
             text=tokenizer.decode(o.output_ids, skip_special_tokens=True),
         )
         if o.forward_seconds is not None:
-            row.update(forward_seconds=o.forward_seconds,
-                       outside_forward=metrics.outside_forward(o.forward_seconds, o.seconds))
+            row.update(
+                forward_seconds=o.forward_seconds, outside_forward=metrics.outside_forward(o.forward_seconds, o.seconds)
+            )
         if o.chosen:  # W/N/G auto: the shape this prompt used
-            row.update(W=o.chosen["W"], N=o.chosen["N"], G=o.chosen["G"], lp_mode=o.chosen["mode"],
-                       auto=o.chosen["auto"], predicted_S=o.chosen["predicted"]["S"],
-                       predicted_tokens_per_s=o.chosen["predicted"]["tokens_per_s"])
+            row.update(
+                W=o.chosen["W"],
+                N=o.chosen["N"],
+                G=o.chosen["G"],
+                lp_mode=o.chosen["mode"],
+                auto=o.chosen["auto"],
+                predicted_S=o.chosen["predicted"]["S"],
+                predicted_tokens_per_s=o.chosen["predicted"]["tokens_per_s"],
+            )
     row["note"] = d.note
     row["status"] = status
     return row
@@ -158,16 +195,26 @@ def run(cfg: Mapping | Settings) -> dict | None:
     from tqdm import tqdm
 
     from lp import models
-    from lp.runtime import DTYPES, LP
+    from lp.frontend.runtime import DTYPES, LP
 
     s = cfg if isinstance(cfg, Settings) else Settings.from_mapping(cfg)
-    prompts = datasets.load(s.dataset, s.prompts, per_category=s.per_category, limit=s.limit,
-                            categories=s.categories)  # validated on every rank before any collective
+    prompts = datasets.load(
+        s.dataset, s.prompts, per_category=s.per_category, limit=s.limit, categories=s.categories
+    )  # validated on every rank before any collective
     _set_threads(s.threads)
     if s.dtype not in DTYPES:
         raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
-    lm = LP(s.model, dtype=s.dtype, device=s.device, timeout_s=s.timeout_s, graphs=s.graphs, compile=s.compile,
-            attention=s.attention, max_seq_len=s.max_seq_len, backend=s.backend)
+    lm = LP(
+        s.model,
+        dtype=s.dtype,
+        device=s.device,
+        timeout_s=s.timeout_s,
+        graphs=s.graphs,
+        compile=s.compile,
+        attention=s.attention,
+        max_seq_len=s.max_seq_len,
+        backend=s.backend,
+    )
     try:
         return _run(s, prompts, lm, Context(lm, models.resolve(s.model), DTYPES[s.dtype]), tqdm)
     finally:
@@ -177,9 +224,17 @@ def run(cfg: Mapping | Settings) -> dict | None:
 def _run(s: Settings, prompts, lm, ctx: Context, tqdm) -> dict | None:
     main = lm.comm.is_main
     try:
-        decoders = build(s.decoders, ctx, lookahead=s.lookahead_configs(), seed=s.seed,
-                         pool_from_prompt=s.pool_from_prompt, pld_tokens=s.prompt_lookup_num_tokens,
-                         pld_ngram=s.max_matching_ngram_size, tp_impl=s.tp_impl, pp_balance=s.pp_balance)
+        decoders = build(
+            s.decoders,
+            ctx,
+            lookahead=s.lookahead_configs(),
+            seed=s.seed,
+            pool_from_prompt=s.pool_from_prompt,
+            pld_tokens=s.prompt_lookup_num_tokens,
+            pld_ngram=s.max_matching_ngram_size,
+            tp_impl=s.tp_impl,
+            pp_balance=s.pp_balance,
+        )
     except ValueError as e:
         raise LPError(str(e)) from None
     baseline = _pick(decoders, s.baseline, "baseline")
@@ -217,15 +272,22 @@ def _run(s: Settings, prompts, lm, ctx: Context, tqdm) -> dict | None:
         report.write_meta(out_dir / "meta.json", _meta(s, lm, decoders, prompts))
         jsonl = open(out_dir / "rows.jsonl", "w", encoding="utf-8")
     try:
-        bar = tqdm(list(zip(prompts, encoded)), desc="prompts", file=sys.stderr, disable=not (main and s.progress),
-                   dynamic_ncols=True)
+        bar = tqdm(
+            list(zip(prompts, encoded)),
+            desc="prompts",
+            file=sys.stderr,
+            disable=not (main and s.progress),
+            dynamic_ncols=True,
+        )
         for p, ids in bar:
             outs: dict[str, tuple[DecodeOutput | None, str]] = {}
             too_long = len(ids) + s.max_new_tokens > limit
             for d in decoders:
                 if too_long:
-                    outs[d.label] = (None, f"skipped: prompt ({len(ids)} tokens) + max_new_tokens exceeds "
-                                           f"the context ({limit})")
+                    outs[d.label] = (
+                        None,
+                        f"skipped: prompt ({len(ids)} tokens) + max_new_tokens exceeds the context ({limit})",
+                    )
                 elif d.unsupported:
                     outs[d.label] = (None, f"unsupported: {d.unsupported}")
                 elif d.local and not main:
@@ -257,7 +319,7 @@ def _run(s: Settings, prompts, lm, ctx: Context, tqdm) -> dict | None:
                 rows.append(row)
                 jsonl.write(report.dumps(row) + "\n")
             jsonl.flush()
-            lp_rows = [r for r in rows[-len(decoders):] if r.get("kind") == "lp" and r["status"] == "ok"]
+            lp_rows = [r for r in rows[-len(decoders) :] if r.get("kind") == "lp" and r["status"] == "ok"]
             if lp_rows:
                 bar.set_postfix_str(f"S={lp_rows[0]['S']:.2f} x{lp_rows[0]['speedup']:.2f}")
     finally:
@@ -285,7 +347,9 @@ def _meta(s: Settings, lm, decoders: list[BenchDecoder], prompts) -> dict:
         "settings": asdict(s),
         "world_size": lm.comm.world_size,
         "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else platform.processor() or platform.machine(),
         "threads_per_rank": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
@@ -293,7 +357,16 @@ def _meta(s: Settings, lm, decoders: list[BenchDecoder], prompts) -> dict:
         "host": platform.node(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "prompts": len(prompts),
-        "decoders": [{"label": d.label, "kind": d.name, "world_size": 1 if d.local else d.world_size,
-                      "rank0_only": d.local, "unsupported": d.unsupported, "note": d.note, "settings": d.settings}
-                     for d in decoders],
+        "decoders": [
+            {
+                "label": d.label,
+                "kind": d.name,
+                "world_size": 1 if d.local else d.world_size,
+                "rank0_only": d.local,
+                "unsupported": d.unsupported,
+                "note": d.note,
+                "settings": d.settings,
+            }
+            for d in decoders
+        ],
     }

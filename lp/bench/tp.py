@@ -2,6 +2,7 @@
 (as torchtitan's `parallelize` functions are): a Megatron-style plan for a Llama-like decoder
 body, the check of which plan a model and world size allow, and the two ways to shard (torch
 DTensor `parallelize_module`, or transformers' own `tp_plan="auto"` at load time)."""
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,10 @@ def tp_support(config, world_size: int) -> tuple[str | None, str | None]:
     if heads % P == 0 and kv % P == 0 and inter % P == 0:
         return "full", None
     if inter % P == 0:
-        return "mlp-only", (f"{heads} attention heads / {kv} kv heads are not divisible by {P} ranks: "
-                            f"attention replicated, only the MLP is sharded")
+        return "mlp-only", (
+            f"{heads} attention heads / {kv} kv heads are not divisible by {P} ranks: "
+            f"attention replicated, only the MLP is sharded"
+        )
     return None, f"neither heads ({heads}/{kv} kv) nor intermediate size ({inter}) divisible by {P} ranks"
 
 
@@ -62,8 +65,9 @@ def load_hf_tp(path: str, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa",
-                                                 distributed_config=DistributedConfig(tp_plan="auto"))
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="sdpa", distributed_config=DistributedConfig(tp_plan="auto")
+    )
     return model.eval()
 
 

@@ -1,6 +1,7 @@
 """Drafts from the text itself: where the sequence's last tokens occurred before (in the prompt
 or the output so far), what followed them is a candidate, as in prompt lookup and suffix
 decoding. Such drafts can be longer than the pool's (N-1)-token n-grams."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -28,7 +29,7 @@ class TextIndex:
             seq.append(int(token))
             e = len(seq) - 1
             for L in range(MIN_MATCH, min(self._longest, e + 1) + 1):
-                key = tuple(seq[e - L + 1:])
+                key = tuple(seq[e - L + 1 :])
                 found = ends.get(key)
                 if found is None:
                     ends[key] = [e]
@@ -48,11 +49,11 @@ class TextIndex:
         # an occurrence that matches L tokens also matches every shorter suffix: take it once,
         # at its longest match
         for L in range(min(MAX_MATCH, last + 1), MIN_MATCH - 1, -1):
-            for e in reversed(self._ends.get(tuple(seq[last - L + 1:]), ())):
+            for e in reversed(self._ends.get(tuple(seq[last - L + 1 :]), ())):
                 if e == last or e in seen:
                     continue
                 seen.add(e)
-                out.setdefault(tuple(seq[e + 1:e + 1 + length]))
+                out.setdefault(tuple(seq[e + 1 : e + 1 + length]))
                 if len(out) == count:
                     return list(out)
         return list(out)

@@ -8,6 +8,7 @@ tokens, lp/lookahead/tree.py; G unshared n-grams g_c[1..N-1] are G chains). Ever
 the committed cache, and within the step only its own chain: a token attends to itself and
 its ancestors (docs/design.md section 2).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,9 +47,12 @@ class StepLayout:
     @cached_property
     def tokens(self) -> tuple[Token, ...]:
         """Each input position's identity, in order (for reading and checking a layout)."""
-        return (tuple(("p", i) for i in range(self.m)) + tuple(("w", 0, i) for i in range(1, self.prefix + 1))
-                + tuple(("w", lvl, j) for j in self.columns for lvl in range(1, self.levels + 1))
-                + tuple(("g", i) for i in range(len(self.tree))))
+        return (
+            tuple(("p", i) for i in range(self.m))
+            + tuple(("w", 0, i) for i in range(1, self.prefix + 1))
+            + tuple(("w", lvl, j) for j in self.columns for lvl in range(1, self.levels + 1))
+            + tuple(("g", i) for i in range(len(self.tree)))
+        )
 
     @property
     def size(self) -> int:
@@ -99,9 +103,17 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
     mask[first:, first:] = ancestors
     # the prediction rows: x0's, the columns', every node's
     rows = np.concatenate([[m - 1], last, np.arange(first, T)])
-    return StepLayout(m=m, columns=columns, tree=tree, prefix=prefix, levels=N - 2,
-                      gather=np.concatenate([gather, m + (N - 1) * W + np.arange(n)]),
-                      depth=np.concatenate([depth, tree_depth]), mask=mask, logit_rows=rows)
+    return StepLayout(
+        m=m,
+        columns=columns,
+        tree=tree,
+        prefix=prefix,
+        levels=N - 2,
+        gather=np.concatenate([gather, m + (N - 1) * W + np.arange(n)]),
+        depth=np.concatenate([depth, tree_depth]),
+        mask=mask,
+        logit_rows=rows,
+    )
 
 
 @lru_cache(maxsize=1024)

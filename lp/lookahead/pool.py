@@ -1,4 +1,5 @@
 """The n-gram pool: n-grams from the Jacobi trajectory (and the prompt), keyed by first token."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -15,7 +16,7 @@ class NGramPool:
     Inserts are queued and land lazily: a read of a key first inserts that key's queued
     n-grams, in order, and `flush` inserts all of them. Every read therefore sees what eager
     inserts would have made (each key's n-grams arrive in the same order), while most of a
-    step's inserts can wait until the next forward is queued (`flush`, lp/decoder.py): a step
+    step's inserts can wait until the next forward is queued (`flush`, lp/decode/loop.py): a step
     reads two keys of the sixty or so it inserts. `len` flushes."""
 
     def __init__(self, n: int, capacity: int) -> None:
@@ -44,7 +45,7 @@ class NGramPool:
         if n < 1:
             return
         tokens = tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
-        self._enqueue(tokens[:n], [tuple(tokens[i + 1:i + self.n]) for i in range(n)])
+        self._enqueue(tokens[:n], [tuple(tokens[i + 1 : i + self.n]) for i in range(n)])
 
     def _enqueue(self, keys: list[int | None], tails: np.ndarray | list[tuple[int, ...]]) -> None:
         if self.capacity:
@@ -61,8 +62,10 @@ class NGramPool:
         for keys, tails in self._queue:
             if key in keys:  # a step's new n-grams often start with the next step's x0
                 mine = [i for i, k in enumerate(keys) if k == key]
-                self._insert([key] * len(mine),
-                             tails[mine].tolist() if isinstance(tails, np.ndarray) else [tails[i] for i in mine])
+                self._insert(
+                    [key] * len(mine),
+                    tails[mine].tolist() if isinstance(tails, np.ndarray) else [tails[i] for i in mine],
+                )
                 for i in mine:
                     keys[i] = None
 

@@ -5,6 +5,7 @@ row it was the input of; a step's drafts are the likeliest paths through the tab
 
 The table is replicated state like the pool: every rank applies the same gathered rows in the
 same order (lp/message.py), so every rank builds the same drafts."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -62,7 +63,7 @@ class SuccessorTable:
         """The estimated chance that the rank-r successor is the next token, for r < k, made
         non-increasing in r (what the best-first search relies on)."""
         total = sum(self.hits)
-        rates = [h / total for h in self.hits[:self.k]]
+        rates = [h / total for h in self.hits[: self.k]]
         for r in range(1, self.k):
             rates[r] = min(rates[r], rates[r - 1])
         return rates

@@ -7,6 +7,7 @@ subtrees as one index range (lp/partition.py). Subtrees that start with the same
 adjacent (sampling needs them on one rank). Without sharing (`share=False`) every draft is
 its own chain: the classic verification branch of G n-grams.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -55,7 +56,7 @@ class DraftTree:
         starts = roots[np.r_[True, self.tokens[roots[1:]] != self.tokens[roots[:-1]]]]
         return tuple(np.diff(np.r_[starts, self.size]).tolist())
 
-    def slice(self, start: int, stop: int) -> "DraftTree":
+    def slice(self, start: int, stop: int) -> DraftTree:
         """Nodes start..stop-1 (whole root subtrees) as a tree of their own."""
         if start == 0 and stop == self.size:
             return self

@@ -1,4 +1,5 @@
 """The 2D Jacobi window of the lookahead branch (W columns x N-1 rows of the trajectory)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

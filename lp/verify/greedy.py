@@ -1,5 +1,6 @@
 """Greedy verification (paper Algorithm 3) on a token tree with the bonus token, vectorised on
 the device: the longest path from x0 whose every token is the model's argmax after its parent."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -20,8 +21,15 @@ class Acceptance(NamedTuple):
     tokens: torch.Tensor
 
 
-def greedy_accept(y1: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
-                  ancestors: torch.Tensor, preds: torch.Tensor, width: int) -> Acceptance:
+def greedy_accept(
+    y1: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depth: torch.Tensor,
+    ancestors: torch.Tensor,
+    preds: torch.Tensor,
+    width: int,
+) -> Acceptance:
     """Pick the deepest node whose path from x0 the model would generate (ties: lowest index).
 
     y1: scalar, the model's next token after x0. tokens, parents, depth, preds: `[n]` each

@@ -20,7 +20,7 @@ share a prefix give repeated tokens):
     sample from the residual P (drafts zeroed), commit it and stop.
 A step commits 1..D+1 tokens for a tree of depth D.
 
-Uniforms (a fixed-length vector `u`, e.g. lp.sampling.uniforms(seed, prompt, step, n)), indexed
+Uniforms (a fixed-length vector `u`, e.g. lp.verify.distribution.uniforms(seed, prompt, step, n)), indexed
 by level, never by how many tests ran, so the tree's width does not change how many are needed:
   * u[2(i-1)]     level i's acceptance walk;
   * u[2(i-1) + 1] level i's residual sample (a level without candidates reads only this one).
@@ -54,6 +54,7 @@ forwards, so its low bits (and, rarely, a level-1 decision) may differ: as in gr
 0's y1 be authoritative and use a continuation only if its rank found the same y1, else commit
 y1 alone (still exact: the next step samples the rest afresh).
 """
+
 from __future__ import annotations
 
 import math
@@ -142,8 +143,9 @@ def sample_first_level(p_x0: torch.Tensor, first_tokens: torch.Tensor, u: torch.
     return _level(p_x0, first_tokens.reshape(-1).tolist(), values[0], values[1])
 
 
-def sample_continue(first_token: int, tree: DraftTree, p_nodes: torch.Tensor, u: torch.Tensor,
-                    width: int | None = None) -> Sampled:
+def sample_continue(
+    first_token: int, tree: DraftTree, p_nodes: torch.Tensor, u: torch.Tensor, width: int | None = None
+) -> Sampled:
     """Levels 2.. and the bonus token, after level 1 accepted `first_token`.
 
     tree: the alive roots' subtrees (its roots carrying `first_token` are the alive set; others
@@ -151,8 +153,9 @@ def sample_continue(first_token: int, tree: DraftTree, p_nodes: torch.Tensor, u:
     documented in the module; `width` pads the result (default: the tree's depth + 1). Returns
     all committed tokens, first included."""
     if tree.size == 0 or p_nodes.shape[0] != tree.size:
-        raise ValueError(f"sample_continue: a tree of {tree.size} nodes needs p_nodes [n>=1, V], "
-                         f"got {tuple(p_nodes.shape)}")
+        raise ValueError(
+            f"sample_continue: a tree of {tree.size} nodes needs p_nodes [n>=1, V], got {tuple(p_nodes.shape)}"
+        )
     depth = int(tree.depth.max())
     width = width or depth + 1
     values = _uniform_values(u, uniforms_needed(depth))

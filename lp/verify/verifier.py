@@ -4,6 +4,7 @@ this rank's acceptance; everything about the rule (argmax or sampling, warping, 
 numbers) lives here, so the decoder never sees temperature, top-k or top-p, and a test passes
 its own verifier instead of patching one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import torch
 
 from lp.lookahead.mask import StepLayout
 from lp.lookahead.tree import DraftTree
-from lp.sampling import uniforms, warp
+from lp.verify.distribution import uniforms, warp
 from lp.verify.greedy import Acceptance, greedy_accept
 from lp.verify.sampling import Sampled, sample_continue, sample_first_level, uniforms_needed
 
@@ -66,8 +67,9 @@ class SamplingVerifier:
     stream, step), so every rank draws the same ones. `rule`: the walk below the first token
     (tests swap in a wrong one to check that the distribution tests catch it)."""
 
-    def __init__(self, temperature: float, top_k: int, top_p: float, seed: int, stream: int,
-                 rule: ContinueRule = sample_continue) -> None:
+    def __init__(
+        self, temperature: float, top_k: int, top_p: float, seed: int, stream: int, rule: ContinueRule = sample_continue
+    ) -> None:
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.seed, self.stream, self.rule = seed, stream, rule
 
@@ -89,7 +91,7 @@ class SamplingVerifier:
         # the alive roots are adjacent (build_tree groups them) and their subtrees whole on this rank
         start = int(alive[0])
         stop = int(roots[roots > alive[-1]][0]) if (roots > alive[-1]).any() else s.tree.size
-        p_nodes = self._warp(s.node_logits[start - s.mine.start:stop - s.mine.start])
+        p_nodes = self._warp(s.node_logits[start - s.mine.start : stop - s.mine.start])
         result = self.rule(first.token, s.tree.slice(start, stop), p_nodes, u, s.width)
         # The lowest alive root stands for the group: a rule fixed before the outcome is seen.
         return token, Acceptance(token.new_tensor(start - s.mine.start), token.new_tensor(result.n - 1), result.tokens)

@@ -1,7 +1,8 @@
-"""Throughput, defined once for every record that reports it (`lp.decoder.Generation`,
-`lp.runtime.Result`, the benchmark's rows and summaries): tokens per decoding step (S) and
+"""Throughput, defined once for every record that reports it (`lp.decode.loop.Generation`,
+`lp.frontend.runtime.Result`, the benchmark's rows and summaries): tokens per decoding step (S) and
 tokens per second. Both are nan when undefined (no step, no time), never inf or 0, so an
 empty measurement cannot pass for a fast or a slow one."""
+
 from __future__ import annotations
 
 import math

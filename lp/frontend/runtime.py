@@ -8,6 +8,7 @@
 Under `torchrun`, every rank builds an `LP` and calls `generate` with the same arguments;
 each rank holds a full replica and the ranks split each step's lookahead work.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
@@ -15,10 +16,10 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from lp import models
-from lp.auto import AutoTuner, CostCurve, calibrate
 from lp.collective import Collective
 from lp.config import DecodeConfig, check_settings
-from lp.decoder import Decoder, Generation, StepObserver
+from lp.decode.auto import AutoTuner, CostCurve, calibrate
+from lp.decode.loop import Decoder, Generation, StepObserver
 from lp.errors import LPError
 from lp.worker import Worker
 
@@ -43,19 +44,33 @@ class Result(Generation):
 
     def to_dict(self) -> dict:
         """The JSONL record: the fields and the figures (new_tokens, compression, tokens_per_s)."""
-        return {**asdict(self), "new_tokens": self.new_tokens, "compression": self.compression,
-                "tokens_per_s": self.tokens_per_s}
+        return {
+            **asdict(self),
+            "new_tokens": self.new_tokens,
+            "compression": self.compression,
+            "tokens_per_s": self.tokens_per_s,
+        }
 
 
 class LP:
     """A model replica on this rank, its tokenizer, and the decoder around them."""
 
-    def __init__(self, model: str = "smollm2-135m", *, dtype: str = "float32", device: str = "auto",
-                 timeout_s: float = 300.0, attention: str = "auto", graphs: bool | str = "auto",
-                 compile: bool | str = "auto", max_seq_len: int | None = None, backend: str = "auto") -> None:
-        """`graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (lp/graph.py);
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        *,
+        dtype: str = "float32",
+        device: str = "auto",
+        timeout_s: float = 300.0,
+        attention: str = "auto",
+        graphs: bool | str = "auto",
+        compile: bool | str = "auto",
+        max_seq_len: int | None = None,
+        backend: str = "auto",
+    ) -> None:
+        """`graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (lp/engine/fixed_steps.py);
         `compile`: torch.compile them; `attention`: auto | sdpa | flex | split
-        (lp/attention.py); `max_seq_len`: KV cache slots, allocated once (lp/worker.py);
+        (lp/engine/attention.py); `max_seq_len`: KV cache slots, allocated once (lp/worker.py);
         `backend`: auto | nccl | gloo for the all-gather (lp/collective.py)."""
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -80,7 +95,8 @@ class LP:
             if self.tokenizer.chat_template is None:
                 raise LPError("chat=true but the model's tokenizer has no chat template")
             enc = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
             return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
         return self.tokenizer(prompt)["input_ids"]
 
@@ -112,11 +128,18 @@ class LP:
         slowest = self.comm.all_gather(micros).max(dim=0).values.cpu()
         return CostCurve(mine.tokens, tuple(x / 1e6 for x in slowest.tolist()), mine.padded)
 
-    def generate(self, prompt: str | list[int], *, chat: bool = False, stream: int = 0,
-                 observer: StepObserver | None = None, **settings) -> Result:
+    def generate(
+        self,
+        prompt: str | list[int],
+        *,
+        chat: bool = False,
+        stream: int = 0,
+        observer: StepObserver | None = None,
+        **settings,
+    ) -> Result:
         """Decode one prompt (text, or token ids) with `DecodeConfig` settings (W, N, G,
         max_new_tokens, mode, temperature, top_k, top_p, seed, ...). W, N and G may be "auto":
-        then a shape is chosen to maximise tokens/s (lp/auto.py) and explicit values override
+        then a shape is chosen to maximise tokens/s (lp/decode/auto.py) and explicit values override
         its fields. When sampling, `stream` (with `seed`) picks the random stream: give each
         prompt of a run its own. `observer` watches each step (lp.bench times forwards with it)."""
         check_settings(settings)
@@ -132,10 +155,16 @@ class LP:
             self._tuner.observe(shape, g.compression)
         return Result(
             **{f.name: getattr(g, f.name) for f in fields(Generation)},
-            prompt_ids=ids, text=self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
+            prompt_ids=ids,
+            text=self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
             world_size=self.comm.world_size,
-            W=cfg.W if shape else None, N=cfg.N if shape else None, G=cfg.G if shape else None, mode=cfg.mode,
-            temperature=cfg.temperature, auto=reason, predicted=predicted,
+            W=cfg.W if shape else None,
+            N=cfg.N if shape else None,
+            G=cfg.G if shape else None,
+            mode=cfg.mode,
+            temperature=cfg.temperature,
+            auto=reason,
+            predicted=predicted,
         )
 
     def close(self) -> None:

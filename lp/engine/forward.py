@@ -2,9 +2,10 @@
 
 A forward writes its S tokens' KV at cache slots `start .. start+S-1`, attends under the step's
 mask, and returns the logits of `rows` only. The Llama family runs through lp's lean forward
-(lp/llama.py); every other transformers causal LM runs through its own modules here, with a
+(lp/engine/llama.py); every other transformers causal LM runs through its own modules here, with a
 transformers `Cache` over the same buffers and a dense mask over the whole cache.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lp.attention import FlexMask, dense_mask
-from lp.kv import KVCache
+from lp.engine.attention import FlexMask, dense_mask
+from lp.engine.kv import KVCache
 
 
 @dataclass
@@ -48,8 +49,13 @@ class TransformersForward:
     def __call__(self, x: StepInputs) -> torch.Tensor:
         self.cache.extent = x.extent
         mask = dense_mask(self.kv.start, x.block, x.extent)
-        out = self.body(input_ids=x.ids[None], position_ids=x.positions[None], attention_mask=mask,
-                        past_key_values=self.cache, use_cache=True)
+        out = self.body(
+            input_ids=x.ids[None],
+            position_ids=x.positions[None],
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         return self.head(out.last_hidden_state[0].index_select(0, x.rows))
 
 

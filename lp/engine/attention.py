@@ -14,6 +14,7 @@ but the work a backend spends skipping it:
   a dense pass over the in-step block, merged exactly by log-sum-exp. It needs the committed
   length on the host, so it runs eagerly.
 """
+
 from __future__ import annotations
 
 import torch
@@ -63,8 +64,9 @@ class FlexMask:
             rel = kv - start
             return (rel < 0) | ((rel < S) & block[q.clamp(max=S - 1), rel.clamp(0, S - 1)])
 
-        self.block_mask = BlockMask.from_kv_blocks(self.visible, indices, BLOCK_SIZE=FLEX_BLOCK,
-                                                   mask_mod=mask_mod, seq_lengths=(S, capacity))
+        self.block_mask = BlockMask.from_kv_blocks(
+            self.visible, indices, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod, seq_lengths=(S, capacity)
+        )
         self.size = S
 
     def update(self, committed: int) -> None:
@@ -86,20 +88,23 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     H, S, D = q.shape
     groups = H // k.shape[0]
     if mask is None:  # flash kernels take causal attention with shared kv heads as they are
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale,
-                                              enable_gqa=groups > 1)[0]
+        return F.scaled_dot_product_attention(
+            q[None], k[None], v[None], is_causal=True, scale=scale, enable_gqa=groups > 1
+        )[0]
     if q.is_cuda:
         # A bool mask with enable_gqa falls back to the math kernel (quadratic memory, kv heads
         # copied). Folding each kv head's query group into the length keeps the memory-efficient
         # kernel: [Hkv, groups * S] queries against [Hkv, extent] keys.
         if mask.shape[2] != groups * S:
             mask = mask.repeat(1, 1, groups, 1)
-        out = F.scaled_dot_product_attention(q.reshape(H // groups, groups * S, D)[None], k[None], v[None],
-                                             attn_mask=mask, scale=scale)
+        out = F.scaled_dot_product_attention(
+            q.reshape(H // groups, groups * S, D)[None], k[None], v[None], attn_mask=mask, scale=scale
+        )
         return out.reshape(H, S, D)  # the kernel's output may be laid out [S, H, D]
     # On CPU, as transformers does with a mask: repeated kv heads (the same numerics as its path).
-    out = F.scaled_dot_product_attention(q[None], _repeat_kv(k, groups)[None], _repeat_kv(v, groups)[None],
-                                         attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q[None], _repeat_kv(k, groups)[None], _repeat_kv(v, groups)[None], attn_mask=mask, scale=scale
+    )
     return out[0]
 
 
@@ -107,13 +112,21 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: FlexMask, scal
     """q `[H, S, D]`, k/v the whole cache `[Hkv, capacity, D]` -> `[H, S, D]`."""
     groups = q.shape[0] // k.shape[0]
     options = {"FORCE_USE_FLEX_ATTENTION": True} if q.shape[1] * groups > DECODE_ROWS else None
-    out = flex_attention(q[None].contiguous(), k[None], v[None], block_mask=mask.block_mask, scale=scale,
-                         enable_gqa=groups > 1, kernel_options=options)
+    out = flex_attention(
+        q[None].contiguous(),
+        k[None],
+        v[None],
+        block_mask=mask.block_mask,
+        scale=scale,
+        enable_gqa=groups > 1,
+        kernel_options=options,
+    )
     return out[0]
 
 
-def _dense_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _dense_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention in fp32 with its log-sum-exp: q `[H, S, D]`, k/v `[H, K, D]`, mask `[S, K]`."""
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     if mask is not None:
@@ -125,19 +138,29 @@ def _dense_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 def _committed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Unmasked attention over the committed slots: flash-attn where it can, else plain math."""
     if q.is_cuda and flash_attn_func is not None and q.dtype in (torch.float16, torch.bfloat16):
-        out, lse, _ = flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                      softmax_scale=scale, causal=False, return_attn_probs=True)
+        out, lse, _ = flash_attn_func(
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            softmax_scale=scale,
+            causal=False,
+            return_attn_probs=True,
+        )
         return out[0].transpose(0, 1).float(), lse[0]
     groups = q.shape[0] // k.shape[0]
     return _dense_lse(q, _repeat_kv(k, groups), _repeat_kv(v, groups), None, scale)
 
 
-def split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, committed: int, block: torch.Tensor,
-          scale: float) -> torch.Tensor:
+def split(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, committed: int, block: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q `[H, S, D]`; k/v the cache `[Hkv, >= committed + S, D]` with the step written after
     `committed`; block `[S, S]` -> `[H, S, D]`."""
     S, groups = q.shape[1], q.shape[0] // k.shape[0]
-    step_k, step_v = _repeat_kv(k[:, committed:committed + S], groups), _repeat_kv(v[:, committed:committed + S], groups)
+    step_k, step_v = (
+        _repeat_kv(k[:, committed : committed + S], groups),
+        _repeat_kv(v[:, committed : committed + S], groups),
+    )
     out, lse = _dense_lse(q, step_k, step_v, block, scale)
     if committed > 0:
         out_c, lse_c = _committed(q, k[:, :committed], v[:, :committed], scale)

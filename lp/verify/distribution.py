@@ -12,6 +12,7 @@ hashing of a counter, no torch or numpy global RNG), so every rank and every run
 numbers for the same (seed, stream, step): use the prompt index as `stream` and the decoding
 step as `step`.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,12 @@ _GOLDEN = 0x9E3779B97F4A7C15
 
 def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """Raise LPError (one line) unless temperature >= 0, top_k >= 0 (0: off), 0 < top_p <= 1."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not math.isfinite(temperature) or temperature < 0:
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
         raise LPError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise LPError(f"top_k must be an integer >= 0 (0: disabled), got {top_k!r}")

@@ -1,4 +1,4 @@
-"""`python -m lp.bench.host`: the host work of a decode step, measured on a real decode.
+"""`python -m tools.host`: the host work of a decode step, measured on a real decode.
 
 The host work is everything a rank does between two forwards: acceptance of the last step and
 its message (device ops queued after the forward), then, once the gathered messages are read,
@@ -8,7 +8,7 @@ partition, layout, id gather and upload. The tool
      `model` (default SmolLM2-135M; `random`: a one-layer random model on a repetitive random
      prompt, seconds instead of minutes), rank 0 keeping every all-gather's result (every rank
      gathers the same);
-  2. replays each rank alone, one after another: lp's own decode loop (lp/decoder.py), its
+  2. replays each rank alone, one after another: lp's own decode loop (lp/decode/loop.py), its
      all-gathers answered from the recording, its forwards stood in for by a worker that
      computes nothing. Window, pool, successor table, trees and plans are rebuilt from the
      recorded messages exactly as the real rank built them, so the host work is the real
@@ -23,8 +23,9 @@ what other processes on a shared machine add to some), of
     ops queued after its forward run while it computes.
 The all-gather itself is timed apart, between P gloo processes (`allgather=1`).
 
-    python -m lp.bench.host W=60 N=5 G=60 P=8
+    python -m tools.host W=60 N=5 G=60 P=8
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,7 @@ import torch
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decoder import Decoder, StepObserver
+from lp.decode.loop import Decoder, StepObserver
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout, window_part
 from lp.message import HEADER, step_message_size
@@ -104,16 +105,21 @@ class _Replay(Collective):
         if len(message) < HEADER:  # the handshake
             return message.tolist()
         columns = HEADER + self.width
-        rows = message[columns + self.W:].reshape(-1, 1 + self.k)[:, 0] if self.k else message[:0]
-        return [*message[3:5].tolist(), *(message[columns:columns + self.W] >= 0).tolist(), *rows.tolist()]
+        rows = message[columns + self.W :].reshape(-1, 1 + self.k)[:, 0] if self.k else message[:0]
+        return [*message[3:5].tolist(), *(message[columns : columns + self.W] >= 0).tolist(), *rows.tolist()]
 
     def all_gather(self, message: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
         gathered = next(self.kept, None)
         mine = message.numpy()
-        if gathered is None or gathered.shape[1] != len(mine) or self._planned(mine) != self._planned(gathered[self.rank]):
-            raise LPError("the replay drifted from the recorded decode: this lp builds other steps than the "
-                          "recorded one did")
+        if (
+            gathered is None
+            or gathered.shape[1] != len(mine)
+            or self._planned(mine) != self._planned(gathered[self.rank])
+        ):
+            raise LPError(
+                "the replay drifted from the recorded decode: this lp builds other steps than the recorded one did"
+            )
         out = torch.from_numpy(gathered)
         self.seconds.append(time.perf_counter() - t0)
         return out
@@ -124,8 +130,15 @@ def _model(vocab: int, context: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, vocab_size=vocab, max_position_embeddings=context)
+    config = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=vocab,
+        max_position_embeddings=context,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -189,8 +202,14 @@ def _free_port() -> int:
 def _join(kind: type[Collective], rank: int, world: int, port: int, timeout_s: float) -> Collective:
     """This process as rank `rank` of `world` gloo ranks on this machine (the collective
     `Collective.from_env` makes, as under torchrun)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     return kind.from_env("cpu", timeout_s, "gloo")
 
 
@@ -219,28 +238,38 @@ def _record_rank(rank: int, world: int, port: int, cfg: DecodeConfig, model: str
         net, eos = _model(RANDOM_VOCAB, RANDOM_PROMPT + cfg.max_new_tokens + 16), set()
     else:
         from lp.bench.datasets import load
-        from lp.runtime import LP
+        from lp.frontend.runtime import LP
 
         lm = LP(model, device="cpu", graphs=False, compile=False)  # its own collective: unused
-        ids = [lm.encode(p.text, chat=p.chat and lm.tokenizer.chat_template is not None)
-               for p in load("spec_bench", limit=prompts)]
+        ids = [
+            lm.encode(p.text, chat=p.chat and lm.tokenizer.chat_template is not None)
+            for p in load("spec_bench", limit=prompts)
+        ]
         net, eos = lm.model, set(lm.decoder.eos_ids)
     worker = Worker(net, graphs=False)
     decoder = Decoder(worker, comm, eos, worker.max_seq_len)
     for i, prompt in enumerate(ids):
         decoder.generate(prompt, cfg)
         if rank == 0:
-            print(f"lp.bench.host: recorded prompt {i + 1}/{len(ids)} on {world} ranks", file=sys.stderr, flush=True)
+            print(f"tools.host: recorded prompt {i + 1}/{len(ids)} on {world} ranks", file=sys.stderr, flush=True)
     if rank == 0:
-        np.savez_compressed(path, model=model, settings=json.dumps(_settings(cfg)), vocab=worker.vocab_size, eos=np.asarray(sorted(eos), dtype=np.int64),
-                            lengths=np.asarray([len(p) for p in ids]),
-                            tokens=np.concatenate([np.asarray(p) for p in ids]), gathered=np.asarray(len(comm.kept)),
-                            **{f"g{i}": g for i, g in enumerate(comm.kept)})
+        np.savez_compressed(
+            path,
+            model=model,
+            settings=json.dumps(_settings(cfg)),
+            vocab=worker.vocab_size,
+            eos=np.asarray(sorted(eos), dtype=np.int64),
+            lengths=np.asarray([len(p) for p in ids]),
+            tokens=np.concatenate([np.asarray(p) for p in ids]),
+            gathered=np.asarray(len(comm.kept)),
+            **{f"g{i}": g for i, g in enumerate(comm.kept)},
+        )
     comm.close()
 
 
-def record(cfg: DecodeConfig, P: int, model: str = "smollm2-135m", prompts: int = 4,
-           path: str | None = None) -> Recording:
+def record(
+    cfg: DecodeConfig, P: int, model: str = "smollm2-135m", prompts: int = 4, path: str | None = None
+) -> Recording:
     """Decode with P gloo processes on this machine: the first `prompts` Spec-Bench prompts
     (one per category first) on `model`, or (`model="random"`) one repetitive random prompt on a
     one-layer random model. `path`: also keep the recording there (.npz), to replay later."""
@@ -283,9 +312,15 @@ def load_recording(path: str) -> Recording:
         with np.load(_npz(path)) as f:
             tokens = np.split(f["tokens"], np.cumsum(f["lengths"])[:-1])
             gathered = [f[f"g{i}"] for i in range(int(f["gathered"]))]
-            return Recording(str(f["model"]), json.loads(str(f["settings"])), gathered[0].shape[0],
-                             [t.tolist() for t in tokens], int(f["vocab"]),
-                             set(f["eos"].tolist()), gathered)
+            return Recording(
+                str(f["model"]),
+                json.loads(str(f["settings"])),
+                gathered[0].shape[0],
+                [t.tolist() for t in tokens],
+                int(f["vocab"]),
+                set(f["eos"].tolist()),
+                gathered,
+            )
     except (OSError, KeyError, ValueError, IndexError) as e:
         raise LPError(f"cannot read a recording from {path}: {e}") from None
 
@@ -308,7 +343,7 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
         watch = _Spans()
         calls = len(ranks.seconds)
         g = decoder.generate(prompt, cfg, observer=watch)
-        gathers = ranks.seconds[calls + 1:]  # after the handshake: one per step
+        gathers = ranks.seconds[calls + 1 :]  # after the handshake: one per step
         for end, read, gather, start in zip(watch.ends, watch.reads, gathers, watch.starts[1:]):
             times.total.append(start - end - gather)
             times.exposed.append(start - read)
@@ -320,8 +355,9 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
 
 def _each_step(runs: list[HostTimes], pick) -> HostTimes:
     """`pick` (min or max) of each step's figures over several runs of one decode."""
-    return HostTimes(*([pick(t) for t in zip(*(getattr(r, f) for r in runs))]
-                       for f in ("total", "exposed", "step_tokens")))
+    return HostTimes(
+        *([pick(t) for t in zip(*(getattr(r, f) for r in runs))] for f in ("total", "exposed", "step_tokens"))
+    )
 
 
 def fastest(runs: list[HostTimes]) -> HostTimes:
@@ -336,7 +372,7 @@ def slowest(ranks: list[HostTimes]) -> HostTimes:
     return _each_step(ranks, max)
 
 
-def _gather_rank(rank: int, world: int, port: int, size: int, reps: int, out: "torch.multiprocessing.Queue") -> None:
+def _gather_rank(rank: int, world: int, port: int, size: int, reps: int, out: torch.multiprocessing.Queue) -> None:
     comm = _join(Collective, rank, world, port, 60)
     msg = torch.zeros(size, dtype=torch.long)
     times = []
@@ -367,23 +403,44 @@ def _ms(xs: list[float]) -> tuple[float, float]:
     return statistics.median(xs) * 1e3, float(np.percentile(xs, 95)) * 1e3
 
 
-DEFAULTS: dict[str, int | str] = {"W": 60, "N": 5, "G": 60, "P": 8, "recycle": 8, "model": "smollm2-135m",
-                                   "prompts": 4, "tokens": 128, "replays": 5, "threads": 1, "allgather": 1,
-                                   "recording": ""}
-HELP = {"W": "lookahead columns", "N": "n-gram size", "G": "verification n-grams", "P": "ranks",
-        "recycle": "successors kept per token for recycled drafts (0: none)",
-        "model": "the recorded decode's model (random: a one-layer random model)",
-        "prompts": "Spec-Bench prompts decoded (model=random: one random prompt)",
-        "tokens": "new tokens per prompt", "replays": "replays of the decode per rank: each step's fastest counts",
-        "threads": "torch threads of the replay",
-        "allgather": "1: also time a gloo all-gather between P processes",
-        "recording": "a .npz file: replay it if it exists, else record into it (A/B of two lp versions)"}
+DEFAULTS: dict[str, int | str] = {
+    "W": 60,
+    "N": 5,
+    "G": 60,
+    "P": 8,
+    "recycle": 8,
+    "model": "smollm2-135m",
+    "prompts": 4,
+    "tokens": 128,
+    "replays": 5,
+    "threads": 1,
+    "allgather": 1,
+    "recording": "",
+}
+HELP = {
+    "W": "lookahead columns",
+    "N": "n-gram size",
+    "G": "verification n-grams",
+    "P": "ranks",
+    "recycle": "successors kept per token for recycled drafts (0: none)",
+    "model": "the recorded decode's model (random: a one-layer random model)",
+    "prompts": "Spec-Bench prompts decoded (model=random: one random prompt)",
+    "tokens": "new tokens per prompt",
+    "replays": "replays of the decode per rank: each step's fastest counts",
+    "threads": "torch threads of the replay",
+    "allgather": "1: also time a gloo all-gather between P processes",
+    "recording": "a .npz file: replay it if it exists, else record into it (A/B of two lp versions)",
+}
 
 
 def main(argv: list[str] | None = None) -> None:
     epilog = "keys:\n" + "\n".join(f"  {f'{k}={v}':<20} {HELP[k]}" for k, v in DEFAULTS.items())
-    ap = argparse.ArgumentParser(prog="python -m lp.bench.host", description=__doc__.splitlines()[0],
-                                 epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.host",
+        description=__doc__.splitlines()[0],
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("settings", nargs="*", metavar="key=value")
     s = dict(DEFAULTS)
     given = set()
@@ -391,8 +448,10 @@ def main(argv: list[str] | None = None) -> None:
         key, eq, value = item.partition("=")
         text = isinstance(DEFAULTS.get(key), str)
         if not eq or key not in DEFAULTS or not (text or value.lstrip("-").isdigit()):
-            sys.exit(f"lp: error: expected key=INT (model=NAME, recording=FILE) with a key among "
-                     f"{', '.join(DEFAULTS)}, got {item!r}")
+            sys.exit(
+                f"lp: error: expected key=INT (model=NAME, recording=FILE) with a key among "
+                f"{', '.join(DEFAULTS)}, got {item!r}"
+            )
         s[key] = value if text else int(value)
         given.add(key)
     torch.set_num_threads(s["threads"])
@@ -409,43 +468,57 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
     try:
         cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], recycle=s["recycle"], max_new_tokens=s["tokens"]).validate()
         if min(s["P"], s["prompts"], s["replays"]) < 1:
-            raise LPError(f"P, prompts and replays must be >= 1, got P={s['P']} prompts={s['prompts']} "
-                          f"replays={s['replays']}")
+            raise LPError(
+                f"P, prompts and replays must be >= 1, got P={s['P']} prompts={s['prompts']} replays={s['replays']}"
+            )
         file = s["recording"]
         if file and os.path.exists(_npz(file)):
             rec = load_recording(file)
             if rec.world_size != s["P"]:
                 raise LPError(f"{file} records {rec.world_size} ranks, not P={s['P']}")
             if given & {"model", "prompts"}:
-                print(f"lp.bench.host: replaying {file}: its model ({rec.model}) and prompts "
-                      f"({len(rec.prompts)}) are the recording's", file=sys.stderr)
+                print(
+                    f"tools.host: replaying {file}: its model ({rec.model}) and prompts "
+                    f"({len(rec.prompts)}) are the recording's",
+                    file=sys.stderr,
+                )
         else:
             rec = record(cfg, s["P"], s["model"], s["prompts"], file or None)
         runs = [[replay(cfg, rec, rank) for _ in range(s["replays"])] for rank in range(rec.world_size)]
     except LPError as e:
         sys.exit(f"lp: error: {e}")
     ranks = [fastest(r) for r in runs]
-    print(f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.recycle}, P={rec.world_size}, "
-          f"replaying a {rec.model} decode of {len(rec.prompts)} prompt(s) ({len(ranks[0].total)} steps; each "
-          f"rank replayed alone, each step its fastest of {s['replays']} replays), {_cpu_name()}:")
+    print(
+        f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.recycle}, P={rec.world_size}, "
+        f"replaying a {rec.model} decode of {len(rec.prompts)} prompt(s) ({len(ranks[0].total)} steps; each "
+        f"rank replayed alone, each step its fastest of {s['replays']} replays), {_cpu_name()}:"
+    )
     # each figure's slowest rank, step by step (all of it and after the read may be two ranks)
-    for name, times, tokens in (("the slowest rank of each step", slowest(ranks), "largest forward"),
-                                ("rank 0", ranks[0], "forward")):
+    for name, times, tokens in (
+        ("the slowest rank of each step", slowest(ranks), "largest forward"),
+        ("rank 0", ranks[0], "forward"),
+    ):
         (med, p95), (after_med, after_p95) = _ms(times.total), _ms(times.exposed)
-        print(f"  {name}: median {med:.3f} ms, p95 {p95:.3f} ms; after the message read (what a GPU waits "
-              f"for): median {after_med:.3f} ms, p95 {after_p95:.3f} ms "
-              f"({statistics.mean(times.step_tokens):.0f} tokens per {tokens} on average)")
+        print(
+            f"  {name}: median {med:.3f} ms, p95 {p95:.3f} ms; after the message read (what a GPU waits "
+            f"for): median {after_med:.3f} ms, p95 {after_p95:.3f} ms "
+            f"({statistics.mean(times.step_tokens):.0f} tokens per {tokens} on average)"
+        )
     print("  after the read, median per rank: " + ", ".join(f"{_ms(t.exposed)[0]:.3f}" for t in ranks) + " ms")
     # replay i of every rank, then each step's slowest rank: noise and lp's own pauses stay in
     pooled = [t for i in range(s["replays"]) for t in slowest([r[i] for r in runs]).exposed]
-    print(f"  the slowest rank of each step in all {s['replays']} replays pooled (lp's own pauses and this "
-          f"machine's noise included): after the message read median {_ms(pooled)[0]:.3f} ms, "
-          f"p95 {_ms(pooled)[1]:.3f} ms")
+    print(
+        f"  the slowest rank of each step in all {s['replays']} replays pooled (lp's own pauses and this "
+        f"machine's noise included): after the message read median {_ms(pooled)[0]:.3f} ms, "
+        f"p95 {_ms(pooled)[1]:.3f} ms"
+    )
     if s["allgather"] and s["P"] > 1:
         size = step_message_size(cfg)
         med, p95 = _ms(allgather_seconds(s["P"], size))
-        print(f"all-gather of {size} int64 between {s['P']} gloo processes on this machine: "
-              f"median {med:.3f} ms, p95 {p95:.3f} ms")
+        print(
+            f"all-gather of {size} int64 between {s['P']} gloo processes on this machine: "
+            f"median {med:.3f} ms, p95 {p95:.3f} ms"
+        )
 
 
 def _cpu_name() -> str:

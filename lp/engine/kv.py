@@ -10,6 +10,7 @@ valid for every prompt of the process.
 The committed length lives twice: as a host int (shapes, checks) and as a device tensor
 (`start`) that forwards read, so a captured step needs no host value to know where to write.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,9 @@ from lp.errors import LPError
 class KVCache:
     """Keys and values of one sequence: per layer `[kv_heads, capacity, head_dim]`."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         # Zeros, not empty: masked slots still enter attention's weighted sum (with weight 0),
         # and 0 * NaN from uninitialised memory would poison it.
         # One buffer per layer (not views of one): compiled steps then mutate whole inputs in place.
@@ -47,8 +49,9 @@ class KVCache:
         return self.start + torch.arange(S, device=self.start.device)
 
     @staticmethod
-    def write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              slots: torch.Tensor) -> None:
+    def write(
+        k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+    ) -> None:
         """Store a step's `[kv_heads, S, head_dim]` keys/values at `slots` of one layer's buffers
         (passed in, so a compiled layer receives them as inputs)."""
         k_cache.index_copy_(1, slots, k)
@@ -73,7 +76,7 @@ class _Layer(CacheLayerMixin):
     is_sliding = False
     is_compileable = True
 
-    def __init__(self, owner: "_TransformersCache", index: int) -> None:
+    def __init__(self, owner: _TransformersCache, index: int) -> None:
         super().__init__()
         self.owner, self.kv, self.index = owner, owner.kv, index
         self.is_initialized = True
@@ -84,7 +87,7 @@ class _Layer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         k, v = self.kv.k[self.index], self.kv.v[self.index]
         self.kv.write(k, v, key_states[0], value_states[0], self.kv.slots(key_states.shape[2]))
-        return k[None, :, :self.owner.extent], v[None, :, :self.owner.extent]
+        return k[None, :, : self.owner.extent], v[None, :, : self.owner.extent]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.extent, 0

@@ -1,6 +1,6 @@
 """Strong scaling of Lookahead Parallelism, PROJECTED from a real decode and replayed on one device.
 
-    python -m lp.bench.project arch=llama-7b [key=value ...]      (--help lists every key)
+    python -m tools.project arch=llama-7b [key=value ...]      (--help lists every key)
 
 1. Record: the real model (`model`, default SmolLM2-135M) decodes the prompts at world size 1
    for every configuration (P, W, N, G). LP is exact and its partition does not change what a
@@ -15,14 +15,15 @@
 Measured: S (real model, real prompts), forward times (this device, `arch`), the all-gather
 (gloo on this host). Not measured: cross-GPU interference (P replicas never run at once here),
 NCCL/NVLink all-gather latency when fewer GPUs than P are present, the host work between
-forwards (`python -m lp.bench.host`). Writes OUT/project.json, .md and .png; prints the markdown.
+forwards (`python -m tools.host`). Writes OUT/project.json, .md and .png; prints the markdown.
 
-With `costs=STEPS.json` (a result of `python -m lp.bench.steps`, measured on a GPU earlier) no
+With `costs=STEPS.json` (a result of `python -m tools.steps`, measured on a GPU earlier) no
 model is built: a rank's forward costs what that run measured for a step of its size (its
 bucket, where that run used fixed-shape steps), so a machine without the GPU projects onto it.
 That run timed causal blocks of each size, after one prompt: a share's own cache length, mask
 and logits rows are not.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,21 +39,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lp.bench import steps
-from lp.decoder import StepObserver, StepPlan, rank_share
+from lp.decode.loop import StepObserver, StepPlan, rank_share
+from lp.decode.throughput import compression
+from lp.engine.fixed_steps import bucket
 from lp.errors import LPError
-from lp.graph import bucket
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.lookahead.tree import DraftTree
-from lp.throughput import compression
+from tools import steps
 
-PROJECTION = ("PROJECTION, not a multi-GPU run: measured: S (real decode), forward times (this device), "
-              "all-gather (gloo processes on this host); not measured: cross-GPU interference, NCCL/NVLink "
-              "latency when fewer GPUs than P are present, host work between forwards")
-MEASURED_PROJECTION = ("PROJECTION, not a multi-GPU run: measured: S (real decode here), forward times (a step-cost "
-                       "run on the device named, per step size); not measured: the all-gather on that device (gloo "
-                       "on this host at most), cross-GPU interference, host work between forwards, each rank's own "
-                       "share (its cache length, mask and logits rows: the step-cost run timed causal blocks)")
+PROJECTION = (
+    "PROJECTION, not a multi-GPU run: measured: S (real decode), forward times (this device), "
+    "all-gather (gloo processes on this host); not measured: cross-GPU interference, NCCL/NVLink "
+    "latency when fewer GPUs than P are present, host work between forwards"
+)
+MEASURED_PROJECTION = (
+    "PROJECTION, not a multi-GPU run: measured: S (real decode here), forward times (a step-cost "
+    "run on the device named, per step size); not measured: the all-gather on that device (gloo "
+    "on this host at most), cross-GPU interference, host work between forwards, each rank's own "
+    "share (its cache length, mask and logits rows: the step-cost run timed causal blocks)"
+)
 DEFAULT_CONFIGS = "1:W15N5G15,2:W30N5G30,4:W45N5G45,8:W60N5G60"
 COSTS_KEYS = ("arch", "device", "device_name", "dtype", "graphs", "attention", "torch", "steps")  # of a costs= file
 AR_LAYOUT = step_layout(1, 0, 2, range(0), ())  # mode=ar: x0 alone
@@ -128,7 +133,7 @@ def record(lm, prompts: list[list[int]], shape: Shape, max_new_tokens: int) -> R
 
 
 def rank_layouts(step: Step, shape: Shape) -> list[StepLayout]:
-    """Every rank's layout of `step` at `shape`, as lp.decoder.plan_step lays them out."""
+    """Every rank's layout of `step` at `shape`, as lp.decode.loop.plan_step lays them out."""
     return [rank_share(step.m, step.tree, shape.W, shape.N, shape.P, r)[2] for r in range(shape.P)]
 
 
@@ -143,11 +148,22 @@ def project(rec: Recording, time_step: Timer, allgather_s: float) -> dict:
         ar_s.append(time_step(AR_LAYOUT, s.length))
     tok_s = rec.new_tokens / sum(step_s)
     ar_tok_s = len(ar_s) / sum(ar_s)
-    return {**dataclasses.asdict(rec.shape), "prompts": rec.prompts, "new_tokens": rec.new_tokens,
-            "steps": len(rec.steps), "S": rec.S, "step_ms_median": 1e3 * statistics.median(step_s),
-            "step_ms_mean": 1e3 * statistics.mean(step_s), "slowest_rank_ms_mean": 1e3 * statistics.mean(slowest),
-            "slowest_rank_share": sum(slowest) / sum(step_s), "slowest_rank_tokens_mean": statistics.mean(biggest),
-            "allgather_ms": 1e3 * allgather_s, "tok_s": tok_s, "ar_tok_s": ar_tok_s, "speedup_vs_ar": tok_s / ar_tok_s}
+    return {
+        **dataclasses.asdict(rec.shape),
+        "prompts": rec.prompts,
+        "new_tokens": rec.new_tokens,
+        "steps": len(rec.steps),
+        "S": rec.S,
+        "step_ms_median": 1e3 * statistics.median(step_s),
+        "step_ms_mean": 1e3 * statistics.mean(step_s),
+        "slowest_rank_ms_mean": 1e3 * statistics.mean(slowest),
+        "slowest_rank_share": sum(slowest) / sum(step_s),
+        "slowest_rank_tokens_mean": statistics.mean(biggest),
+        "allgather_ms": 1e3 * allgather_s,
+        "tok_s": tok_s,
+        "ar_tok_s": ar_tok_s,
+        "speedup_vs_ar": tok_s / ar_tok_s,
+    }
 
 
 def worker_timer(worker, reps: int, seed: int = 0) -> Timer:
@@ -164,20 +180,24 @@ def worker_timer(worker, reps: int, seed: int = 0) -> Timer:
         worker.kv.commit(length)  # KV contents do not matter for timing, only the length
         warm = 0 if layout in seen else 1
         seen.add(layout)
-        return statistics.median(steps.timed(lambda: worker.step(ids[layout.size], layout, length + layout.m - 1),
-                                             worker.device, reps, warm))
+        return statistics.median(
+            steps.timed(lambda: worker.step(ids[layout.size], layout, length + layout.m - 1), worker.device, reps, warm)
+        )
+
     return time_step
 
 
 def measured_timer(doc: dict, source: str = "costs") -> Timer:
-    """A forward's time read from a `lp.bench.steps` result `doc`: the median of its causal step
+    """A forward's time read from a `tools.steps` result `doc`: the median of its causal step
     of the same size, the size padded to its bucket where that run used fixed-shape steps
     (`graphs`), else interpolated between the sizes it measured. The cache length is ignored."""
     try:
-        measured = {int(row["tokens"]): float(row["median_ms"]) / 1e3 for row in doc["steps"] if row["kind"] == "causal"}
+        measured = {
+            int(row["tokens"]): float(row["median_ms"]) / 1e3 for row in doc["steps"] if row["kind"] == "causal"
+        }
         fixed = bool(doc["graphs"])
     except (KeyError, TypeError, ValueError) as e:
-        raise LPError(f"{source}: not a result of lp.bench.steps ({type(e).__name__}: {e})") from None
+        raise LPError(f"{source}: not a result of tools.steps ({type(e).__name__}: {e})") from None
     sizes = sorted(measured)
     if not sizes:
         raise LPError(f"{source}: no causal step times in it")
@@ -188,19 +208,22 @@ def measured_timer(doc: dict, source: str = "costs") -> Timer:
             return measured[T]
         if not fixed and sizes[0] <= T <= sizes[-1]:
             return float(np.interp(T, sizes, [measured[t] for t in sizes]))
-        raise LPError(f"{source}: a rank's step of {layout.size} tokens needs a measured step of {T} tokens; "
-                      f"it has {', '.join(map(str, sizes))}")
+        raise LPError(
+            f"{source}: a rank's step of {layout.size} tokens needs a measured step of {T} tokens; "
+            f"it has {', '.join(map(str, sizes))}"
+        )
+
     return time_step
 
 
 def read_costs(path: str) -> dict:
-    """A `lp.bench.steps` result file (one-line LPError if it cannot be read)."""
+    """A `tools.steps` result file (one-line LPError if it cannot be read)."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise LPError(f"costs: cannot read {path}: {e}") from None
-    if not isinstance(doc, dict) or doc.get("tool") != "lp.bench.steps":
-        raise LPError(f"costs: {path} is not a result of lp.bench.steps")
+    if not isinstance(doc, dict) or doc.get("tool") != "tools.steps":
+        raise LPError(f"costs: {path} is not a result of tools.steps")
     missing = [k for k in COSTS_KEYS if k not in doc]
     if missing:
         raise LPError(f"costs: {path} lacks {', '.join(missing)}")
@@ -210,7 +233,7 @@ def read_costs(path: str) -> dict:
 @dataclass
 class Settings(steps.Engine):
     """The tool's keys; the engine's (arch, device, dtype, graphs, attention, seed) are the
-    replay's, as lp.bench.steps takes them."""
+    replay's, as tools.steps takes them."""
 
     model: str = "smollm2-135m"
     dataset: str = "spec_bench"
@@ -224,7 +247,7 @@ class Settings(steps.Engine):
     costs: str = ""
     out: str = ""
 
-    def validate(self) -> "Settings":
+    def validate(self) -> Settings:
         for key, low in (("per_category", 1), ("limit", 0), ("max_new_tokens", 1), ("reps", 1), ("allgather_reps", 0)):
             if getattr(self, key) < low:
                 raise LPError(f"{key} must be >= {low}, got {getattr(self, key)}")
@@ -253,23 +276,23 @@ HELP = {
     "reps": "timed repetitions of each rank's forward (median; 1)",
     "allgather_reps": "all-gathers timed per P > 1 between P gloo processes (200; 0: not measured, counted 0)",
     "seed": "seed of the random weights and ids (0)",
-    "costs": "a result of lp.bench.steps (steps.json): its measured step times instead of a replay; "
-             "arch, dtype, graphs and attention are then its own",
+    "costs": "a result of tools.steps (steps.json): its measured step times instead of a replay; "
+    "arch, dtype, graphs and attention are then its own",
     "out": "results directory (default $LP_CACHE/bench/project/ARCH-DEVICE-DTYPE-TIME)",
 }
 
 
 def _progress(message: str) -> None:
-    print(f"lp.bench.project: {message}", file=sys.stderr, flush=True)
+    print(f"tools.project: {message}", file=sys.stderr, flush=True)
 
 
 def run(cfg: Settings) -> dict:
     """Record, measure the all-gathers, replay; return the result document."""
     from lp import LP
     from lp.bench.datasets import load
-    from lp.bench.host import allgather_seconds
     from lp.config import DecodeConfig
     from lp.message import step_message_size
+    from tools.host import allgather_seconds
 
     costs = read_costs(cfg.costs) if cfg.costs else None
     if costs is not None and costs.get("arch") in steps.ARCHS:
@@ -282,20 +305,25 @@ def run(cfg: Settings) -> dict:
     for shape in cfg.shapes:
         t0 = time.perf_counter()
         recordings.append(record(lm, prompts, shape, cfg.max_new_tokens))
-        _progress(f"recorded P={shape.P} W{shape.W}N{shape.N}G{shape.G}: {len(prompts)} prompts, "
-                  f"S={recordings[-1].S:.2f}, {time.perf_counter() - t0:.1f} s")
+        _progress(
+            f"recorded P={shape.P} W{shape.W}N{shape.N}G{shape.G}: {len(prompts)} prompts, "
+            f"S={recordings[-1].S:.2f}, {time.perf_counter() - t0:.1f} s"
+        )
     del lm
     gather = {}
     for shape in cfg.shapes:
         size = step_message_size(DecodeConfig(W=shape.W, N=shape.N, G=shape.G))
-        med = statistics.median(allgather_seconds(shape.P, size, cfg.allgather_reps)) \
-            if shape.P > 1 and cfg.allgather_reps else 0.0
+        med = (
+            statistics.median(allgather_seconds(shape.P, size, cfg.allgather_reps))
+            if shape.P > 1 and cfg.allgather_reps
+            else 0.0
+        )
         gather[shape.P] = {"int64": size, "median_ms": 1e3 * med, "measured": shape.P > 1 and cfg.allgather_reps > 0}
         _progress(f"all-gather P={shape.P}, {size} int64: {1e3 * med:.3f} ms")
     if costs is not None:
         timer = measured_timer(costs, cfg.costs)
         engine = {k: costs[k] for k in COSTS_KEYS if k != "steps"}
-        engine.update(gpus=0, forwards=f"measured by lp.bench.steps on {costs.get('started', '?')} ({cfg.costs})")
+        engine.update(gpus=0, forwards=f"measured by tools.steps on {costs.get('started', '?')} ({cfg.costs})")
     else:
         t0 = time.perf_counter()
         model = steps.build(cfg.arch, device, cfg.torch_dtype, cfg.seed)
@@ -307,43 +335,72 @@ def run(cfg: Settings) -> dict:
         except LPError as e:
             raise LPError(f"{cfg.arch} cannot replay this decode: {e}") from None
         timer = worker_timer(worker, cfg.reps, cfg.seed)
-        engine = {"arch": cfg.arch, "device": str(device), "device_name": steps.device_name(device),
-                  "dtype": str(cfg.torch_dtype).removeprefix("torch."), "graphs": cfg.use_graphs,
-                  "attention": worker.attention, "torch": torch.__version__,
-                  "gpus": torch.cuda.device_count() if device.type == "cuda" else 0, "forwards": "replayed here"}
+        engine = {
+            "arch": cfg.arch,
+            "device": str(device),
+            "device_name": steps.device_name(device),
+            "dtype": str(cfg.torch_dtype).removeprefix("torch."),
+            "graphs": cfg.use_graphs,
+            "attention": worker.attention,
+            "torch": torch.__version__,
+            "gpus": torch.cuda.device_count() if device.type == "cuda" else 0,
+            "forwards": "replayed here",
+        }
     rows = []
     for rec in recordings:
         t0 = time.perf_counter()
         rows.append(project(rec, timer, gather[rec.shape.P]["median_ms"] / 1e3))
-        _progress(f"projected P={rec.shape.P} on {engine['arch']}: {rows[-1]['tok_s']:.1f} tok/s, "
-                  f"{rows[-1]['speedup_vs_ar']:.2f}x mode=ar, {time.perf_counter() - t0:.1f} s")
-    return {"tool": "lp.bench.project", "projection": PROJECTION if costs is None else MEASURED_PROJECTION,
-            "model": cfg.model, "dataset": cfg.dataset, **engine, "weights": "random weights (timing only)",
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": dataclasses.asdict(cfg), "allgather": gather,
-            "nvlink_measured": False, "rows": rows}
+        _progress(
+            f"projected P={rec.shape.P} on {engine['arch']}: {rows[-1]['tok_s']:.1f} tok/s, "
+            f"{rows[-1]['speedup_vs_ar']:.2f}x mode=ar, {time.perf_counter() - t0:.1f} s"
+        )
+    return {
+        "tool": "tools.project",
+        "projection": PROJECTION if costs is None else MEASURED_PROJECTION,
+        "model": cfg.model,
+        "dataset": cfg.dataset,
+        **engine,
+        "weights": "random weights (timing only)",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "settings": dataclasses.asdict(cfg),
+        "allgather": gather,
+        "nvlink_measured": False,
+        "rows": rows,
+    }
 
 
 def markdown(r: dict) -> str:
     """The result as markdown, its first line the PROJECTION label."""
-    gathered = ("median over P gloo processes on this host (CPU)" if any(g["measured"] for g in r["allgather"].values())
-                else "not measured, counted as 0")
-    lines = [f"**{r['projection']}.**", "",
-             f"# lp strong scaling, projected: {r['arch']} ({r['dtype']}) on {r['device_name']}", "",
-             f"- S from {r['model']} decoding {r['dataset']} ({r['rows'][0]['prompts']} prompts, "
-             f"{r['settings']['max_new_tokens']} new tokens at most) at world size 1",
-             f"- forwards: {r['arch']}, {r['weights']}, on {r['device']} ({r['device_name']}), {r['forwards']}; "
-             f"every rank's share of every recorded step; a step = slowest rank + all-gather",
-             f"- all-gather: {gathered}; NCCL/NVLink latency not measured ({r['gpus']} GPU(s) here)",
-             "- `mode=ar` (S = 1) replayed at the same cache lengths: the same engine's baseline" if r["forwards"] == "replayed here"
-             else "- `mode=ar` (S = 1) priced by the same step-cost run (its 1-token step): the same engine's baseline", "",
-             "| P | W,N,G | prompts | S | step ms median | step ms mean | slowest rank ms (share) | "
-             "slowest rank tokens | all-gather ms | tok/s | mode=ar tok/s | speedup vs ar |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    gathered = (
+        "median over P gloo processes on this host (CPU)"
+        if any(g["measured"] for g in r["allgather"].values())
+        else "not measured, counted as 0"
+    )
+    lines = [
+        f"**{r['projection']}.**",
+        "",
+        f"# lp strong scaling, projected: {r['arch']} ({r['dtype']}) on {r['device_name']}",
+        "",
+        f"- S from {r['model']} decoding {r['dataset']} ({r['rows'][0]['prompts']} prompts, "
+        f"{r['settings']['max_new_tokens']} new tokens at most) at world size 1",
+        f"- forwards: {r['arch']}, {r['weights']}, on {r['device']} ({r['device_name']}), {r['forwards']}; "
+        f"every rank's share of every recorded step; a step = slowest rank + all-gather",
+        f"- all-gather: {gathered}; NCCL/NVLink latency not measured ({r['gpus']} GPU(s) here)",
+        "- `mode=ar` (S = 1) replayed at the same cache lengths: the same engine's baseline"
+        if r["forwards"] == "replayed here"
+        else "- `mode=ar` (S = 1) priced by the same step-cost run (its 1-token step): the same engine's baseline",
+        "",
+        "| P | W,N,G | prompts | S | step ms median | step ms mean | slowest rank ms (share) | "
+        "slowest rank tokens | all-gather ms | tok/s | mode=ar tok/s | speedup vs ar |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for w in r["rows"]:
-        lines.append(f"| {w['P']} | {w['W']},{w['N']},{w['G']} | {w['prompts']} | {w['S']:.2f} | "
-                     f"{w['step_ms_median']:.3f} | {w['step_ms_mean']:.3f} | {w['slowest_rank_ms_mean']:.3f} "
-                     f"({w['slowest_rank_share']:.0%}) | {w['slowest_rank_tokens_mean']:.1f} | "
-                     f"{w['allgather_ms']:.3f} | {w['tok_s']:.1f} | {w['ar_tok_s']:.1f} | {w['speedup_vs_ar']:.2f} |")
+        lines.append(
+            f"| {w['P']} | {w['W']},{w['N']},{w['G']} | {w['prompts']} | {w['S']:.2f} | "
+            f"{w['step_ms_median']:.3f} | {w['step_ms_mean']:.3f} | {w['slowest_rank_ms_mean']:.3f} "
+            f"({w['slowest_rank_share']:.0%}) | {w['slowest_rank_tokens_mean']:.1f} | "
+            f"{w['allgather_ms']:.3f} | {w['tok_s']:.1f} | {w['ar_tok_s']:.1f} | {w['speedup_vs_ar']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -365,15 +422,18 @@ def plot(r: dict, path: Path) -> Path:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     a.legend(fontsize=8)
-    fig.suptitle(f"PROJECTION: {r['arch']} {r['dtype']} on {r['device_name']}, S from {r['model']} on "
-                 f"{r['dataset']}\nmeasured: S, forwards ({r['forwards'].split(' (')[0]}), gloo all-gather; "
-                 f"not: cross-GPU interference, NVLink", fontsize=9)
+    fig.suptitle(
+        f"PROJECTION: {r['arch']} {r['dtype']} on {r['device_name']}, S from {r['model']} on "
+        f"{r['dataset']}\nmeasured: S, forwards ({r['forwards'].split(' (')[0]}), gloo all-gather; "
+        f"not: cross-GPU interference, NVLink",
+        fontsize=9,
+    )
     return _save(plt, fig, path, rect=(0, 0, 1, 0.9))
 
 
 def main(argv: list[str] | None = None) -> int:
     def parse(args: list[str]) -> Settings:
-        return steps.parse_keys(args, Settings, HELP, "python -m lp.bench.project", __doc__.splitlines()[0])
+        return steps.parse_keys(args, Settings, HELP, "python -m tools.project", __doc__.splitlines()[0])
 
     return steps.tool_main("project", sys.argv[1:] if argv is None else argv, parse, run, markdown, plot)
 

@@ -8,6 +8,7 @@ one whose expected S divided by its relative step cost is largest. Plain decodin
 per step, cost 1) is always a candidate, so on hardware where extra tokens are expensive
 `auto` never loses to autoregressive decoding by more than its occasional exploration.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,15 +19,24 @@ import numpy as np
 import torch
 
 from lp.config import DecodeConfig
-from lp.graph import bucket
+from lp.engine.fixed_steps import bucket
 from lp.lookahead.mask import step_layout
 from lp.partition import RankPlan
 from lp.worker import Worker
 
 # (W, N, G) shapes of growing step size; G = W as the paper recommends.
 LADDER: tuple[tuple[int, int, int], ...] = (
-    (1, 3, 1), (2, 3, 2), (3, 4, 3), (5, 4, 5), (7, 5, 7), (10, 5, 10), (15, 5, 15),
-    (20, 5, 20), (30, 5, 30), (45, 5, 45), (60, 5, 60),
+    (1, 3, 1),
+    (2, 3, 2),
+    (3, 4, 3),
+    (5, 4, 5),
+    (7, 5, 7),
+    (10, 5, 10),
+    (15, 5, 15),
+    (20, 5, 20),
+    (30, 5, 30),
+    (45, 5, 45),
+    (60, 5, 60),
 )
 # S - 1 per doubling of step tokens before anything is decoded. SmolLM2 on Spec-Bench measured
 # 0.07 (W1 N3 G1) to 0.17 (W3 N3 G3) (README, step compression): the prior is the typical value,
@@ -46,7 +56,7 @@ def step_tokens(W: int, N: int, G: int, P: int = 1) -> int:
 @dataclass(frozen=True)
 class CostCurve:
     """Median forward seconds against the number of step tokens, on this machine. `padded`:
-    steps run at fixed shapes (lp/graph.py), so a T-token step costs its bucket's forward."""
+    steps run at fixed shapes (lp/engine/fixed_steps.py), so a T-token step costs its bucket's forward."""
 
     tokens: tuple[int, ...]
     seconds: tuple[float, ...]
@@ -56,9 +66,12 @@ class CostCurve:
         """Seconds of a T-token forward (linear in between and beyond the measured sizes)."""
         if self.padded:
             T = bucket(math.ceil(T))
-        return float(np.interp(T, self.tokens, self.seconds) if T <= self.tokens[-1] else
-                     self.seconds[-1] + (T - self.tokens[-1]) * (self.seconds[-1] - self.seconds[-2])
-                     / (self.tokens[-1] - self.tokens[-2]))
+        return float(
+            np.interp(T, self.tokens, self.seconds)
+            if T <= self.tokens[-1]
+            else self.seconds[-1]
+            + (T - self.tokens[-1]) * (self.seconds[-1] - self.seconds[-2]) / (self.tokens[-1] - self.tokens[-2])
+        )
 
     def relative(self, T: float) -> float:
         """Cost of a T-token step relative to a 1-token step."""
@@ -66,8 +79,9 @@ class CostCurve:
 
 
 @torch.inference_mode()
-def calibrate(worker: Worker, sizes: tuple[int, ...] | None = None, context: int = 256,
-              reps: int = 5, world_size: int = 1) -> CostCurve:
+def calibrate(
+    worker: Worker, sizes: tuple[int, ...] | None = None, context: int = 256, reps: int = 5, world_size: int = 1
+) -> CostCurve:
     """Time one forward of each size after a `context`-token prefill (fastest of `reps`); sizes
     and context shrink to what a short cache holds. Default sizes: 1 to 64 tokens for exact-size
     steps; with fixed-shape steps, every bucket that a ladder shape's rank share uses at
@@ -79,17 +93,33 @@ def calibrate(worker: Worker, sizes: tuple[int, ...] | None = None, context: int
     them instead of a few; and the fastest run is kept, since other load only ever adds time."""
     padded = worker.fixed is not None
     if sizes is None:
-        sizes = tuple(sorted({bucket(step_tokens(*shape, world_size) + extra) for shape in LADDER
-                              for extra in (0, DecodeConfig(*shape).step_width - 1)} | {1})) if padded \
+        sizes = (
+            tuple(
+                sorted(
+                    {
+                        bucket(step_tokens(*shape, world_size) + extra)
+                        for shape in LADDER
+                        for extra in (0, DecodeConfig(*shape).step_width - 1)
+                    }
+                    | {1}
+                )
+            )
+            if padded
             else (1, 2, 4, 8, 16, 32, 64)
+        )
     sizes = tuple(T for T in sizes if worker.step_slots(T) <= worker.capacity - worker.max_seq_len) or (1, 2)
     context = min(context, worker.max_seq_len)
     vocab = worker.vocab_size
     gen = torch.Generator().manual_seed(0)
     worker.reset(context, sizes[-1])
     worker.prefill(torch.randint(0, vocab, (context,), generator=gen).to(worker.device))
-    steps = [(step_layout(T, 1, 2, range(0), 0),  # T causal tokens, logits for one row
-              torch.randint(0, vocab, (T,), generator=gen).to(worker.device)) for T in sizes]
+    steps = [
+        (
+            step_layout(T, 1, 2, range(0), 0),  # T causal tokens, logits for one row
+            torch.randint(0, vocab, (T,), generator=gen).to(worker.device),
+        )
+        for T in sizes
+    ]
     seconds = [math.inf] * len(sizes)
     for _ in range(reps):
         for i, (T, (layout, ids)) in enumerate(zip(sizes, steps)):
@@ -135,18 +165,25 @@ class AutoTuner:
             if rate > best_rate * MARGIN:
                 best, best_rate = shape, rate
         b, n = self.slope(), len(self.seen)
-        basis = (f"acceptance fitted on {_plural(n, 'sequence')}: S - 1 = {b:.2f} x log2(step tokens)" if n else
-                 f"nothing decoded yet, so the typical S - 1 = {b:.2f} x log2(step tokens)")
+        basis = (
+            f"acceptance fitted on {_plural(n, 'sequence')}: S - 1 = {b:.2f} x log2(step tokens)"
+            if n
+            else f"nothing decoded yet, so the typical S - 1 = {b:.2f} x log2(step tokens)"
+        )
         if best is None and self.plain_streak >= self.explore_every:
             self.plain_streak = 0
             best = LADDER[0]
-            reason = (f"W={best[0]} N={best[1]} G={best[2]}, to measure acceptance again after "
-                      f"{_plural(self.explore_every, 'plain sequence')} ({basis})")
+            reason = (
+                f"W={best[0]} N={best[1]} G={best[2]}, to measure acceptance again after "
+                f"{_plural(self.explore_every, 'plain sequence')} ({basis})"
+            )
         elif best is None:
             self.plain_streak += 1
             (W, N, G), T = LADDER[0], step_tokens(*LADDER[0], self.world_size)
-            reason = (f"plain decoding: even the cheapest lookahead step (W={W} N={N} G={G}, {T} tokens) "
-                      f"{self._outlook(LADDER[0], 'only ')} ({basis})")
+            reason = (
+                f"plain decoding: even the cheapest lookahead step (W={W} N={N} G={G}, {T} tokens) "
+                f"{self._outlook(LADDER[0], 'only ')} ({basis})"
+            )
         else:
             T = step_tokens(*best, self.world_size)
             reason = f"W={best[0]} N={best[1]} G={best[2]}: its {T}-token step {self._outlook(best)} ({basis})"
@@ -156,8 +193,10 @@ class AutoTuner:
         """What a shape's step costs and is expected to make, in words."""
         S, _, rate = self.expect(shape)
         T = step_tokens(*shape, self.world_size)
-        return (f"costs {self.cost.relative(T):.2f}x a one-token step here and is expected to make "
-                f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding")
+        return (
+            f"costs {self.cost.relative(T):.2f}x a one-token step here and is expected to make "
+            f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding"
+        )
 
     def observe(self, shape: tuple[int, int, int] | None, compression: float) -> None:
         """Record the S a sequence achieved with `shape` (plain sequences teach nothing)."""

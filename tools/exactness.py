@@ -2,12 +2,13 @@
 greedy decoding (transformers `model.generate(do_sample=False)`) token for token, for every
 prompt, every (N, W, G) config and every world size.
 
-    python launch/exactness.py [--prompts 20] [--max-new-tokens 128] [--world-sizes 1,2,3,4]
+    python -m tools.exactness [--prompts 20] [--max-new-tokens 128] [--world-sizes 1,2,3,4]
         [--configs 2:5:5,3:3:3,5:7:7,5:15:15,3:5:0] [--out results/exactness]
 
-Configs are N:W:G, or N:W:G:B with a verification budget of B tokens. Quick slice for CI (about 1-2 minutes on 2 CPU cores):
+Configs are N:W:G, or N:W:G:B with a verification budget of B tokens. Quick slice for CI
+(about 1-2 minutes on 2 CPU cores):
 
-    python launch/exactness.py --quick          # = --prompts 2 --max-new-tokens 24
+    python -m tools.exactness --quick          # = --prompts 2 --max-new-tokens 24
                                                 #   --world-sizes 1,2 --configs 3:3:3
                                                 #   --out results/exactness_quick
 
@@ -21,6 +22,7 @@ size P, ONE `torchrun --standalone --nproc_per_node P` process group runs this s
 (`OUT/table.md`) and `OUT/summary.json` are written, and the exit status is 1 on any mismatch
 or failed world size (the mismatches are listed with their first differing position).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +56,13 @@ def pick_prompts(k: int, path: Path = DATA) -> list[dict]:
                 row = json.loads(line)
                 g = group_of(n, row["category"])
                 by_group.setdefault(g, []).append(
-                    {"question_id": row["question_id"], "group": g, "category": row["category"],
-                     "text": row["turns"][0]})
+                    {
+                        "question_id": row["question_id"],
+                        "group": g,
+                        "category": row["category"],
+                        "text": row["turns"][0],
+                    }
+                )
     picked, i = [], 0
     while len(picked) < k:
         added = False
@@ -112,8 +119,13 @@ def worker(args) -> None:
     main = lm.comm.is_main
     if main:
         import lp
-        print(f"worker: lp from {Path(lp.__file__).parent}, world size {lm.comm.world_size}, "
-              f"{torch.get_num_threads()} threads per rank", file=sys.stderr, flush=True)
+
+        print(
+            f"worker: lp from {Path(lp.__file__).parent}, world size {lm.comm.world_size}, "
+            f"{torch.get_num_threads()} threads per rank",
+            file=sys.stderr,
+            flush=True,
+        )
     done = set()
     if main and args.resume and Path(args.results).exists():
         for line in Path(args.results).read_text().splitlines():
@@ -124,6 +136,7 @@ def worker(args) -> None:
     jobs = [(p, c) for p in spec["prompts"] for c in spec["configs"]]
     if lm.comm.world_size > 1:
         import torch.distributed as dist
+
         flags = torch.tensor([int((p["key"], cfg_name(c)) in done) for p, c in jobs], dtype=torch.long)
         dist.broadcast(flags, src=0)
         todo = [j for j, f in zip(jobs, flags.tolist()) if not f]
@@ -131,19 +144,36 @@ def worker(args) -> None:
         todo = [(p, c) for p, c in jobs if (p["key"], cfg_name(c)) not in done]
     out = open(args.results, "a" if args.resume else "w", encoding="utf-8") if main else None
     try:
-        bar = tqdm(todo, disable=not main, desc=f"ws{lm.comm.world_size}", file=sys.stderr,
-                   mininterval=5, dynamic_ncols=False, ncols=100)
+        bar = tqdm(
+            todo,
+            disable=not main,
+            desc=f"ws{lm.comm.world_size}",
+            file=sys.stderr,
+            mininterval=5,
+            dynamic_ncols=False,
+            ncols=100,
+        )
         for p, c in bar:
             n, w, g, *b = c
             bar.set_postfix_str(f"q{p['question_id']} {cfg_name(c)}")
-            r = lm.generate(p["ids"], W=w, N=n, G=g, max_new_tokens=spec["max_new_tokens"],
-                            budget=b[0] if b else None)
+            r = lm.generate(p["ids"], W=w, N=n, G=g, max_new_tokens=spec["max_new_tokens"], budget=b[0] if b else None)
             if main:
-                row = {"key": p["key"], "question_id": p["question_id"], "group": p["group"],
-                       "config": cfg_name(c), "N": n, "W": w, "G": g,
-                       "world_size": r.world_size, "output_ids": r.output_ids, "steps": r.steps,
-                       "compression": r.compression, "accepted_per_step": r.accepted_per_step,
-                       "seconds": round(r.seconds, 3), "prefill_seconds": round(r.prefill_seconds, 3)}
+                row = {
+                    "key": p["key"],
+                    "question_id": p["question_id"],
+                    "group": p["group"],
+                    "config": cfg_name(c),
+                    "N": n,
+                    "W": w,
+                    "G": g,
+                    "world_size": r.world_size,
+                    "output_ids": r.output_ids,
+                    "steps": r.steps,
+                    "compression": r.compression,
+                    "accepted_per_step": r.accepted_per_step,
+                    "seconds": round(r.seconds, 3),
+                    "prefill_seconds": round(r.prefill_seconds, 3),
+                }
                 out.write(json.dumps(row) + "\n")
                 out.flush()
     finally:
@@ -168,16 +198,20 @@ def references(prompts: list[dict], max_new: int, model: str, out_dir: Path) -> 
     missing = [p for p in prompts if p["key"] not in cache]
     if missing:
         from tqdm import tqdm
+
         print(f"computing {len(missing)} greedy references (transformers generate, fp32 CPU)", flush=True)
         for p in tqdm(missing, desc="references", file=sys.stderr, mininterval=5, ncols=100):
             x = torch.tensor([p["ids"]], dtype=torch.long)
             t0 = time.perf_counter()
             with torch.no_grad():
-                y = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                                      max_new_tokens=max_new)
-            cache[p["key"]] = {"question_id": p["question_id"], "max_new_tokens": max_new,
-                               "prompt_len": len(p["ids"]), "output_ids": y[0, len(p["ids"]):].tolist(),
-                               "seconds": round(time.perf_counter() - t0, 2)}
+                y = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new)
+            cache[p["key"]] = {
+                "question_id": p["question_id"],
+                "max_new_tokens": max_new,
+                "prompt_len": len(p["ids"]),
+                "output_ids": y[0, len(p["ids"]) :].tolist(),
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
             cache_path.write_text(json.dumps(cache))  # checkpoint after each
     else:
         print(f"all {len(prompts)} references cached in {cache_path}", flush=True)
@@ -191,8 +225,18 @@ def launch(P: int, jobs_path: Path, results_path: Path, args) -> int:
     env["OMP_NUM_THREADS"] = str(threads)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    cmd = [torchrun, "--standalone", "--nproc_per_node", str(P), str(Path(__file__).resolve()),
-           "--worker", "--jobs", str(jobs_path), "--results", str(results_path)]
+    cmd = [
+        torchrun,
+        "--standalone",
+        "--nproc_per_node",
+        str(P),
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--jobs",
+        str(jobs_path),
+        "--results",
+        str(results_path),
+    ]
     if args.resume:
         cmd.append("--resume")
     print(f"\n=== world size {P} (OMP_NUM_THREADS={threads}): {' '.join(cmd)}", flush=True)
@@ -203,7 +247,6 @@ def launch(P: int, jobs_path: Path, results_path: Path, args) -> int:
 
 
 def compare(prompts, cache, configs, world_sizes, rcs, out_dir: Path, max_new: int) -> tuple[dict, list[dict]]:
-    by_key = {p["key"]: p for p in prompts}
     cells, mismatches, missing = {}, [], []
     for P in world_sizes:
         path = out_dir / "raw" / f"ws{P}.jsonl"
@@ -230,29 +273,60 @@ def compare(prompts, cache, configs, world_sizes, rcs, out_dir: Path, max_new: i
                 if d is None:
                     matched += 1
                 else:
-                    mismatches.append({"question_id": p["question_id"], "group": p["group"], "config": name,
-                                       "world_size": P, "first_diff": d,
-                                       "got": r["output_ids"][d:d + 5], "want": ref[d:d + 5],
-                                       "got_len": len(r["output_ids"]), "want_len": len(ref)})
-            cells[f"ws{P}/{name}"] = {"world_size": P, "config": name, "matched": matched, "total": total,
-                                      "expected": len(prompts), "mean_S": (sum(S) / len(S)) if S else None,
-                                      "pooled_S": (toks / steps) if steps else None}
+                    mismatches.append(
+                        {
+                            "question_id": p["question_id"],
+                            "group": p["group"],
+                            "config": name,
+                            "world_size": P,
+                            "first_diff": d,
+                            "got": r["output_ids"][d : d + 5],
+                            "want": ref[d : d + 5],
+                            "got_len": len(r["output_ids"]),
+                            "want_len": len(ref),
+                        }
+                    )
+            cells[f"ws{P}/{name}"] = {
+                "world_size": P,
+                "config": name,
+                "matched": matched,
+                "total": total,
+                "expected": len(prompts),
+                "mean_S": (sum(S) / len(S)) if S else None,
+                "pooled_S": (toks / steps) if steps else None,
+            }
     summary = {
         "ok": not mismatches and not missing and all(rc == 0 for rc in rcs.values()),
-        "prompts": [{"question_id": p["question_id"], "group": p["group"], "prompt_len": len(p["ids"]),
-                     "ref_len": len(cache[p["key"]]["output_ids"])} for p in prompts],
-        "max_new_tokens": max_new, "configs": [cfg_name(c) for c in configs],
-        "world_sizes": world_sizes, "exit_codes": {str(k): v for k, v in rcs.items()},
-        "cells": cells, "mismatches": mismatches, "missing": missing[:50], "n_missing": len(missing),
+        "prompts": [
+            {
+                "question_id": p["question_id"],
+                "group": p["group"],
+                "prompt_len": len(p["ids"]),
+                "ref_len": len(cache[p["key"]]["output_ids"]),
+            }
+            for p in prompts
+        ],
+        "max_new_tokens": max_new,
+        "configs": [cfg_name(c) for c in configs],
+        "world_sizes": world_sizes,
+        "exit_codes": {str(k): v for k, v in rcs.items()},
+        "cells": cells,
+        "mismatches": mismatches,
+        "missing": missing[:50],
+        "n_missing": len(missing),
     }
     return summary, mismatches
 
 
 def table(summary: dict) -> str:
     cfgs = summary["configs"]
-    lines = [f"Exactness vs transformers greedy `generate` ({len(summary['prompts'])} Spec-Bench prompts, "
-             f"{summary['max_new_tokens']} new tokens, SmolLM2-135M fp32 CPU). Cell: matched/total, mean S.",
-             "", "| world size | " + " | ".join(cfgs) + " |", "|---|" + "---|" * len(cfgs)]
+    lines = [
+        f"Exactness vs transformers greedy `generate` ({len(summary['prompts'])} Spec-Bench prompts, "
+        f"{summary['max_new_tokens']} new tokens, SmolLM2-135M fp32 CPU). Cell: matched/total, mean S.",
+        "",
+        "| world size | " + " | ".join(cfgs) + " |",
+        "|---|" + "---|" * len(cfgs),
+    ]
     for P in summary["world_sizes"]:
         cells = []
         for c in cfgs:
@@ -263,16 +337,25 @@ def table(summary: dict) -> str:
         rc = summary["exit_codes"].get(str(P))
         lines.append(f"| {P}{'' if rc in (0, None) else f' (exit {rc})'} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Config names are N (n-gram size), W (window), G (max verification n-grams); "
-                 "S = generated tokens / decoding steps (hardware independent).")
-    lines.append(f"Overall: {'ALL MATCH' if summary['ok'] else 'FAIL'}"
-                 f" ({len(summary['mismatches'])} mismatches, {summary['n_missing']} missing).")
+    lines.append(
+        "Config names are N (n-gram size), W (window), G (max verification n-grams); "
+        "S = generated tokens / decoding steps (hardware independent)."
+    )
+    lines.append(
+        f"Overall: {'ALL MATCH' if summary['ok'] else 'FAIL'}"
+        f" ({len(summary['mismatches'])} mismatches, {summary['n_missing']} missing)."
+    )
     if summary["mismatches"]:
-        lines += ["", "| question_id | group | config | world size | first differing position | got | want |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| question_id | group | config | world size | first differing position | got | want |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for m in summary["mismatches"]:
-            lines.append(f"| {m['question_id']} | {m['group']} | {m['config']} | {m['world_size']} | "
-                         f"{m['first_diff']} | {m['got']} | {m['want']} |")
+            lines.append(
+                f"| {m['question_id']} | {m['group']} | {m['config']} | {m['world_size']} | "
+                f"{m['first_diff']} | {m['got']} | {m['want']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -290,8 +373,12 @@ def snapshot_lp(out_dir: Path) -> dict:
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
     sys.path.insert(0, str(dst))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(dst), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {"path": str(dst), "git_head": git("rev-parse", "HEAD"),
-            "dirty": git("status", "--short", "--", "lp").splitlines(), "sha1": digest.hexdigest()[:16]}
+    return {
+        "path": str(dst),
+        "git_head": git("rev-parse", "HEAD"),
+        "dirty": git("status", "--short", "--", "lp").splitlines(),
+        "sha1": digest.hexdigest()[:16],
+    }
 
 
 def report_only(args) -> int:
@@ -322,14 +409,24 @@ def orchestrate(args) -> int:
     world_sizes = [int(x) for x in args.world_sizes.split(",")]
     prompts = pick_prompts(args.prompts)
     names = ", ".join(f"q{p['question_id']}/{p['group']}" for p in prompts)
-    print(f"{len(prompts)} prompts ({names}), "
-          f"{len(configs)} configs, world sizes {world_sizes}, max_new_tokens {args.max_new_tokens}", flush=True)
+    print(
+        f"{len(prompts)} prompts ({names}), "
+        f"{len(configs)} configs, world sizes {world_sizes}, max_new_tokens {args.max_new_tokens}",
+        flush=True,
+    )
     prompts, cache = references(prompts, args.max_new_tokens, args.model, out_dir)
     jobs_path = out_dir / "jobs.json"
-    jobs_path.write_text(json.dumps({"model": args.model, "max_new_tokens": args.max_new_tokens,
-                                     "timeout_s": args.timeout_s, "configs": configs,
-                                     "prompts": [{k: p[k] for k in ("key", "question_id", "group", "ids")}
-                                                 for p in prompts]}))
+    jobs_path.write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "max_new_tokens": args.max_new_tokens,
+                "timeout_s": args.timeout_s,
+                "configs": configs,
+                "prompts": [{k: p[k] for k in ("key", "question_id", "group", "ids")} for p in prompts],
+            }
+        )
+    )
     rcs = {}
     t0 = time.perf_counter()
     for P in world_sizes:
@@ -344,13 +441,19 @@ def orchestrate(args) -> int:
     if summary["mismatches"]:
         print("MISMATCHES:", file=sys.stderr)
         for m in summary["mismatches"]:
-            print(f"  q{m['question_id']} ({m['group']}) {m['config']} ws{m['world_size']}: first diff at "
-                  f"{m['first_diff']} got {m['got']} want {m['want']}", file=sys.stderr)
+            print(
+                f"  q{m['question_id']} ({m['group']}) {m['config']} ws{m['world_size']}: first diff at "
+                f"{m['first_diff']} got {m['got']} want {m['want']}",
+                file=sys.stderr,
+            )
     if summary["n_missing"]:
-        print(f"{summary['n_missing']} results missing (failed world sizes: "
-              f"{[P for P, rc in rcs.items() if rc]})", file=sys.stderr)
-    print(f"wrote {out_dir / 'table.md'} and {out_dir / 'summary.json'}: "
-          f"{'OK' if summary['ok'] else 'FAIL'}", flush=True)
+        print(
+            f"{summary['n_missing']} results missing (failed world sizes: {[P for P, rc in rcs.items() if rc]})",
+            file=sys.stderr,
+        )
+    print(
+        f"wrote {out_dir / 'table.md'} and {out_dir / 'summary.json'}: {'OK' if summary['ok'] else 'FAIL'}", flush=True
+    )
     return 0 if summary["ok"] else 1
 
 
@@ -359,17 +462,26 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--world-sizes", default="1,2,3,4")
-    ap.add_argument("--configs", default="2:5:5,3:3:3,5:7:7,5:15:15,3:5:0", help="N:W:G or N:W:G:B (B: verification budget, tokens),...")
+    ap.add_argument(
+        "--configs",
+        default="2:5:5,3:3:3,5:7:7,5:15:15,3:5:0",
+        help="N:W:G or N:W:G:B (B: verification budget, tokens),...",
+    )
     ap.add_argument("--out", default=None, help="default results/exactness (results/exactness_quick with --quick)")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="threads per rank = max(1, cores // P)")
     ap.add_argument("--threads", type=int, default=0, help="force OMP_NUM_THREADS per rank")
     ap.add_argument("--timeout-s", type=float, default=900, help="collective timeout per step")
     ap.add_argument("--resume", action="store_true", help="keep results already in OUT/raw/ws*.jsonl")
-    ap.add_argument("--no-snapshot", dest="snapshot", action="store_false",
-                    help="test the live lp/ (default: a frozen copy, see snapshot_lp)")
-    ap.add_argument("--report-only", action="store_true",
-                    help="only rebuild a progress table from OUT/raw (while a run is going)")
+    ap.add_argument(
+        "--no-snapshot",
+        dest="snapshot",
+        action="store_false",
+        help="test the live lp/ (default: a frozen copy, see snapshot_lp)",
+    )
+    ap.add_argument(
+        "--report-only", action="store_true", help="only rebuild a progress table from OUT/raw (while a run is going)"
+    )
     ap.add_argument("--quick", action="store_true", help="the CI slice: " + str(QUICK))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--jobs", help=argparse.SUPPRESS)

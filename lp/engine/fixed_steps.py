@@ -4,14 +4,15 @@ At batch 1 a step's forward is hundreds of small kernels, and on a GPU their lau
 large share of the step. A CUDA graph replays them all with one launch, but only for fixed
 shapes and fixed buffers. So a step is padded to a bucket size S; its inputs are copied into
 the bucket's static buffers; its KV goes to the cache slots that the device-held committed
-length names (lp/kv.py); and its attention reads the whole cache under a mask made on the
-device from that length (lp/attention.py). Nothing captured depends on a host value, and the
+length names (lp/engine/kv.py); and its attention reads the whole cache under a mask made on the
+device from that length (lp/engine/attention.py). Nothing captured depends on a host value, and the
 cache never moves, so each bucket is compiled and captured once per process and replayed for
 every later step of every prompt. Pad tokens see only themselves; their KV lands after the
 step's and is overwritten like any speculative token's.
 
 Without CUDA the same fixed-shape steps run eagerly, which is how they are tested on CPU.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lp.attention import FlexMask
-from lp.forward import Forward, StepInputs
-from lp.kv import KVCache
+from lp.engine.attention import FlexMask
+from lp.engine.forward import Forward, StepInputs
+from lp.engine.kv import KVCache
 from lp.lookahead.mask import StepLayout
 from lp.models import cache_dir
 
@@ -57,13 +58,13 @@ class DeviceLayout:
     def tree_depth(self) -> torch.Tensor:
         """`[n]` the tree nodes' depths (1: x0's children); they are the last real tokens."""
         n, T = self.parents.shape[0], self.size
-        return self.depth[T - n:T]
+        return self.depth[T - n : T]
 
     @property
     def tree_ancestors(self) -> torch.Tensor:
         """`[n, n]` bool: `[i, j]` iff node j is node i or one of its ancestors."""
         n, T = self.parents.shape[0], self.size
-        return self.block[T - n:T, T - n:T]
+        return self.block[T - n : T, T - n : T]
 
 
 def device_layout(layout: StepLayout, device: torch.device, fixed: bool, packed: bool | None = None) -> DeviceLayout:
@@ -89,14 +90,15 @@ def device_layout(layout: StepLayout, device: torch.device, fixed: bool, packed:
     # the int64 arrays after the mask's S*S bytes, padded to a multiple of 8 (aligned views)
     head = -(-S * S // 8) * 8
     buffer = np.zeros(head + 8 * (len(depth) + len(rows) + len(parents)), dtype=np.uint8)
-    buffer[:S * S] = block.ravel().view(np.uint8)
+    buffer[: S * S] = block.ravel().view(np.uint8)
     buffer[head:] = np.concatenate([depth, rows, parents]).view(np.uint8)
     host = torch.from_numpy(buffer)
     pinned = device.type == "cuda"  # a pageable host-to-device copy would wait for the device
     buf = (host.pin_memory() if pinned else host).to(device, non_blocking=pinned)
     values = buf[head:].view(torch.int64)
-    return DeviceLayout(buf[:S * S].view(torch.bool).view(S, S), values[:S], values[S:S + len(rows)],
-                        values[S + len(rows):], T, R)
+    return DeviceLayout(
+        buf[: S * S].view(torch.bool).view(S, S), values[:S], values[S : S + len(rows)], values[S + len(rows) :], T, R
+    )
 
 
 class _Bucket:
@@ -107,7 +109,9 @@ class _Bucket:
         self.inputs = StepInputs(
             ids=torch.zeros(S, dtype=torch.long, device=device),
             positions=torch.zeros(S, dtype=torch.long, device=device),
-            block=block, rows=torch.zeros(S, dtype=torch.long, device=device), extent=kv.capacity,
+            block=block,
+            rows=torch.zeros(S, dtype=torch.long, device=device),
+            extent=kv.capacity,
             flex=FlexMask(kv.start, block, kv.capacity) if flex else None,
         )
         self.layout: DeviceLayout | None = None  # the layout whose block and rows are loaded
@@ -164,8 +168,8 @@ class FixedSteps:
         if x.flex is not None:
             x.flex.update(self.kv.length)
         if not self.capture:
-            return self.run(x)[:layout.n_rows]
+            return self.run(x)[: layout.n_rows]
         if b.graph is None:
             self._capture(b)
         b.graph.replay()
-        return b.logits[:layout.n_rows]
+        return b.logits[: layout.n_rows]

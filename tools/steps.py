@@ -3,7 +3,7 @@
 Step latency against step tokens, lp `mode=ar` against transformers `generate`, and the
 weight-read floor.
 
-    python -m lp.bench.steps arch=llama-7b [key=value ...]      (--help lists every key)
+    python -m tools.steps arch=llama-7b [key=value ...]      (--help lists every key)
 
 Weights are random, so every number here is a timing and nothing else: the outputs of a random
 model mean nothing, and S (tokens per step) never comes from this tool; it depends on a trained
@@ -11,7 +11,7 @@ model and real text, not on the hardware. What it measures:
 
 - step latency (median, p10, p90 over `reps`) of one lp forward of a causal block of T tokens
   after a `prompt_len`-token prefill, for every T of `tokens`, and of the lookahead step shapes
-  of `W=auto`'s ladder (lp/auto.py), labelled with their (W, N, G);
+  of `W=auto`'s ladder (lp/decode/auto.py), labelled with their (W, N, G);
 - decoding tokens/s of lp `mode=ar`, transformers' eager `generate(do_sample=False)` and
   `generate(cache_implementation="static")` on the same model and prompt, `new_tokens` each
   (eos never stops them), medians of `runs` runs after one warm-up of each, interleaved;
@@ -23,6 +23,7 @@ model and real text, not on the hardware. What it measures:
 
 Writes OUT/steps.json, OUT/steps.md and OUT/steps.png, and prints the markdown.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lp.auto import LADDER
 from lp.bench import metrics
 from lp.bench.report import clean
+from lp.decode.auto import LADDER
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.models import cache_dir
@@ -60,19 +61,65 @@ class Arch:
 
 
 ARCHS: dict[str, Arch] = {
-    "tiny": Arch("llama", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                               intermediate_size=128, vocab_size=256, max_position_embeddings=4096,
-                               initializer_range=0.05), 4096),  # context: long Spec-Bench prompts (project)
-    "llama-7b": Arch("llama", dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                                   num_key_value_heads=32, intermediate_size=11008, vocab_size=32000,
-                                   max_position_embeddings=4096, rms_norm_eps=1e-5), 4096),
-    "llama3-8b": Arch("llama", dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                                    num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
-                                    max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5), 8192),
+    "tiny": Arch(
+        "llama",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=256,
+            max_position_embeddings=4096,
+            initializer_range=0.05,
+        ),
+        4096,
+    ),  # context: long Spec-Bench prompts (project)
+    "llama-7b": Arch(
+        "llama",
+        dict(
+            hidden_size=4096,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            intermediate_size=11008,
+            vocab_size=32000,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+        ),
+        4096,
+    ),
+    "llama3-8b": Arch(
+        "llama",
+        dict(
+            hidden_size=4096,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            intermediate_size=14336,
+            vocab_size=128256,
+            max_position_embeddings=8192,
+            rope_theta=500000.0,
+            rms_norm_eps=1e-5,
+        ),
+        8192,
+    ),
     # Context 32768, but lp's cache here holds 4096 tokens at most (plenty for a timing run).
-    "qwen2.5-7b": Arch("qwen2", dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
-                                     num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,
-                                     max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6), 4096),
+    "qwen2.5-7b": Arch(
+        "qwen2",
+        dict(
+            hidden_size=3584,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            intermediate_size=18944,
+            vocab_size=152064,
+            max_position_embeddings=32768,
+            rope_theta=1e6,
+            rms_norm_eps=1e-6,
+        ),
+        4096,
+    ),
 }
 
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 120, 128, 240, 256, 480, 512)
@@ -92,8 +139,11 @@ class Engine:
     def validate_engine(self) -> None:
         if self.arch not in ARCHS:
             raise LPError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
-        for key, allowed in (("device", ("auto", "cpu", "cuda")), ("dtype", ("auto", "float32", "bfloat16", "float16")),
-                             ("graphs", ("auto", "true", "false"))):
+        for key, allowed in (
+            ("device", ("auto", "cpu", "cuda")),
+            ("dtype", ("auto", "float32", "bfloat16", "float16")),
+            ("graphs", ("auto", "true", "false")),
+        ):
             if getattr(self, key) not in allowed:
                 raise LPError(f"{key} must be one of {'|'.join(allowed)}, got {getattr(self, key)!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -107,7 +157,7 @@ class Engine:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        from lp.runtime import DTYPES
+        from lp.frontend.runtime import DTYPES
 
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
@@ -137,16 +187,24 @@ class Settings(Engine):
     copy_mib: int = 0
     out: str = ""
 
-    def validate(self) -> "Settings":
+    def validate(self) -> Settings:
         self.validate_engine()
-        for key, low in (("prompt_len", 1), ("reps", 1), ("warmup", 0), ("new_tokens", 2), ("runs", 1),
-                         ("copy_mib", 0)):
+        for key, low in (
+            ("prompt_len", 1),
+            ("reps", 1),
+            ("warmup", 0),
+            ("new_tokens", 2),
+            ("runs", 1),
+            ("copy_mib", 0),
+        ):
             if getattr(self, key) < low:
                 raise LPError(f"{key} must be >= {low}, got {getattr(self, key)}")
         if not self.tokens or min(self.tokens) < 1:
             raise LPError(f"tokens must be step sizes >= 1, got {self.tokens}")
         if self.prompt_len + self.new_tokens > ARCHS[self.arch].max_context:
-            raise LPError(f"prompt_len + new_tokens exceeds {self.arch}'s context here ({ARCHS[self.arch].max_context})")
+            raise LPError(
+                f"prompt_len + new_tokens exceeds {self.arch}'s context here ({ARCHS[self.arch].max_context})"
+            )
         return self
 
 
@@ -170,7 +228,7 @@ HELP = {
 
 def parse(argv: list[str]) -> Settings:
     """Settings from `key=value` arguments (`--help` prints every key)."""
-    return parse_keys(argv, Settings, HELP, "python -m lp.bench.steps", __doc__.splitlines()[0])
+    return parse_keys(argv, Settings, HELP, "python -m tools.steps", __doc__.splitlines()[0])
 
 
 def parse_keys(argv: list[str], cls: type, help: dict[str, str], prog: str, description: str):
@@ -179,8 +237,9 @@ def parse_keys(argv: list[str], cls: type, help: dict[str, str], prog: str, desc
     fields = dataclasses.fields(cls)
     width = max(len(f.name) for f in fields) + 1
     epilog = "keys:\n" + "\n".join(f"  {f.name:<{width}} {help[f.name]}" for f in fields)
-    ap = argparse.ArgumentParser(prog=prog, description=description,
-                                 epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("settings", nargs="*", metavar="key=value")
     types = {f.name: f.type for f in fields}
     values: dict = {}
@@ -270,7 +329,7 @@ def copy_bandwidth(device: torch.device, mib: int, reps: int) -> float:
 
 def _progress(message: str) -> None:
     """One line per measurement on stderr: a run cut off by a time limit still leaves them."""
-    print(f"lp.bench.steps: {message}", file=sys.stderr, flush=True)
+    print(f"tools.steps: {message}", file=sys.stderr, flush=True)
 
 
 def _percentiles(seconds: list[float]) -> dict:
@@ -281,10 +340,8 @@ def _percentiles(seconds: list[float]) -> dict:
 def step_shapes(tokens: list[int]) -> list[tuple[dict, StepLayout]]:
     """(label, layout) of every timed step: causal blocks of T tokens (logits for one row, as
     W=auto's calibration), then the real lookahead steps of the ladder (all G candidates)."""
-    shapes = [({"kind": "causal", "W": None, "N": None, "G": None}, step_layout(T, 1, 2, range(0), 0))
-              for T in tokens]
-    shapes += [({"kind": "ladder", "W": W, "N": N, "G": G}, step_layout(1, W, N, range(W), G))
-               for W, N, G in LADDER]
+    shapes = [({"kind": "causal", "W": None, "N": None, "G": None}, step_layout(T, 1, 2, range(0), 0)) for T in tokens]
+    shapes += [({"kind": "ladder", "W": W, "N": N, "G": G}, step_layout(1, W, N, range(W), G)) for W, N, G in LADDER]
     return shapes
 
 
@@ -300,7 +357,12 @@ def step_latencies(worker, prompt: torch.Tensor, cfg: Settings, vocab: int) -> l
     for label, layout in shapes:
         ids = torch.randint(0, vocab, (layout.size,), generator=gen).to(worker.device)
         x0 = len(prompt) + layout.m - 1  # the last pending token's position
-        seconds = timed(lambda: worker.step(ids, layout, x0).argmax().item(), worker.device, cfg.reps, cfg.warmup)
+        seconds = timed(
+            lambda ids=ids, layout=layout, x0=x0: worker.step(ids, layout, x0).argmax().item(),
+            worker.device,
+            cfg.reps,
+            cfg.warmup,
+        )
         rows.append({**label, "tokens": layout.size, **_percentiles(seconds)})
         _progress(f"{label['kind']} step, {layout.size} tokens: {rows[-1]['median_ms']:.3f} ms")
     one = next((r["median_ms"] for r in rows if r["tokens"] == 1), None)
@@ -318,7 +380,7 @@ def decode_rates(model: torch.nn.Module, worker, prompt: list[int], cfg: Setting
     from lp.bench.decoders import HFGenerate
     from lp.collective import Collective
     from lp.config import DecodeConfig
-    from lp.decoder import Decoder
+    from lp.decode.loop import Decoder
 
     n = cfg.new_tokens
     lp = Decoder(worker, Collective(device=worker.device), set(), ARCHS[cfg.arch].max_context)
@@ -334,6 +396,7 @@ def decode_rates(model: torch.nn.Module, worker, prompt: list[int], cfg: Setting
         def go() -> tuple[list[int], float]:
             o = d.generate(prompt, n)
             return o.output_ids, metrics.tokens_per_s(len(o.output_ids) - 1, o.seconds)
+
         return go
 
     runners = {"lp_ar": run_lp, "hf_eager": run_hf(eager), "hf_static": run_hf(static)}
@@ -346,10 +409,15 @@ def decode_rates(model: torch.nn.Module, worker, prompt: list[int], cfg: Setting
             outputs[name], rate = go()
             rates[name].append(rate)
             _progress(f"{name}: {rate:.1f} tok/s")
-    return {name: {"tok_s": statistics.median(r), "tok_s_runs": r, "new_tokens": len(outputs[name])}
-            for name, r in rates.items()} | {
-        "outputs_identical": {"lp_ar_vs_hf_eager": outputs["lp_ar"] == outputs["hf_eager"],
-                              "hf_static_vs_hf_eager": outputs["hf_static"] == outputs["hf_eager"]}}
+    return {
+        name: {"tok_s": statistics.median(r), "tok_s_runs": r, "new_tokens": len(outputs[name])}
+        for name, r in rates.items()
+    } | {
+        "outputs_identical": {
+            "lp_ar_vs_hf_eager": outputs["lp_ar"] == outputs["hf_eager"],
+            "hf_static_vs_hf_eager": outputs["hf_static"] == outputs["hf_eager"],
+        }
+    }
 
 
 # ----------------------------------------------------------------------------------- run
@@ -372,7 +440,7 @@ def run(cfg: Settings) -> dict:
     floor_tok_s = bandwidth / read
     lp_tok_s = decode["lp_ar"]["tok_s"]
     return {
-        "tool": "lp.bench.steps",
+        "tool": "tools.steps",
         "weights": RANDOM_WEIGHTS,
         "arch": cfg.arch,
         "config": ARCHS[cfg.arch].config | {"family": ARCHS[cfg.arch].family},
@@ -429,8 +497,10 @@ def markdown(r: dict) -> str:
     ]
     for s in r["steps"]:
         shape = f"{s['W']},{s['N']},{s['G']}" if s["kind"] == "ladder" else ""
-        lines.append(f"| {s['kind']} | {shape} | {s['tokens']} | {s['median_ms']:.3f} | {s['p10_ms']:.3f} | "
-                     f"{s['p90_ms']:.3f} | {_opt(s['relative'], '.2f')} |")
+        lines.append(
+            f"| {s['kind']} | {shape} | {s['tokens']} | {s['median_ms']:.3f} | {s['p10_ms']:.3f} | "
+            f"{s['p90_ms']:.3f} | {_opt(s['relative'], '.2f')} |"
+        )
     n = r["settings"]["new_tokens"]
     lines += [
         "",
@@ -440,8 +510,11 @@ def markdown(r: dict) -> str:
         "| decoder | tok/s | runs |",
         "|---|---|---|",
     ]
-    names = {"lp_ar": "lp `mode=ar`", "hf_eager": "transformers `generate` (eager)",
-             "hf_static": "transformers `generate` (static cache)"}
+    names = {
+        "lp_ar": "lp `mode=ar`",
+        "hf_eager": "transformers `generate` (eager)",
+        "hf_static": "transformers `generate` (static cache)",
+    }
     for key, name in names.items():
         lines.append(f"| {name} | {d[key]['tok_s']:.1f} | {', '.join(f'{x:.1f}' for x in d[key]['tok_s_runs'])} |")
     ratios = r["ratios"]
@@ -471,25 +544,45 @@ def plot(r: dict, path: Path) -> Path:
     xs = [s["tokens"] for s in causal]
     ax.plot(xs, [s["median_ms"] for s in causal], marker="o", label="causal block of T tokens (median)")
     ax.fill_between(xs, [s["p10_ms"] for s in causal], [s["p90_ms"] for s in causal], alpha=0.25, label="p10-p90")
-    ax.scatter([s["tokens"] for s in ladder], [s["median_ms"] for s in ladder], marker="D", color="C3",
-               label="W=auto ladder step (W,N,G)", zorder=3)
+    ax.scatter(
+        [s["tokens"] for s in ladder],
+        [s["median_ms"] for s in ladder],
+        marker="D",
+        color="C3",
+        label="W=auto ladder step (W,N,G)",
+        zorder=3,
+    )
     for s in ladder:
-        ax.annotate(f"{s['W']},{s['N']},{s['G']}", (s["tokens"], s["median_ms"]), fontsize=7,
-                    xytext=(3, -9), textcoords="offset points")
-    ax.axhline(1e3 * r["floor"]["seconds_per_token"], color="grey", ls="--", lw=0.8,
-               label="weight-read floor (weights / copy bandwidth)")
+        ax.annotate(
+            f"{s['W']},{s['N']},{s['G']}",
+            (s["tokens"], s["median_ms"]),
+            fontsize=7,
+            xytext=(3, -9),
+            textcoords="offset points",
+        )
+    ax.axhline(
+        1e3 * r["floor"]["seconds_per_token"],
+        color="grey",
+        ls="--",
+        lw=0.8,
+        label="weight-read floor (weights / copy bandwidth)",
+    )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("step tokens")
     ax.set_ylabel("step latency (ms)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    ax.set_title(f"{r['arch']} {r['dtype']} on {r['device_name']}\nrandom weights, timing only; "
-                 f"torch {r['torch']}, transformers {r['transformers']}", fontsize=9)
+    ax.set_title(
+        f"{r['arch']} {r['dtype']} on {r['device_name']}\nrandom weights, timing only; "
+        f"torch {r['torch']}, transformers {r['transformers']}",
+        fontsize=9,
+    )
     return _save(plt, fig, path)
 
 
-def write(r: dict, out: Path, stem: str, markdown: Callable[[dict], str],
-          plot: Callable[[dict, Path], Path]) -> list[Path]:
+def write(
+    r: dict, out: Path, stem: str, markdown: Callable[[dict], str], plot: Callable[[dict, Path], Path]
+) -> list[Path]:
     """OUT/STEM.json, .md and .png of one tool's results."""
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(clean(r), indent=1, allow_nan=False) + "\n")
@@ -497,8 +590,14 @@ def write(r: dict, out: Path, stem: str, markdown: Callable[[dict], str],
     return [out / f"{stem}.json", out / f"{stem}.md", plot(r, out / f"{stem}.png")]
 
 
-def tool_main(name: str, argv: list[str], parse: Callable, run: Callable[..., dict], markdown: Callable[[dict], str],
-              plot: Callable[[dict, Path], Path]) -> int:
+def tool_main(
+    name: str,
+    argv: list[str],
+    parse: Callable,
+    run: Callable[..., dict],
+    markdown: Callable[[dict], str],
+    plot: Callable[[dict, Path], Path],
+) -> int:
     """The command line of a timing tool (`python -m lp.bench.NAME`): parse, run, write the results
     under `out` (default $LP_CACHE/bench/NAME/ARCH-DEVICE-DTYPE-TIME), print the markdown; an
     LPError is one `lp: error:` line."""
@@ -510,8 +609,11 @@ def tool_main(name: str, argv: list[str], parse: Callable, run: Callable[..., di
         r = run(cfg)
     except LPError as e:
         sys.exit(f"lp: error: {e}")
-    out = Path(cfg.out) if cfg.out else cache_dir() / "bench" / name / (
-        f"{cfg.arch}-{r['device']}-{r['dtype']}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = (
+        Path(cfg.out)
+        if cfg.out
+        else cache_dir() / "bench" / name / (f"{cfg.arch}-{r['device']}-{r['dtype']}-{time.strftime('%Y%m%d-%H%M%S')}")
+    )
     paths = write(r, out, name, markdown, plot)
     print(markdown(r))
     print(f"lp.bench.{name}: results in {', '.join(map(str, paths))}", file=sys.stderr)

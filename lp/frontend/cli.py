@@ -3,6 +3,7 @@ rendered from the yaml files' comments, and one `lp: error:` line for every bad 
 
 The yaml files in configs/ are the single source of truth for the keys: their defaults are
 the config, and their comments are the help (`hydra.help.template: ${lp_help:NAME}`)."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from lp.errors import LPError
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ERROR_EXIT = 2  # lp rejected the input or the run (Python's own crashes exit 1)
 HELP_WIDTH = 24  # the KEY=DEFAULT column of --help
 RANK_GRACE_S = 3.0  # a non-zero rank waits this long before exiting on an error (see fail())
@@ -145,8 +146,16 @@ def launch(module: str, nproc: int, argv: list[str]) -> int:
     last one; a crash keeps torchrun's whole report."""
     if nproc < 1:
         fail(f"nproc must be an integer >= 1, got {nproc}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", module, *argv]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        module,
+        *argv,
+    ]
     env = {"OMP_NUM_THREADS": "1", **os.environ}  # torchrun's own default, without its banner
     error = None
     with subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, bufsize=1, env=env) as p:
@@ -165,6 +174,7 @@ def entry(config_name: str, task: Callable[[DictConfig], None]) -> Callable[[], 
     """The `main()` of a CLI: hydra composes configs/CONFIG_NAME.yaml with the command line
     and calls `task`; an LPError from it, or a hydra or omegaconf error about the command line,
     ends the process through `fail`."""
+
     def job(cfg: DictConfig) -> None:
         try:
             task(cfg)

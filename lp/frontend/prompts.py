@@ -1,5 +1,6 @@
 """Reading prompts: one string, or a JSONL file whose lines hold `prompt`, or `turns` whose
 first item is used (MT-Bench / Spec-Bench format)."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 Lookahead Parallelism. World size 1 and P run this same code; per step each rank runs one
 forward over its share, then one all-gather merges the results, so window, pool and output
 stay identical on all ranks."""
+
 from __future__ import annotations
 
 import gc
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lp import throughput
 from lp.collective import Collective
 from lp.config import DecodeConfig
+from lp.decode import throughput
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool, step_layout
 from lp.lookahead.drafts import TextIndex
@@ -33,7 +34,7 @@ _CHECK_MOD = 2**31 - 1
 
 @dataclass(frozen=True)
 class Generation:
-    """One sequence's result: the record every decoder returns (lp.runtime.Result and the
+    """One sequence's result: the record every decoder returns (lp.frontend.runtime.Result and the
     benchmark's rows extend it), its figures computed here once. `prefill_seconds` is the
     prompt's prefill, with the host's indexing of the prompt for drafts (which a GPU's prefill
     hides); `seconds` the decode time after it; `accepted_per_step` the tokens committed by each step, `step_tokens`
@@ -80,8 +81,9 @@ def _drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[tuple[i
     return list(dict.fromkeys(ranked))
 
 
-def _tree(cfg: DecodeConfig, budget: int, pool: NGramPool, text: TextIndex,
-          successors: SuccessorTable | None) -> DraftTree:
+def _tree(
+    cfg: DecodeConfig, budget: int, pool: NGramPool, text: TextIndex, successors: SuccessorTable | None
+) -> DraftTree:
     """The step's verification tree: `_drafts`, then the likeliest paths through the
     successor table, within `budget` nodes (without sharing: the paths to its leaves)."""
     builder = TreeBuilder(budget, cfg.tree)
@@ -118,18 +120,20 @@ class StepPlan:
         return self.plans[self.rank]
 
 
-def rank_share(m: int, tree: DraftTree, W: int, N: int, P: int,
-               rank: int) -> tuple[tuple[RankPlan, ...], DraftTree, StepLayout]:
+def rank_share(
+    m: int, tree: DraftTree, W: int, N: int, P: int, rank: int
+) -> tuple[tuple[RankPlan, ...], DraftTree, StepLayout]:
     """A step with `m` pending tokens split over P ranks: every rank's plan, then rank `rank`'s
-    subtrees and layout (what lp.bench.project replays for each rank)."""
+    subtrees and layout (what tools.project replays for each rank)."""
     plans = partition(W, N, tree.size, P, tree.groups(), width=1)
     plan = plans[rank]
     mine = tree.slice(plan.candidates.start, plan.candidates.stop)
     return plans, mine, step_layout(m, W, N, plan.columns, mine.parents)
 
 
-def plan_step(pending: list[int], window: JacobiWindow | None, tree: DraftTree, W: int, N: int, P: int,
-              rank: int) -> StepPlan:
+def plan_step(
+    pending: list[int], window: JacobiWindow | None, tree: DraftTree, W: int, N: int, P: int, rank: int
+) -> StepPlan:
     """Split the step over P ranks and lay out rank `rank`'s forward: the pending tokens (x0
     last), its window columns with their row-0 prefix, then its verification subtrees."""
     plans, mine, layout = rank_share(len(pending), tree, W, N, P, rank)
@@ -179,8 +183,9 @@ class StepObserver:
 class Decoder:
     """Decodes with one Worker per rank; all ranks call `generate` with the same arguments."""
 
-    def __init__(self, worker: Worker, collective: Collective, eos_ids: set[int], max_context: int,
-                 ahead: bool | None = None) -> None:
+    def __init__(
+        self, worker: Worker, collective: Collective, eos_ids: set[int], max_context: int, ahead: bool | None = None
+    ) -> None:
         """`ahead`: run greedy `mode=ar` one step ahead of the host (`_decode_ahead`); None: where
         the device runs asynchronously to the host (CUDA) and the all-gather does not wait for
         it (not over gloo through host memory). Elsewhere it would only add a step."""
@@ -193,12 +198,14 @@ class Decoder:
     def _handshake(self, prompt: list[int], cfg: DecodeConfig) -> None:
         """Refuse to decode unless every rank got the same prompt and settings (one all-gather
         per sequence, so a mismatch is an error rather than a garbled or hung step)."""
-        mine = torch.tensor([_fingerprint(cfg), _fingerprint(prompt), self.comm.world_size],
-                            dtype=torch.long, device=self.worker.device)
+        mine = torch.tensor(
+            [_fingerprint(cfg), _fingerprint(prompt), self.comm.world_size], dtype=torch.long, device=self.worker.device
+        )
         seen = self.comm.all_gather(mine).cpu()
         if (seen != seen[0]).any():
-            raise LPError(f"rank mismatch: ranks were given different prompts or settings "
-                          f"(fingerprints {seen[:, :2].tolist()})")
+            raise LPError(
+                f"rank mismatch: ranks were given different prompts or settings (fingerprints {seen[:, :2].tolist()})"
+            )
 
     def _successor_table(self, k: int) -> SuccessorTable | None:
         """An empty successor table of k tokens per row (None for k = 0)."""
@@ -206,8 +213,15 @@ class Decoder:
             raise LPError(f"recycle={k} is more than the model's {self.worker.vocab_size} tokens")
         return SuccessorTable(k) if k else None
 
-    def generate(self, prompt_ids: list[int], cfg: DecodeConfig, stream: int = 0, *,
-                 verifier: Verifier | None = None, observer: StepObserver | None = None) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        cfg: DecodeConfig,
+        stream: int = 0,
+        *,
+        verifier: Verifier | None = None,
+        observer: StepObserver | None = None,
+    ) -> Generation:
         """Decode one prompt. With `cfg.temperature > 0`, `stream` selects the random stream
         (with `cfg.seed`), so several prompts of one run draw independent samples. `verifier`:
         the acceptance rule (default: greedy, or sampling with cfg's settings); `observer`:
@@ -219,15 +233,23 @@ class Decoder:
         with collector_paused():
             return self._generate(prompt_ids, cfg, stream, verifier, observer)
 
-    def _generate(self, prompt_ids: list[int], cfg: DecodeConfig, stream: int, verifier: Verifier | None,
-                  observer: StepObserver | None) -> Generation:
+    def _generate(
+        self,
+        prompt_ids: list[int],
+        cfg: DecodeConfig,
+        stream: int,
+        verifier: Verifier | None,
+        observer: StepObserver | None,
+    ) -> Generation:
         cfg.validate()
         if not prompt_ids:
             raise LPError("empty prompt")
         L = len(prompt_ids)
         if L + cfg.max_new_tokens > self.max_context:
-            raise LPError(f"prompt ({L} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
-                          f"{self.max_context} tokens this model decodes (its context, or max_seq_len)")
+            raise LPError(
+                f"prompt ({L} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
+                f"{self.max_context} tokens this model decodes (its context, or max_seq_len)"
+            )
         self._handshake(prompt_ids, cfg)
         verify = verifier or verifier_for(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, stream)
         observe = observer or StepObserver()
@@ -280,13 +302,28 @@ class Decoder:
 
             # accept on this rank; the lookahead branch stays greedy
             argmax = logits.argmax(dim=-1)  # one pass over every used row
-            y1, acc = verify(StepRows(logits, argmax, layout, tree, step.plan.candidates, ids[layout.node_tokens],
-                                      on_device.parents, on_device.tree_depth, on_device.tree_ancestors,
-                                      len(accepted), width))
+            y1, acc = verify(
+                StepRows(
+                    logits,
+                    argmax,
+                    layout,
+                    tree,
+                    step.plan.candidates,
+                    ids[layout.node_tokens],
+                    on_device.parents,
+                    on_device.tree_depth,
+                    on_device.tree_ancestors,
+                    len(accepted),
+                    width,
+                )
+            )
             new = argmax[layout.column_rows]
             # every used row's input token and its top-k next tokens, for the successor table
-            top = torch.cat([ids[on_device.rows[:on_device.n_rows], None],
-                             logits.topk(k, dim=-1).indices], dim=1) if k else None
+            top = (
+                torch.cat([ids[on_device.rows[: on_device.n_rows], None], logits.topk(k, dim=-1).indices], dim=1)
+                if k
+                else None
+            )
 
             # all-gather and merge: the step's one device sync
             message = pack(y1, acc, step.plan.candidates.start, new, length, checksum, W, top, rows)
@@ -297,10 +334,10 @@ class Decoder:
 
             # advance: cache, window, pool, output
             self.worker.commit(len(pending))
-            tokens = outcome.tokens[:cfg.max_new_tokens - (length - L)]
+            tokens = outcome.tokens[: cfg.max_new_tokens - (length - L)]
             stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), None)
             if stop is not None:
-                tokens = tokens[:stop + 1]
+                tokens = tokens[: stop + 1]
             if window is not None:
                 if G and window.ready:
                     pool.add_rows(window.ngrams(out[-1], outcome.new))
@@ -314,7 +351,7 @@ class Decoder:
             length += len(tokens)
             if G and cfg.pool_from_output:
                 # the n-grams that end in the new tokens: free candidates, as in prompt lookup
-                pool.add_sequence(out[max(length - len(tokens) - N + 1, 0):length])
+                pool.add_sequence(out[max(length - len(tokens) - N + 1, 0) : length])
             pending = tokens
             accepted.append(len(tokens))
             step_tokens.append(layout.size)
@@ -322,16 +359,18 @@ class Decoder:
                 break
         return self._finish(out[L:], accepted, step_tokens, t0, t1)
 
-    def _finish(self, output: list[int], accepted: list[int], step_tokens: list[int], t0: float,
-                t1: float) -> Generation:
+    def _finish(
+        self, output: list[int], accepted: list[int], step_tokens: list[int], t0: float, t1: float
+    ) -> Generation:
         """The sequence's record, its decode timed from `t1` (the prefill's end) to the device's
         last op."""
         if self.worker.device.type == "cuda":
             torch.cuda.synchronize(self.worker.device)
         return Generation(output, len(accepted), t1 - t0, time.perf_counter() - t1, accepted, step_tokens)
 
-    def _decode_ahead(self, prompt_ids: list[int], cfg: DecodeConfig, verify: Verifier,
-                      observe: StepObserver) -> list[int]:
+    def _decode_ahead(
+        self, prompt_ids: list[int], cfg: DecodeConfig, verify: Verifier, observe: StepObserver
+    ) -> list[int]:
         """Greedy `mode=ar` with the device one step ahead of the host: a step's input is the
         last step's argmax where it lies, on the device, so step i+1 is queued before step i's
         message is read, and the device never waits for the host's read, merge and checks (as in
@@ -357,8 +396,10 @@ class Decoder:
             if not gathered.is_cuda:
                 return gathered, None
             if not pinned:
-                pinned.extend((torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True), torch.cuda.Event())
-                              for _ in range(2))
+                pinned.extend(
+                    (torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True), torch.cuda.Event())
+                    for _ in range(2)
+                )
             host, done = pinned[i % 2]
             host.copy_(gathered, non_blocking=True)
             done.record()
@@ -388,11 +429,25 @@ class Decoder:
             observe.forward_done()
             self.worker.commit(1)  # a plain step always keeps its one pending token
             argmax = logits.argmax(dim=-1)
-            y1, acc = verify(StepRows(logits, argmax, layout, step.tree, step.plan.candidates, ids[layout.node_tokens],
-                                      on_device.parents, on_device.tree_depth, on_device.tree_ancestors, i, 1))
+            y1, acc = verify(
+                StepRows(
+                    logits,
+                    argmax,
+                    layout,
+                    step.tree,
+                    step.plan.candidates,
+                    ids[layout.node_tokens],
+                    on_device.parents,
+                    on_device.tree_depth,
+                    on_device.tree_ancestors,
+                    i,
+                    1,
+                )
+            )
             ids = y1.view(1)  # the next step's input, never on the host
-            gathered = fetch(self.comm.all_gather(pack(y1, acc, 0, argmax[layout.column_rows], L + len(output),
-                                                       checksum, 0)), i)
+            gathered = fetch(
+                self.comm.all_gather(pack(y1, acc, 0, argmax[layout.column_rows], L + len(output), checksum, 0)), i
+            )
             if unread is not None and read(unread):
                 return output
             unread = gathered

@@ -8,6 +8,7 @@ layer stack of SmolLM2's shapes runs 2-3x faster at M = 2 and still faster up to
 goes through the same path as two identical columns, because one column falls back to GEMV.
 On GPUs torch's own GEMMs are used unchanged.
 """
+
 from __future__ import annotations
 
 import torch

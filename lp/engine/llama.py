@@ -11,6 +11,7 @@ Compiled, it is compiled per layer, not as a whole (regional compilation): every
 same shapes, so one compiled graph serves them all and compile time does not grow with depth;
 the CUDA graph around the whole step still removes the launches between layers.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,10 +20,10 @@ from typing import NamedTuple
 import torch
 from transformers.activations import ACT2FN
 
-from lp import attention
-from lp.forward import StepInputs, kv_shape
-from lp.kernels import linear
-from lp.kv import KVCache
+from lp.engine import attention
+from lp.engine.forward import StepInputs, kv_shape
+from lp.engine.kernels import linear
+from lp.engine.kv import KVCache
 
 FAMILY = ("llama", "mistral", "qwen2")
 # RoPE types whose frequencies change with the sequence length: lp precomputes one table.
@@ -35,9 +36,15 @@ def supports(model: torch.nn.Module) -> bool:
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     # `_rotate` turns whole heads of an even size
     whole_heads = kv_shape(model)[2] % 2 == 0 and getattr(cfg, "partial_rotary_factor", 1.0) == 1.0
-    return (cfg.model_type in FAMILY and getattr(cfg, "pretraining_tp", 1) == 1 and whole_heads
-            and cfg.hidden_act in ACT2FN and rope.get("rope_type", "default") not in LENGTH_DEPENDENT_ROPE
-            and hasattr(model, "model") and hasattr(model.model, "rotary_emb"))
+    return (
+        cfg.model_type in FAMILY
+        and getattr(cfg, "pretraining_tp", 1) == 1
+        and whole_heads
+        and cfg.hidden_act in ACT2FN
+        and rope.get("rope_type", "default") not in LENGTH_DEPENDENT_ROPE
+        and hasattr(model, "model")
+        and hasattr(model.model, "rotary_emb")
+    )
 
 
 class _Layer(NamedTuple):
@@ -63,10 +70,24 @@ class _Layer(NamedTuple):
 
 def _weights(layer: torch.nn.Module) -> _Layer:
     a, m = layer.self_attn, layer.mlp
-    return _Layer(layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
-                  a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, a.o_proj.bias,
-                  layer.post_attention_layernorm.weight, m.gate_proj.weight, m.gate_proj.bias,
-                  m.up_proj.weight, m.up_proj.bias, m.down_proj.weight, m.down_proj.bias)
+    return _Layer(
+        layer.input_layernorm.weight,
+        a.q_proj.weight,
+        a.q_proj.bias,
+        a.k_proj.weight,
+        a.k_proj.bias,
+        a.v_proj.weight,
+        a.v_proj.bias,
+        a.o_proj.weight,
+        a.o_proj.bias,
+        layer.post_attention_layernorm.weight,
+        m.gate_proj.weight,
+        m.gate_proj.bias,
+        m.up_proj.weight,
+        m.up_proj.bias,
+        m.down_proj.weight,
+        m.down_proj.bias,
+    )
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,14 +106,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 
 
 class LlamaForward:
-    """Logits of a step's rows, writing the step's KV into `kv` (lp/kv.py)."""
+    """Logits of a step's rows, writing the step's KV into `kv` (lp/engine/kv.py)."""
 
     def __init__(self, model: torch.nn.Module, kv: KVCache, backend: str) -> None:
         cfg = model.config
         self.model, self.kv, self.backend = model, kv, backend
         _, self.kv_heads, self.head_dim = kv_shape(model)
         self.heads = cfg.num_attention_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.eps = cfg.rms_norm_eps
         self.act = ACT2FN[cfg.hidden_act]
         body = model.model
@@ -101,18 +122,19 @@ class LlamaForward:
         probe = body.embed_tokens.weight[:1]
         cos, sin = body.rotary_emb(probe, torch.arange(kv.capacity, device=probe.device)[None])
         sign = torch.ones(self.head_dim, dtype=sin.dtype, device=sin.device)
-        sign[:self.head_dim // 2] = -1
+        sign[: self.head_dim // 2] = -1
         self.cos, self.signed_sin = cos[0], sin[0] * sign  # `_rotate`'s tables
         self.layer = self._layer
 
-    def compiled(self) -> "LlamaForward":
+    def compiled(self) -> LlamaForward:
         """The same forward with each layer compiled (one graph for all layers per step size)."""
         twin = copy.copy(self)  # shares the weights, tables and cache
         twin.layer = torch.compile(self._layer, fullgraph=True, dynamic=False)
         return twin
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: StepInputs,
-                mask: torch.Tensor | None) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: StepInputs, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         if x.flex is not None:
             return attention.flex(q, k, v, x.flex, self.scale)
         if x.causal:  # a prefill from an empty cache: plain causal attention over its own tokens
@@ -120,10 +142,20 @@ class LlamaForward:
             return attention.sdpa(q, k[:, :S], v[:, :S], None, self.scale)
         if self.backend == "split":
             return attention.split(q, k, v, x.committed, x.block, self.scale)
-        return attention.sdpa(q, k[:, :x.extent], v[:, :x.extent], mask, self.scale)
+        return attention.sdpa(q, k[:, : x.extent], v[:, : x.extent], mask, self.scale)
 
-    def _layer(self, h: torch.Tensor, w: _Layer, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-               cos: torch.Tensor, signed_sin: torch.Tensor, x: StepInputs, mask: torch.Tensor | None) -> torch.Tensor:
+    def _layer(
+        self,
+        h: torch.Tensor,
+        w: _Layer,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+        cos: torch.Tensor,
+        signed_sin: torch.Tensor,
+        x: StepInputs,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         S, H, Hkv, D = h.shape[0], self.heads, self.kv_heads, self.head_dim
         y = _rms_norm(h, w.norm1, self.eps)
         q = linear(y, w.q, w.q_bias).view(S, H, D).transpose(0, 1)
@@ -139,7 +171,7 @@ class LlamaForward:
         body = self.model.model
         mask = None
         if x.flex is None and not x.causal and self.backend != "split":
-            # on CUDA, sdpa takes the rows once per group head (lp/attention.py)
+            # on CUDA, sdpa takes the rows once per group head (lp/engine/attention.py)
             groups = self.heads // self.kv_heads if x.block.is_cuda else 1
             mask = attention.dense_mask(self.kv.start, x.block, x.extent, groups)
         cos, signed_sin = self.cos[x.positions], self.signed_sin[x.positions]

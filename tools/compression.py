@@ -1,6 +1,6 @@
 """Step compression S (generated tokens per decoding step) on Spec-Bench category groups.
 
-    python launch/compression.py [--per-group 8] [--max-new-tokens 128]
+    python -m tools.compression [--per-group 8] [--max-new-tokens 128]
         [--configs 3:5:5,5:7:7] [--out results/compression] [--resume]
 
 Configs are N:W:G (3:5:5 is the default config W=5 N=3 G=5). World size 1, greedy, chat
@@ -11,6 +11,7 @@ histogram of tokens committed per step). S is hardware independent; this script 
 reports no tokens/s (the machine it ran on was shared). `--table-only` rebuilds the table from
 the JSONL files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from exactness import GROUPS, ROOT, cfg_name, parse_configs, pick_prompts  # noqa: E402
+from tools.exactness import GROUPS, ROOT, cfg_name, parse_configs, pick_prompts
 
 
 def run(args, prompts, configs, out_dir: Path) -> None:
@@ -52,11 +52,22 @@ def run(args, prompts, configs, out_dir: Path) -> None:
             ids = p.get("ids") or lm.encode(p["text"], chat=True)
             p["ids"] = ids
             r = lm.generate(ids, W=w, N=n, G=g, max_new_tokens=args.max_new_tokens)
-            row = {"question_id": p["question_id"], "group": p["group"], "category": p["category"],
-                   "config": cfg_name((n, w, g)), "N": n, "W": w, "G": g, "world_size": r.world_size,
-                   "prompt_len": len(ids), "new_tokens": r.new_tokens, "steps": r.steps,
-                   "compression": r.compression, "accepted_per_step": r.accepted_per_step,
-                   "output_ids": r.output_ids}
+            row = {
+                "question_id": p["question_id"],
+                "group": p["group"],
+                "category": p["category"],
+                "config": cfg_name((n, w, g)),
+                "N": n,
+                "W": w,
+                "G": g,
+                "world_size": r.world_size,
+                "prompt_len": len(ids),
+                "new_tokens": r.new_tokens,
+                "steps": r.steps,
+                "compression": r.compression,
+                "accepted_per_step": r.accepted_per_step,
+                "output_ids": r.output_ids,
+            }
             f = files[cfg_name((n, w, g))]
             f.write(json.dumps(row) + "\n")
             f.flush()
@@ -71,24 +82,36 @@ def table(out_dir: Path, configs: list[str], max_new: int) -> str:
     for c in configs:
         path = out_dir / f"{c}.jsonl"
         rows[c] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    lines = [f"Step compression S on Spec-Bench (SmolLM2-135M-Instruct fp32, greedy, chat template, "
-             f"{max_new} new tokens, world size 1). Cell: mean S over prompts (n prompts). "
-             "S = generated tokens / decoding steps, every step counted (hardware independent).", "",
-             "| group | " + " | ".join(configs) + " |", "|---|" + "---|" * len(configs)]
+    lines = [
+        f"Step compression S on Spec-Bench (SmolLM2-135M-Instruct fp32, greedy, chat template, "
+        f"{max_new} new tokens, world size 1). Cell: mean S over prompts (n prompts). "
+        "S = generated tokens / decoding steps, every step counted (hardware independent).",
+        "",
+        "| group | " + " | ".join(configs) + " |",
+        "|---|" + "---|" * len(configs),
+    ]
     for grp in (*GROUPS, "all"):
         cells = []
         for c in configs:
             rs = [r for r in rows[c] if grp == "all" or r["group"] == grp]
             cells.append("-" if not rs else f"{sum(r['compression'] for r in rs) / len(rs):.3f} ({len(rs)})")
         lines.append(f"| {'**all**' if grp == 'all' else grp} | " + " | ".join(cells) + " |")
-    lines += ["", "Tokens committed per step: share of steps committing k tokens (k = 1..N), pooled "
-              "over the group's steps; last column: mean tokens per step pooled (total tokens / total steps).", ""]
+    lines += [
+        "",
+        "Tokens committed per step: share of steps committing k tokens (k = 1..N), pooled "
+        "over the group's steps; last column: mean tokens per step pooled (total tokens / total steps).",
+        "",
+    ]
     for c in configs:
         if not rows[c]:
             continue
         N = rows[c][0]["N"]
-        lines += [f"**{c}**", "", "| group | " + " | ".join(f"k={k}" for k in range(1, N + 1)) + " | pooled S |",
-                  "|---|" + "---|" * (N + 1)]
+        lines += [
+            f"**{c}**",
+            "",
+            "| group | " + " | ".join(f"k={k}" for k in range(1, N + 1)) + " | pooled S |",
+            "|---|" + "---|" * (N + 1),
+        ]
         for grp in (*GROUPS, "all"):
             rs = [r for r in rows[c] if grp == "all" or r["group"] == grp]
             if not rs:
@@ -98,8 +121,12 @@ def table(out_dir: Path, configs: list[str], max_new: int) -> str:
             toks = sum(k * v for k, v in h.items())
             extra = sorted(k for k in h if k > N or k < 1)
             cells = [f"{100 * h.get(k, 0) / steps:.1f}%" for k in range(1, N + 1)]
-            lines.append(f"| {'**all**' if grp == 'all' else grp} | " + " | ".join(cells) +
-                         f" | {toks / steps:.3f} |" + (f" (k outside 1..N: {extra})" if extra else ""))
+            lines.append(
+                f"| {'**all**' if grp == 'all' else grp} | "
+                + " | ".join(cells)
+                + f" | {toks / steps:.3f} |"
+                + (f" (k outside 1..N: {extra})" if extra else "")
+            )
         lines.append("")
     # exactness as a by-product: all configs must give the same tokens for the same prompt
     if len(configs) > 1:
@@ -109,8 +136,10 @@ def table(out_dir: Path, configs: list[str], max_new: int) -> str:
                 by_q.setdefault(r["question_id"], {})[c] = r["output_ids"]
         both = {q: v for q, v in by_q.items() if len(v) == len(configs)}
         diff = [q for q, v in both.items() if len({tuple(x) for x in v.values()}) > 1]
-        lines.append(f"Cross-config check: {len(both) - len(diff)}/{len(both)} prompts give identical "
-                     f"output ids under every config" + (f"; differing: {sorted(diff)}" if diff else "") + ".")
+        lines.append(
+            f"Cross-config check: {len(both) - len(diff)}/{len(both)} prompts give identical "
+            f"output ids under every config" + (f"; differing: {sorted(diff)}" if diff else "") + "."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -132,12 +161,20 @@ def main(argv=None) -> None:
     prompts = pick_prompts(args.per_group * len(GROUPS))
     t0 = time.perf_counter()
     if not args.table_only:
-        print(f"{len(prompts)} prompts x {len(configs)} configs {[cfg_name(c) for c in configs]}, "
-              f"{args.max_new_tokens} new tokens", flush=True)
+        print(
+            f"{len(prompts)} prompts x {len(configs)} configs {[cfg_name(c) for c in configs]}, "
+            f"{args.max_new_tokens} new tokens",
+            flush=True,
+        )
         run(args, prompts, configs, out_dir)
-    shown = (args.table_configs.split(",") if args.table_configs else
-             sorted((p.stem for p in out_dir.glob("N*W*G*.jsonl")),
-                    key=lambda s: tuple(int(x) for x in s[1:].replace("W", " ").replace("G", " ").split())))
+    shown = (
+        args.table_configs.split(",")
+        if args.table_configs
+        else sorted(
+            (p.stem for p in out_dir.glob("N*W*G*.jsonl")),
+            key=lambda s: tuple(int(x) for x in s[1:].replace("W", " ").replace("G", " ").split()),
+        )
+    )
     text = table(out_dir, shown, args.max_new_tokens)
     (out_dir / "table.md").write_text(text)
     print(text)

@@ -4,8 +4,9 @@ how long they take, over a SmolLM2 decode of Spec-Bench prompts, with the collec
 runs first, as a decode right after loading does: the objects the load made are still pending
 for the collector's oldest generation.
 
-    python launch/gc_pauses.py [prompts]
+    python -m tools.gc_pauses [prompts]
 """
+
 from __future__ import annotations
 
 import gc
@@ -16,7 +17,7 @@ import torch
 
 from lp.bench.datasets import load
 from lp.config import DecodeConfig
-from lp.runtime import LP
+from lp.frontend.runtime import LP
 
 
 def main() -> None:
@@ -35,14 +36,18 @@ def main() -> None:
             events.append((info["generation"], time.perf_counter() - started.pop()))
 
     gc.callbacks.append(watch)
-    for name, decode in (("collector on (the loop alone)", lambda p: lm.decoder._generate(p, cfg, 0, None, None)),
-                         ("collector paused (lp)", lambda p: lm.decoder.generate(p, cfg))):
+    for name, decode in (
+        ("collector on (the loop alone)", lambda p: lm.decoder._generate(p, cfg, 0, None, None)),
+        ("collector paused (lp)", lambda p: lm.decoder.generate(p, cfg)),
+    ):
         events.clear()  # no collection first: the loop alone runs as right after loading
         steps = sum(decode(p).steps for p in ids)
-        line = ", ".join(f"gen{g} {sum(1 for e in events if e[0] == g)} collections "
-                         f"{sum(e[1] for e in events if e[0] == g) * 1e3:.1f} ms "
-                         f"(longest {max((e[1] for e in events if e[0] == g), default=0) * 1e3:.1f} ms)"
-                         for g in range(3))
+        line = ", ".join(
+            f"gen{g} {sum(1 for e in events if e[0] == g)} collections "
+            f"{sum(e[1] for e in events if e[0] == g) * 1e3:.1f} ms "
+            f"(longest {max((e[1] for e in events if e[0] == g), default=0) * 1e3:.1f} ms)"
+            for g in range(3)
+        )
         print(f"{name}: {len(ids)} prompts, {steps} steps: {line}")
 
 

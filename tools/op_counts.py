@@ -6,10 +6,11 @@ A token's count is the difference between decodes of 24 and 16 new tokens, divid
 prompt's prefill drops out (both decoders must make all their tokens: `generate` is held to them
 with `min_new_tokens`, whose logits processor adds about 5 ops a token to its count). The count
 depends on the device and the attention backend: on a CPU, lp's few-token matmuls
-(lp/kernels.py) and its CPU attention path (kv heads repeated) issue ops a GPU step does not.
+(lp/engine/kernels.py) and its CPU attention path (kv heads repeated) issue ops a GPU step does not.
 
-    python launch/op_counts.py [--device cpu|cuda] [--dtype float32|bfloat16] [--out FILE]
+    python -m tools.op_counts [--device cpu|cuda] [--dtype float32|bfloat16] [--out FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lp.config import DecodeConfig
-from lp.runtime import LP
+from lp.frontend.runtime import LP
 
 SHORT, LONG = 16, 24  # new tokens of the two decodes whose difference is counted
 
@@ -65,20 +66,28 @@ def main() -> None:
 
     def lp_ar(n: int) -> None:
         if lm.decoder.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=n)).new_tokens != n:
-            raise SystemExit(f"lp: error: the prompt's decode ends before {n} tokens: the counts would not be per token")
+            raise SystemExit(
+                f"lp: error: the prompt's decode ends before {n} tokens: the counts would not be per token"
+            )
 
     counts = {"lp mode=ar": per_token(lp_ar), "transformers generate": per_token(transformers)}
     lp_ops, hf_ops = counts["lp mode=ar"], counts["transformers generate"]
     attention = lm.decoder.worker.attention
-    print(f"dispatched ops per token, SmolLM2-135M {args.dtype} on {args.device} (lp attention={attention}), eager: "
-          f"lp mode=ar {sum(lp_ops.values()):.0f}, transformers generate {sum(hf_ops.values()):.0f}")
+    print(
+        f"dispatched ops per token, SmolLM2-135M {args.dtype} on {args.device} (lp attention={attention}), eager: "
+        f"lp mode=ar {sum(lp_ops.values()):.0f}, transformers generate {sum(hf_ops.values()):.0f}"
+    )
     for op in sorted(lp_ops | hf_ops, key=lambda op: hf_ops.get(op, 0) - lp_ops.get(op, 0)):
         if lp_ops.get(op, 0) != hf_ops.get(op, 0):
             print(f"  {op:32s} lp {lp_ops.get(op, 0):7.1f}   transformers {hf_ops.get(op, 0):7.1f}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": args.device, "dtype": args.dtype, "lp_attention": attention, **counts}, f, indent=1,
-                      sort_keys=True)
+            json.dump(
+                {"device": args.device, "dtype": args.dtype, "lp_attention": attention, **counts},
+                f,
+                indent=1,
+                sort_keys=True,
+            )
 
 
 if __name__ == "__main__":
