@@ -1,9 +1,15 @@
-"""Shared by both test folders (tests/, tests_distributed/): tests marked `cuda` need a GPU and
+"""Shared by both test folders (tests/, tests_distributed/): tests/ goes on sys.path, so both
+import the one helper module, tests/helpers.py, as `helpers`; tests marked `cuda` need a GPU and
 are skipped where torch sees none, so the CPU suite stays green on machines without one."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,3 +1,6 @@
-"""Registers the unit tests' fixtures, which live in unit_helpers.py with the helpers."""
+"""Registers the unit tests' fixtures, which live in helpers.py with the helpers."""
 
-from unit_helpers import *  # noqa: F401,F403
+import torch
+from helpers import cli_env, tiny_model_dir, tiny_models  # noqa: F401  (fixtures)
+
+torch.set_num_threads(1)

@@ -4,7 +4,7 @@ the backend choice with its one-line errors."""
 
 import pytest
 import torch
-from unit_helpers import build_tiny
+from helpers import build_tiny
 
 from lp.collective import Collective
 from lp.config import DecodeConfig

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from unit_helpers import PYTHON, REPO
+from helpers import PYTHON, REPO
 
 from lp.bench import datasets, plots, report
 from lp.bench.decoders import parse_lookahead

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from unit_helpers import PYTHON, REPO, TINY_DIR_CONTEXT, words
+from helpers import PYTHON, REPO, TINY_DIR_CONTEXT, reference_greedy, words
 
 import lp.generate
 from lp.errors import LPError
@@ -254,23 +254,13 @@ def test_api_bad_model_and_dtype():
 
 def test_api_generate_is_exact_at_the_context_edge(lm):
     """prompt + max_new_tokens == context is allowed, and lookahead equals plain greedy."""
-    import torch
-
     ids = lm.encode(LONG)
     n = TINY_DIR_CONTEXT - len(ids)
     r = lm.generate(ids, W=7, N=5, G=7, max_new_tokens=n)
     ar = lm.generate(ids, mode="ar", max_new_tokens=n)
     assert r.output_ids == ar.output_ids
     eos = sorted(lm.decoder.eos_ids)
-    with torch.inference_mode():
-        ref = lm.model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=n,
-            eos_token_id=eos or None,
-            pad_token_id=0,
-        )[0, len(ids) :].tolist()
+    ref = reference_greedy(lm.model, ids, n, eos=eos or None)
     if eos and ref[-1] in eos:
         ref = ref[: ref.index(ref[-1]) + 1]
     assert r.output_ids == ref

@@ -8,8 +8,8 @@ import re
 import sys
 
 import pytest
+from helpers import REPO
 from hydra import compose, initialize_config_dir
-from unit_helpers import REPO
 
 import lp.bench.__main__
 import lp.generate

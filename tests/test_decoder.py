@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from unit_helpers import ARCHS, reference_greedy
+from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
@@ -21,12 +21,6 @@ from lp.worker import Worker
 
 MAX_NEW = 48
 CONFIGS = [(2, 5, 5), (3, 3, 3), (5, 7, 7), (5, 15, 15), (3, 4, 0), (5, 7, 0)]  # (N, W, G)
-
-
-def make_prompt(seed: int = 1, length: int = 8, repeats: int = 3, vocab: int = 256) -> list[int]:
-    """A prompt that repeats itself, so the pool seeded from it holds useful n-grams."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab, (length,), generator=g).tolist() * repeats
 
 
 PROMPT = make_prompt()
@@ -434,8 +428,6 @@ def test_parallel_ranks_ar_ahead(P, tiny_models, refs):
 def test_ar_ahead_ranks_that_diverge_stop_with_an_error(tiny_models):
     """A step ahead, each rank feeds its own next token to its next step: ranks whose tokens
     differ (here: different weights) must end with an error on every rank, not drift apart."""
-    from unit_helpers import build_tiny
-
     hub, models = _Hub(2), [tiny_models["llama"], build_tiny("llama", seed=11)]
     cols = [ThreadCollective(hub, r, 2) for r in range(2)]
     results: list = [None, None]

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_decoder import make_prompt
-from unit_helpers import ARCHS, reference_greedy
+from helpers import ARCHS, make_prompt, reference_greedy
 
 from lp.collective import Collective
 from lp.config import DecodeConfig

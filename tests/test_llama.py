@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_decoder import make_prompt
-from unit_helpers import TINY, build_tiny, reference_greedy
+from helpers import TINY, build_tiny, make_prompt, reference_greedy
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
@@ -70,19 +69,9 @@ def test_lean_forward_logits_match_transformers(variant):
     torch.testing.assert_close(got[0], want[39], rtol=1e-4, atol=1e-4)
 
 
-def _gemma():
-    from transformers import GemmaConfig, GemmaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = GemmaConfig(**{**TINY, "head_dim": 16}, attn_implementation="sdpa")
-    model = GemmaForCausalLM(cfg).eval()
-    model.generation_config.eos_token_id = None
-    return model
-
-
 @pytest.mark.parametrize("graphs", [False, True])
 def test_other_architectures_run_through_their_own_modules(graphs):
-    model = _gemma()
+    model = build_tiny("gemma", head_dim=16)
     worker = Worker(model, graphs=graphs)
     assert isinstance(worker.forward, TransformersForward)
     dec = Decoder(worker, Collective(), set(), 512)

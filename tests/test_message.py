@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from unit_helpers import chain_accept
+from helpers import chain_accept
 
 from lp.errors import LPError
 from lp.message import HEADER, merge, message_size, pack

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from unit_helpers import REPO
+from helpers import REPO
 
 OWN = {"self", "cls"}
 METHOD_SLOTS = {"forward", "__call__"}

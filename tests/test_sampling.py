@@ -12,9 +12,8 @@ from functools import cache
 
 import pytest
 import torch
-from sampling_helpers import alive_after, sample_accept
+from helpers import alive_after, chain_accept, chain_continue, chain_sample, chains, sample_accept
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-from unit_helpers import chain_accept, chain_continue, chain_sample, chains
 
 from lp.errors import LPError
 from lp.lookahead.tree import build_tree
@@ -140,10 +139,13 @@ def test_validation_errors(bad):
         warp(torch.zeros(1, 4), **args)
 
 
-def test_validation_accepts_edges():
-    validate_sampling(0, 0, 1)
-    validate_sampling(0.0, 50, 1e-9)
-    validate_sampling(2.5, 1, 1.0)
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0, 0, 1), (0.0, 50, 1e-9), (2.5, 1, 1.0)])
+def test_validation_accepts_edges(temperature, top_k, top_p):
+    """Each edge passes validation and warps to a distribution: here, each keeps the argmax
+    alone (temperature 0, top_p near 0, top_k 1)."""
+    assert validate_sampling(temperature, top_k, top_p) is None
+    logits = torch.tensor([[0.5, 2.0, -1.0, 1.0]])
+    assert torch.equal(warp(logits, temperature, top_k, top_p), torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
 
 
 # ------------------------------------------------------------------------- random stream

@@ -4,7 +4,7 @@ wrong acceptance rule is caught by the same test. Each test has a false-alarm ra
 
 import pytest
 import torch
-from sampling_helpers import chi_square_pvalue, exact_distribution, follow_first_drafts, peaked_llama
+from helpers import RECYCLED, SAMPLING, chi_square_pvalue, follow_first_drafts, peaked_llama, settings_distribution
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
@@ -14,11 +14,6 @@ from lp.worker import Worker
 
 ALPHA = 1e-3
 SAMPLES = 1500
-LENGTH = 2
-SETTINGS = dict(W=3, N=3, G=3, max_new_tokens=LENGTH, temperature=0.9, top_k=6)
-# Drafts from the successor table alone (no pool, no text drafts): the table starts empty, so
-# they appear from the second step on, and three tokens are sampled to reach them.
-RECYCLED = dict(G=0, budget=6, drafts="pool", max_new_tokens=3)
 
 
 @pytest.fixture(scope="module")
@@ -38,19 +33,19 @@ def prompt(built):
 
 @pytest.fixture(scope="module")
 def expected(model, prompt):
-    return exact_distribution(model, prompt, LENGTH, SETTINGS["temperature"], SETTINGS["top_k"])
+    return settings_distribution(model, prompt, SAMPLING)
 
 
 @pytest.fixture(scope="module")
 def expected_recycled(model, prompt):
-    return exact_distribution(model, prompt, RECYCLED["max_new_tokens"], SETTINGS["temperature"], SETTINGS["top_k"])
+    return settings_distribution(model, prompt, {**SAMPLING, **RECYCLED})
 
 
 def _lp_samples(model, prompt, rule=None, **overrides) -> tuple[list[tuple[int, ...]], float]:
     """SAMPLES decodes, stream i each (`rule`: a walk below the first token instead of Algorithm 4's),
     and the share of them in which some step accepted a draft."""
     dec = Decoder(Worker(model), Collective(), set(), 128)
-    cfg = DecodeConfig(**{**SETTINGS, **overrides})
+    cfg = DecodeConfig(**{**SAMPLING, **overrides})
     samples, multi = [], 0
     for i in range(SAMPLES):
         verifier = SamplingVerifier(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, i, rule) if rule else None
@@ -87,9 +82,9 @@ def test_transformers_sampling_matches_the_model(model, prompt, expected):
     out = model.generate(
         torch.tensor([prompt] * SAMPLES),
         do_sample=True,
-        max_new_tokens=LENGTH,
-        temperature=SETTINGS["temperature"],
-        top_k=SETTINGS["top_k"],
+        max_new_tokens=SAMPLING["max_new_tokens"],
+        temperature=SAMPLING["temperature"],
+        top_k=SAMPLING["top_k"],
         top_p=1.0,
         attention_mask=torch.ones(SAMPLES, len(prompt), dtype=torch.long),
     )
@@ -108,7 +103,7 @@ def test_accepting_drafts_always_is_caught(model, prompt, expected):
 
 def test_same_seed_same_samples(model, prompt):
     dec = Decoder(Worker(model), Collective(), set(), 128)
-    cfg = DecodeConfig(**{**SETTINGS, "max_new_tokens": 12})
+    cfg = DecodeConfig(**{**SAMPLING, "max_new_tokens": 12})
     runs = [dec.generate(prompt, cfg, stream=5).output_ids for _ in range(2)]
     other = [dec.generate(prompt, cfg, stream=s).output_ids for s in range(6, 12)]
     assert runs[0] == runs[1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from unit_helpers import chains
+from helpers import chains
 
 from lp.lookahead.drafts import MAX_MATCH, MIN_MATCH, TextIndex
 from lp.lookahead.tree import TreeBuilder, build_tree

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from unit_helpers import chain_accept, tree_accept
+from helpers import chain_accept, tree_accept
 
 from lp.lookahead.tree import build_tree
 

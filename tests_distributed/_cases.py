@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _models import ARCHS
+from helpers import ARCHS
 
 WORLD_SIZES = (1, 2, 3, 4)
 # (N, W, G): lookahead + verification, and the same windows without verification (G=0).

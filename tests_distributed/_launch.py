@@ -60,7 +60,8 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         TORCH_CPP_LOG_LEVEL="ERROR",
         PYTHONWARNINGS="ignore",
     )
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    # the checkout, and tests/ for the helper module (`import helpers`)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH")) if p)
     env.update(extra or {})
     return env
 

@@ -9,15 +9,13 @@ model through lp's decoder under Lookahead Parallelism; rank 0 writes them as JS
 import json
 import sys
 
+from helpers import RECYCLED, SAMPLING, follow_first_drafts, peaked_llama  # on the PYTHONPATH _launch.py sets
+
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder
 from lp.verify.verifier import SamplingVerifier
 from lp.worker import Worker
-from tests.sampling_helpers import follow_first_drafts, peaked_llama
-
-SETTINGS = dict(W=3, N=3, G=3, max_new_tokens=2, temperature=0.9, top_k=6)
-RECYCLED = dict(G=0, budget=6, drafts="pool", max_new_tokens=3)
 
 
 def accept_always(first_token, tree, p_nodes, u, width):
@@ -30,7 +28,7 @@ def main() -> None:
     model, prompt = peaked_llama()
     comm = Collective.from_env("cpu", timeout_s=60)
     dec = Decoder(Worker(model), comm, set(), 128)
-    cfg = DecodeConfig(**{**SETTINGS, **(RECYCLED if "recycled" in sys.argv[3:] else {})})
+    cfg = DecodeConfig(**{**SAMPLING, **(RECYCLED if "recycled" in sys.argv[3:] else {})})
     rows, multi = [], 0
     for i in range(samples):
         verifier = (

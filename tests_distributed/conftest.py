@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cases import EOS_MODEL, MAX_NEW, PROMPTS, api_spec  # noqa: E402
 from _launch import run_api_worker  # noqa: E402
-from _models import ARCHS, build_tiny, greedy, load  # noqa: E402
+from helpers import ARCHS, load, reference_greedy, save_tiny  # noqa: E402
 
 API_TIMEOUT_S = 150  # hard limit for one API launch (its whole batch of cases)
 
@@ -29,8 +29,8 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     `llama_eos`: llama's weights with a second EOS id, a token that llama's greedy output on
     prompt 0 first produces after 10+ tokens (so decoding stops early, mid-window)."""
     root = tmp_path_factory.mktemp("tiny")
-    models = {arch: build_tiny(arch, root / arch, vocab=256, seed=seed) for seed, arch in enumerate(ARCHS)}
-    out = greedy(load(models["llama"]), PROMPTS[0], MAX_NEW)
+    models = {arch: save_tiny(arch, root / arch, vocab=256, seed=seed) for seed, arch in enumerate(ARCHS)}
+    out = reference_greedy(load(models["llama"]), PROMPTS[0], MAX_NEW)
     stop = next(t for i, t in enumerate(out) if i >= 10 and t not in out[:i] and t != 2)
     eos_dir = root / EOS_MODEL
     shutil.copytree(models["llama"], eos_dir)
@@ -45,7 +45,7 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_text_model(tmp_path_factory) -> Path:
     """A tiny Llama with the real 49152-token vocab and tokenizer, for text prompts (CLI)."""
-    return build_tiny("llama", tmp_path_factory.mktemp("tiny_text") / "llama", vocab=49152, seed=7)
+    return save_tiny("llama", tmp_path_factory.mktemp("tiny_text") / "llama", vocab=49152, seed=7)
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +55,7 @@ def references(tiny_models) -> dict[tuple[str, int], list[int]]:
     for arch, path in tiny_models.items():
         model = load(path)
         for p, prompt in enumerate(PROMPTS):
-            refs[arch, p] = greedy(model, prompt, MAX_NEW)
+            refs[arch, p] = reference_greedy(model, prompt, MAX_NEW)
     return refs
 
 

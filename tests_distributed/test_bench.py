@@ -6,14 +6,11 @@ limit (the whole process tree is killed past it)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import spawn_ranks  # noqa: E402
+from _launch import spawn_ranks  # tests_distributed/conftest.py puts this folder on sys.path
+from helpers import save_word_model
 
 LIMIT_S = 58
 PROMPTS = [
@@ -24,27 +21,7 @@ PROMPTS = [
 
 def _tiny_dir(out: Path, heads: int, kv: int, hidden: int) -> Path:
     """A saved 2-layer random Llama with a word-level tokenizer ("w0 w1 ..." -> ids 3..)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(125)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=128,
-        hidden_size=hidden,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        max_position_embeddings=128,
-        initializer_range=0.05,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_word_model(out, context=128, num_attention_heads=heads, num_key_value_heads=kv, hidden_size=hidden)
 
 
 @pytest.fixture(scope="module")

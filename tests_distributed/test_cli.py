@@ -9,7 +9,7 @@ import math
 import re
 
 from _launch import torchrun
-from _models import greedy, load
+from helpers import load, reference_greedy
 
 P = 2
 FIELDS = (
@@ -84,7 +84,7 @@ def test_rank0_alone_writes_the_contract_jsonl(tiny_text_model, tmp_path):
         assert row["seconds"] > 0
         assert math.isclose(row["tokens_per_s"], row["new_tokens"] / row["seconds"], rel_tol=1e-6)
         assert row["text"] == tok.decode(row["output_ids"], skip_special_tokens=True)
-        assert row["output_ids"] == greedy(model, row["prompt_ids"], MAX_NEW)
+        assert row["output_ids"] == reference_greedy(model, row["prompt_ids"], MAX_NEW)
 
     # Only rank 0 prints results: each generated text, then a `[id] N tokens in ...` summary line.
     summaries = re.findall(

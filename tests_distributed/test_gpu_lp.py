@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from _cases import completed
 from _launch import run_api_worker
-from _models import REAL_MODEL
-from test_real_model import _questions
+from helpers import REAL_MODEL, load, reference_greedy, spec_bench_questions
 
 pytestmark = pytest.mark.cuda
 
@@ -17,9 +16,6 @@ pytestmark = pytest.mark.cuda
 def test_lp_on_cuda_equals_one_rank_and_greedy(world_size, tmp_path):
     if not (REAL_MODEL / "config.json").exists():
         pytest.skip(f"needs {REAL_MODEL} (python -m lp.models fetch smollm2-135m)")
-    import torch
-    from transformers import AutoModelForCausalLM
-
     tasks = [
         {
             "id": f"q{i}",
@@ -28,17 +24,16 @@ def test_lp_on_cuda_equals_one_rank_and_greedy(world_size, tmp_path):
             "chat": True,
             "settings": {"N": 5, "W": 15, "G": 15, "max_new_tokens": 48},
         }
-        for i, q in enumerate(_questions())
+        for i, q in enumerate(spec_bench_questions(2))
     ]
     runs = {}
     for P in (1, world_size):
         spec = {"models": {"smollm2": str(REAL_MODEL)}, "device": "cuda", "timeout_s": 120, "tasks": tasks}
         runs[P] = completed(*run_api_worker(spec, P, timeout=600, tmp=tmp_path / f"p{P}"), P)
-    model = AutoModelForCausalLM.from_pretrained(REAL_MODEL, dtype=torch.float32).to("cuda").eval()
+    model = load(REAL_MODEL).to("cuda")
     for t in tasks:
         one = runs[1][0]["results"][t["id"]]
-        ids = torch.tensor([one["prompt_ids"]], device="cuda")
-        want = model.generate(ids, do_sample=False, max_new_tokens=48)[0, ids.shape[1] :].tolist()
+        want = reference_greedy(model, one["prompt_ids"], 48)
         got = [doc["results"][t["id"]]["output_ids"] for doc in runs[world_size]]
         assert one["output_ids"] == want, t["id"]
         assert got == [one["output_ids"]] * world_size, t["id"]

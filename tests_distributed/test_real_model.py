@@ -10,12 +10,10 @@ on the tiny models."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from _cases import completed
 from _launch import run_api_worker
-from _models import REAL_MODEL, greedy, load
+from helpers import REAL_MODEL, load, reference_greedy, spec_bench_questions
 
 from lp.bench.datasets import SPEC_BENCH
 
@@ -23,11 +21,6 @@ WORLD_SIZES = (2,)
 CONFIGS = ((3, 3, 3), (5, 7, 7))
 N_PROMPTS = 2
 MAX_NEW = 32
-
-
-def _questions() -> list[str]:
-    with SPEC_BENCH.open() as f:
-        return [json.loads(line)["turns"][0] for line, _ in zip(f, range(N_PROMPTS))]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +39,7 @@ def real_runs(tmp_path_factory):
                     "chat": True,
                     "settings": {"N": N, "W": W, "G": G, "max_new_tokens": MAX_NEW},
                 }
-                for i, (q, (N, W, G)) in enumerate(zip(_questions(), CONFIGS))
+                for i, (q, (N, W, G)) in enumerate(zip(spec_bench_questions(N_PROMPTS), CONFIGS))
             ]
             spec = {"models": {"smollm2": str(REAL_MODEL)}, "timeout_s": 120, "tasks": tasks}
             cache[world_size] = run_api_worker(
@@ -65,7 +58,7 @@ def real_reference():
     def get(prompt_ids):
         key = tuple(prompt_ids)
         if key not in refs:
-            refs[key] = greedy(model, prompt_ids, MAX_NEW)
+            refs[key] = reference_greedy(model, prompt_ids, MAX_NEW)
         return refs[key]
 
     return get
@@ -77,7 +70,7 @@ def test_real_model_equals_transformers_greedy(world_size, real_runs, real_refer
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(REAL_MODEL)
-    questions = _questions()
+    questions = spec_bench_questions(N_PROMPTS)
     assert len(docs[0]["results"]) == N_PROMPTS
     steps = 0
     for cid in docs[0]["results"]:
@@ -113,7 +106,7 @@ def test_real_model_ar_one_step_ahead(real_reference):
 
     tok = AutoTokenizer.from_pretrained(REAL_MODEL)
     dec = Decoder(Worker(load(REAL_MODEL)), Collective(), set(), 2048, ahead=True)
-    for q in _questions():
+    for q in spec_bench_questions(N_PROMPTS):
         ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         out = dec.generate(ids, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW)).output_ids

@@ -6,8 +6,7 @@ import json
 
 import pytest
 from _launch import spawn_ranks  # tests_distributed/conftest.py puts this folder on sys.path
-
-from tests.sampling_helpers import chi_square_pvalue, exact_distribution, peaked_llama
+from helpers import RECYCLED, SAMPLING, chi_square_pvalue, peaked_llama, settings_distribution
 
 ALPHA = 1e-3
 SAMPLES = 1200
@@ -17,13 +16,13 @@ RANK_PROGRAM = "tests_distributed/_sampling_rank.py"
 @pytest.fixture(scope="module")
 def expected():
     model, prompt = peaked_llama()
-    return exact_distribution(model, prompt, 2, 0.9, 6)
+    return settings_distribution(model, prompt, SAMPLING)
 
 
 @pytest.fixture(scope="module")
 def expected_recycled():
     model, prompt = peaked_llama()
-    return exact_distribution(model, prompt, 3, 0.9, 6)
+    return settings_distribution(model, prompt, {**SAMPLING, **RECYCLED})
 
 
 def _samples(tmp_path, *extra: str) -> dict:
