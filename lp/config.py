@@ -11,7 +11,7 @@ from lp.verify.distribution import validate_sampling
 MODES = ("lookahead", "ar")
 AUTO_KEYS = ("W", "N", "G")  # may be "auto": lp/decode/auto.py chooses them
 DRAFTS = ("pool", "pool+text")
-RANKS = ("recent", "frequent", "context")
+ORDERS = ("recent", "frequent", "context")
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class DecodeConfig:
     each) or `pool+text` (also continuations of the text's longest suffix matches, up to
     `draft_len` tokens; `text_drafts` of them per step). `pool_size`: n-grams the pool keeps
     per first token (None: G; more than G lets a tree's shared prefixes leave room for more
-    candidates). `rank`: the order of the pool's candidates: `context` (those that also match
+    candidates). `order`: the order of the pool's candidates: `context` (those that also match
     the token before x0 first, then newest; measured best), `recent` (newest first) or
     `frequent` (most often produced first). `tree`: verify candidates that share a prefix
     once (a token tree); false: G-style unshared chains. `budget`: verification tokens per step (None: G*(N-1), the
@@ -53,7 +53,7 @@ class DecodeConfig:
     draft_len: int = 10
     text_drafts: int = 4
     pool_size: int | None = None
-    rank: str = "context"
+    order: str = "context"
     recycle: int = 8
 
     def validate(self) -> DecodeConfig:
@@ -66,8 +66,8 @@ class DecodeConfig:
         validate_sampling(self.temperature, self.top_k, self.top_p)
         if self.drafts not in DRAFTS:
             raise LPError(f"drafts must be one of {DRAFTS}, got {self.drafts!r}")
-        if self.rank not in RANKS:
-            raise LPError(f"rank must be one of {RANKS}, got {self.rank!r}")
+        if self.order not in ORDERS:
+            raise LPError(f"order must be one of {ORDERS}, got {self.order!r}")
         if not isinstance(self.tree, bool):
             raise LPError(f"tree must be true or false, got {self.tree!r}")
         for key in ("budget", "draft_len", "text_drafts", "pool_size", "recycle"):
@@ -97,7 +97,7 @@ class DecodeConfig:
         return (self.W, self.N, self.G, self.verify_budget) if self.lookahead else (0, 2, 0, 0)
 
     @property
-    def step_width(self) -> int:
+    def max_commit(self) -> int:
         """The most tokens a step commits: the longest draft the budget holds, plus one."""
         return min(self.max_draft, self.verify_budget) + 1 if self.lookahead else 1
 

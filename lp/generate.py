@@ -38,7 +38,7 @@ SETTINGS = (
     "draft_len",
     "text_drafts",
     "pool_size",
-    "rank",
+    "order",
     "recycle",
 )
 

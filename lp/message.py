@@ -26,10 +26,10 @@ from lp.verify.greedy import Acceptance
 HEADER = 5
 
 
-def message_size(W: int, width: int, rows: int = 0, k: int = 0) -> int:
-    """Message length for W columns, steps committing at most `width` tokens and `rows` rows
+def message_size(W: int, max_commit: int, rows: int = 0, k: int = 0) -> int:
+    """Message length for W columns, steps committing at most `max_commit` tokens and `rows` rows
     of k successors (none when k is 0, whatever `rows`)."""
-    return HEADER + width + W + rows * (1 + k) if k else HEADER + width + W
+    return HEADER + max_commit + W + rows * (1 + k) if k else HEADER + max_commit + W
 
 
 def successor_rows(W: int, budget: int) -> int:
@@ -40,7 +40,7 @@ def successor_rows(W: int, budget: int) -> int:
 def step_message_size(cfg: DecodeConfig) -> int:
     """The message length of the steps that decoding with `cfg` all-gathers."""
     W, _, _, budget = cfg.step_shape
-    return message_size(W, cfg.step_width, successor_rows(W, budget), cfg.successors_sent)
+    return message_size(W, cfg.max_commit, successor_rows(W, budget), cfg.successors_sent)
 
 
 def pack(
@@ -70,14 +70,14 @@ def pack(
 class Outcome:
     """What a step decided, identical on every rank."""
 
-    tokens: list[int]  # committed tokens: 1..width of them
+    tokens: list[int]  # committed tokens: 1..max_commit of them
     new: np.ndarray  # [W] the window's new level
     accepted: int  # draft tokens accepted (len(tokens) - 1)
     successors: np.ndarray  # [rows, 1 + k] the step's successor rows: x0's, the columns', the nodes' (last first)
 
 
-def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], width: int, k: int = 0) -> Outcome:
-    """Merge `[P, K]` messages of steps committing at most `width` tokens (and successor rows
+def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k: int = 0) -> Outcome:
+    """Merge `[P, K]` messages of steps committing at most `max_commit` tokens (and successor rows
     of `k` tokens, if k > 0). Rank 0's y1 is authoritative: a candidate counts only if its rank
     computed the same y1. The longest acceptance wins, ties to the lowest candidate."""
     head = gathered[:, :HEADER].tolist()  # P short rows: Python beats array ops at this size
@@ -90,7 +90,7 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], width: int, k: int 
     if best is not None:
         accepted, r = -best[0], best[2]
         tokens = gathered[r, HEADER : HEADER + accepted + 1].tolist()
-    start = HEADER + width
+    start = HEADER + max_commit
     new = np.concatenate([gathered[r, start : start + len(p.columns)] for r, p in enumerate(plans)])
     return Outcome(tokens, new, accepted, _successor_rows(gathered[:, start + len(new) :], plans, k))
 

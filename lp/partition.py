@@ -1,7 +1,7 @@
 """Lookahead Parallelism's partitioner: which window columns and verification n-grams each
 rank runs. Pure and deterministic, so every rank computes the same plan without talking.
 
-Candidates are counted in units of `width` tokens: N-1 for G unshared n-grams, 1 for the nodes
+Candidates are counted in units of `candidate_tokens` tokens: N-1 for G unshared n-grams, 1 for the nodes
 of a verification tree (lp/lookahead/tree.py), whose root subtrees come as `groups`.
 
 Column j needs the row-0 prefix rows[0, 1..j], so a rank holding columns [a, b) also feeds
@@ -24,22 +24,27 @@ class RankPlan:
     columns: range
     candidates: range
 
-    def cost(self, N: int, pending: int = 1, width: int | None = None) -> int:
+    def cost(self, N: int, pending: int = 1, candidate_tokens: int | None = None) -> int:
         """Tokens this rank feeds: pending tokens, the row-0 prefix, its levels, its candidates
-        (`width` tokens each, default N-1)."""
+        (`candidate_tokens` tokens each, default N-1)."""
         return _tokens(
-            self.columns.start, self.columns.stop, len(self.candidates), N, pending, N - 1 if width is None else width
+            self.columns.start,
+            self.columns.stop,
+            len(self.candidates),
+            N,
+            pending,
+            N - 1 if candidate_tokens is None else candidate_tokens,
         )
 
 
-def _tokens(first_col: int, stop_col: int, candidates: int, N: int, pending: int, width: int) -> int:
+def _tokens(first_col: int, stop_col: int, candidates: int, N: int, pending: int, candidate_tokens: int) -> int:
     """A rank's step tokens (RankPlan.cost), from plain integers: the partitioner's inner loop."""
     prefix = stop_col - 1 if stop_col > first_col else 0
-    return pending + prefix + (N - 2) * (stop_col - first_col) + width * candidates
+    return pending + prefix + (N - 2) * (stop_col - first_col) + candidate_tokens * candidates
 
 
 def _greedy(
-    W: int, N: int, ends: tuple[int, ...], P: int, limit: int, width: int
+    W: int, N: int, ends: tuple[int, ...], P: int, limit: int, candidate_tokens: int
 ) -> list[tuple[int, int, int, int]] | None:
     """Fill ranks in order up to `limit` tokens each: columns first, then whole candidate
     groups (`ends` are the groups' exclusive end indices). Both fills are closed forms: columns
@@ -52,26 +57,30 @@ def _greedy(
         if col == W and g == n:  # all placed: the other ranks are empty
             return plans + [(W, W, start_cand, start_cand)] * (P - rank)
         col = max(start_col, min(W, (limit + (N - 2) * start_col) // (N - 1)))
-        # `_tokens(start_col, col, 0, N, 1, width)`, inlined: the search runs this loop most
+        # `_tokens(start_col, col, 0, N, 1, candidate_tokens)`, inlined: the search runs this loop most
         used = 1 + (col - 1 + (N - 2) * (col - start_col) if col > start_col else 0)
-        g = bisect_right(ends, start_cand + (limit - used) // width, lo=g)
+        g = bisect_right(ends, start_cand + (limit - used) // candidate_tokens, lo=g)
         plans.append((start_col, col, start_cand, ends[g - 1] if g else 0))
     return plans if col == W and g == n else None
 
 
-def _floor(W: int, N: int, P: int, groups: tuple[int, ...], width: int) -> int:
+def _floor(W: int, N: int, P: int, groups: tuple[int, ...], candidate_tokens: int) -> int:
     """A limit below which no fill succeeds, so the search needs no fill there. A fill keeps
     every rank within the limit, so the limit is at least the mean of the ranks' tokens (each
     feeds x0; the columns' levels, the prefix rows[0, 1..W-1] and the candidates are fed once at
     least), the tokens of the rank with the last column, and those of the rank with the largest
     group."""
-    spread = -(-(P + max(W - 1, 0) + (N - 2) * W + width * sum(groups)) // P)
-    return max(spread, _tokens(max(W - 1, 0), W, 0, N, 1, width), _tokens(0, 0, max(groups, default=0), N, 1, width))
+    spread = -(-(P + max(W - 1, 0) + (N - 2) * W + candidate_tokens * sum(groups)) // P)
+    return max(
+        spread,
+        _tokens(max(W - 1, 0), W, 0, N, 1, candidate_tokens),
+        _tokens(0, 0, max(groups, default=0), N, 1, candidate_tokens),
+    )
 
 
 @lru_cache(maxsize=4096)
 def partition(
-    W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = None, width: int | None = None
+    W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = None, candidate_tokens: int | None = None
 ) -> tuple[RankPlan, ...]:
     """Split W columns and G candidates over P ranks, minimising the largest rank's cost.
 
@@ -80,14 +89,16 @@ def partition(
     except in rare cases where the fill meets a limit but not the next: it is not monotone).
     `groups` (sizes summing to G) keeps
     consecutive candidates together on one rank: a tree's root subtrees, or the candidates
-    that share their first draft token, as sampling needs. `width`: tokens per candidate
+    that share their first draft token, as sampling needs. `candidate_tokens`: tokens per candidate
     (default N-1). Ranks may end up empty (they still compute the next token and
     keep their cache in step).
     """
     groups = groups if groups is not None else (1,) * G
-    width = N - 1 if width is None else width
-    if W < 0 or N < 2 or G < 0 or P < 1 or sum(groups) != G or min(groups, default=1) < 1 or width < 1:
-        raise ValueError(f"bad partition request W={W} N={N} G={G} P={P} groups={groups} width={width}")
+    candidate_tokens = N - 1 if candidate_tokens is None else candidate_tokens
+    if W < 0 or N < 2 or G < 0 or P < 1 or sum(groups) != G or min(groups, default=1) < 1 or candidate_tokens < 1:
+        raise ValueError(
+            f"bad partition request W={W} N={N} G={G} P={P} groups={groups} candidate_tokens={candidate_tokens}"
+        )
     if P == 1:
         return (RankPlan(range(W), range(G)),)
     ends = tuple(itertools.accumulate(groups))
@@ -95,17 +106,17 @@ def partition(
     # in 5 of a real decode at W60 N5 G60 P8) it is the best limit, found in one fill. Else a
     # binary search above it (the fill is not monotone in the limit: it may land on a feasible
     # limit that is not the least).
-    floor = _floor(W, N, P, groups, width)
-    plans = _greedy(W, N, ends, P, floor, width)
-    lo, hi = floor + 1, RankPlan(range(W), range(G)).cost(N, 1, width)
+    floor = _floor(W, N, P, groups, candidate_tokens)
+    plans = _greedy(W, N, ends, P, floor, candidate_tokens)
+    lo, hi = floor + 1, RankPlan(range(W), range(G)).cost(N, 1, candidate_tokens)
     at_hi = None  # the fill at `hi`, once a probe has made it
     while plans is None and lo < hi:
         mid = (lo + hi) // 2
-        fill = _greedy(W, N, ends, P, mid, width)
+        fill = _greedy(W, N, ends, P, mid, candidate_tokens)
         if fill is None:
             lo = mid + 1
         else:
             hi, at_hi = mid, fill
-    plans = plans or at_hi or _greedy(W, N, ends, P, lo, width)
+    plans = plans or at_hi or _greedy(W, N, ends, P, lo, candidate_tokens)
     assert plans is not None
     return tuple(RankPlan(range(a, b), range(c, d)) for a, b, c, d in plans)

@@ -340,7 +340,7 @@ def test_parse_lookahead():
         W=7, N=5, G=7, drafts="pool+text", tree=True, budget=40, draft_len=6
     )
     assert parse_lookahead("W7N5G7-frequent-T8-P28") == dict(
-        W=7, N=5, G=7, rank="frequent", text_drafts=8, pool_size=28
+        W=7, N=5, G=7, order="frequent", text_drafts=8, pool_size=28
     )
     with pytest.raises(ValueError):
         parse_lookahead("W15N5G15-fast")

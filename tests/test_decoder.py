@@ -13,7 +13,9 @@ from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decode.loop import Decoder, StepObserver, _drafts, collector_paused
+from lp.decode.loop import Decoder, StepObserver
+from lp.decode.policy import ranked_drafts
+from lp.decode.record import collector_paused
 from lp.errors import LPError
 from lp.lookahead import NGramPool
 from lp.lookahead.drafts import TextIndex
@@ -87,8 +89,8 @@ VARIANTS = [
     dict(drafts="pool+text", tree=False),
     dict(drafts="pool+text", budget=7, draft_len=3),
     dict(drafts="pool+text", budget=40),
-    dict(pool_size=30, rank="frequent", text_drafts=8),
-    dict(rank="recent", draft_len=4),
+    dict(pool_size=30, order="frequent", text_drafts=8),
+    dict(order="recent", draft_len=4),
 ]
 
 
@@ -397,7 +399,7 @@ def test_each_rank_verifies_its_own_candidates(P, W, N, G, tiny_models):
             self.rank = rank
 
         def __call__(self, s):
-            plan = partition(W, N, s.tree.size, P, s.tree.groups(), width=1)[self.rank]
+            plan = partition(W, N, s.tree.size, P, s.tree.groups(), candidate_tokens=1)[self.rank]
             want = s.tree.slice(plan.candidates.start, plan.candidates.stop)
             checked.append(want.size)
             if (
@@ -469,15 +471,15 @@ def test_draft_ranking():
     for gram in ((5, 1, 1, 1), (5, 2, 2, 2), (5, 2, 2, 2), (5, 3, 3, 3), (4, 5, 3, 9)):
         pool.add(gram[0], gram[1:])
     out = TextIndex([4, 5, 6, 4, 5])  # "4 5" occurred before, followed by 6 4 5
-    assert _drafts(DecodeConfig(drafts="pool", rank="recent"), pool, out) == [(3, 3, 3), (2, 2, 2), (1, 1, 1)]
-    assert _drafts(DecodeConfig(drafts="pool", rank="frequent"), pool, out) == [(2, 2, 2), (3, 3, 3), (1, 1, 1)]
-    assert _drafts(DecodeConfig(drafts="pool"), pool, out) == [(3, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
-    assert _drafts(DecodeConfig(draft_len=2), pool, out)[0] == (6, 4)
+    assert ranked_drafts(DecodeConfig(drafts="pool", order="recent"), pool, out) == [(3, 3, 3), (2, 2, 2), (1, 1, 1)]
+    assert ranked_drafts(DecodeConfig(drafts="pool", order="frequent"), pool, out) == [(2, 2, 2), (3, 3, 3), (1, 1, 1)]
+    assert ranked_drafts(DecodeConfig(drafts="pool"), pool, out) == [(3, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
+    assert ranked_drafts(DecodeConfig(draft_len=2), pool, out)[0] == (6, 4)
 
 
 def test_recycled_drafts_come_last_and_fill_the_budget():
     """The successor table's paths follow the text and pool drafts, up to the budget."""
-    from lp.decode.loop import _tree
+    from lp.decode.policy import step_tree
     from lp.lookahead.successors import SuccessorTable
 
     pool = NGramPool(3, 4)
@@ -485,10 +487,10 @@ def test_recycled_drafts_come_last_and_fill_the_budget():
     table = SuccessorTable(2)
     table.update(np.asarray([[5, 7, 8], [7, 9, 10], [1, 7, 9]], dtype=np.int64))
     out = TextIndex([4, 5])
-    tree = _tree(DecodeConfig(N=3, G=1), 5, pool, out, table)
+    tree = step_tree(DecodeConfig(N=3, G=1), 5, pool, out, table)
     # the pool's (1, 1) first; then 7, (7, 9), 8, (7, 10) by chance (rates 1/3 each), cut at 5 nodes
     assert tree.tokens.tolist() == [1, 1, 7, 9, 8] and tree.parents == (-1, 0, -1, 2, -1)
-    assert _tree(DecodeConfig(N=3, G=1), 5, pool, out, None).size == 2
+    assert step_tree(DecodeConfig(N=3, G=1), 5, pool, out, None).size == 2
 
 
 @pytest.mark.parametrize("arch", ARCHS)

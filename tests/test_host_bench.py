@@ -95,10 +95,10 @@ def test_replay_catches_other_trees_or_plans(recorded, monkeypatch, rank):
     """Drift shows in the replayed rank's message where the host decides it (its columns, its
     rows' input tokens), even while the output length and checksum (the recorded tokens') still
     agree."""
-    import lp.decode.loop
+    import lp.decode.policy
 
     cfg, rec = recorded
-    monkeypatch.setattr(lp.decode.loop, "_drafts", lambda *args: [])  # other trees than the recorded
+    monkeypatch.setattr(lp.decode.policy, "ranked_drafts", lambda *args: [])  # other trees than the recorded
     with pytest.raises(LPError, match="drifted"):
         replay(cfg, rec, rank)
 

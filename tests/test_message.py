@@ -23,8 +23,8 @@ def acceptance(best: int, accepted: int, tokens: list[int]) -> Acceptance:
     return Acceptance(t(best), t(accepted), t(tokens))
 
 
-def message(y1, best, accepted, tokens, first_candidate, new, length=10, checksum=77, width=W):
-    return pack(t(y1), acceptance(best, accepted, tokens), first_candidate, t(new), length, checksum, width)
+def message(y1, best, accepted, tokens, first_candidate, new, length=10, checksum=77, max_commit=W):
+    return pack(t(y1), acceptance(best, accepted, tokens), first_candidate, t(new), length, checksum, max_commit)
 
 
 def gather(*msgs) -> np.ndarray:

@@ -94,17 +94,17 @@ class _Replay(Collective):
     each of its logits rows (rows of `k` successors; none when k is 0). So a replay that drifted
     from the recording, building other trees or plans than the recorded rank did, stops."""
 
-    def __init__(self, world_size: int, kept: list[np.ndarray], W: int, width: int, k: int, rank: int = 0) -> None:
+    def __init__(self, world_size: int, kept: list[np.ndarray], W: int, max_commit: int, k: int, rank: int = 0) -> None:
         super().__init__(rank, world_size)
         self.kept = iter(kept)
-        self.W, self.width, self.k = W, width, k
+        self.W, self.max_commit, self.k = W, max_commit, k
         self.seconds: list[float] = []  # each call's own cost, not host work of lp's
 
     def _planned(self, message: np.ndarray) -> list[int]:
         """The parts of a message that the host's state decides (the model's outputs left out)."""
         if len(message) < HEADER:  # the handshake
             return message.tolist()
-        columns = HEADER + self.width
+        columns = HEADER + self.max_commit
         rows = message[columns + self.W :].reshape(-1, 1 + self.k)[:, 0] if self.k else message[:0]
         return [*message[3:5].tolist(), *(message[columns : columns + self.W] >= 0).tolist(), *rows.tolist()]
 
@@ -336,7 +336,7 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
     if rec.settings != _settings(cfg):
         raise LPError(f"the recording is of {rec.settings}, not {_settings(cfg)}")
     worker = _NoForward(_model(rec.vocab, context), max(2, cfg.successors_sent + 1))
-    ranks = _Replay(rec.world_size, rec.gathered, cfg.W, cfg.step_width, cfg.successors_sent, rank)
+    ranks = _Replay(rec.world_size, rec.gathered, cfg.W, cfg.max_commit, cfg.successors_sent, rank)
     decoder = Decoder(worker, ranks, rec.eos_ids, context)
     times = HostTimes([], [], [])
     for prompt in rec.prompts:

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lp.decode.loop import StepObserver, StepPlan, rank_share
+from lp.decode.loop import StepObserver
+from lp.decode.plan import StepPlan, rank_share
 from lp.decode.throughput import compression
 from lp.engine.fixed_steps import bucket
 from lp.errors import LPError
@@ -133,8 +134,8 @@ def record(lm, prompts: list[list[int]], shape: Shape, max_new_tokens: int) -> R
 
 
 def rank_layouts(step: Step, shape: Shape) -> list[StepLayout]:
-    """Every rank's layout of `step` at `shape`, as lp.decode.loop.plan_step lays them out."""
-    return [rank_share(step.m, step.tree, shape.W, shape.N, shape.P, r)[2] for r in range(shape.P)]
+    """Every rank's layout of `step` at `shape`, as lp.decode.plan.plan_step lays them out."""
+    return [rank_share(step.m, step.tree, W=shape.W, N=shape.N, P=shape.P, rank=r)[2] for r in range(shape.P)]
 
 
 def project(rec: Recording, time_step: Timer, allgather_s: float) -> dict:

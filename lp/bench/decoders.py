@@ -48,7 +48,8 @@ import torch
 from lp import models
 from lp.bench import pp, tp
 from lp.bench.metrics import intervals
-from lp.decode.loop import Generation, StepObserver
+from lp.decode.loop import StepObserver
+from lp.decode.record import Generation
 
 log = logging.getLogger(__name__)
 
@@ -421,9 +422,9 @@ LOOKAHEAD_OPTIONS = {
     "text": ("drafts", "pool+text"),
     "chains": ("tree", False),
     "tree": ("tree", True),
-    "recent": ("rank", "recent"),
-    "frequent": ("rank", "frequent"),
-    "context": ("rank", "context"),
+    "recent": ("order", "recent"),
+    "frequent": ("order", "frequent"),
+    "context": ("order", "context"),
 }
 NUMBER_OPTIONS = {"B": "budget", "D": "draft_len", "T": "text_drafts", "P": "pool_size", "R": "recycle"}  # -B80 etc.
 

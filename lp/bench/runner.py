@@ -22,7 +22,7 @@ import torch
 
 from lp.bench import datasets, metrics, report
 from lp.bench.decoders import KINDS, BenchDecoder, Context, DecodeOutput, build, parse_lookahead
-from lp.decode.loop import collector_paused
+from lp.decode.record import collector_paused
 from lp.errors import LPError
 
 

@@ -99,7 +99,7 @@ def calibrate(
                     {
                         bucket(step_tokens(*shape, world_size) + extra)
                         for shape in LADDER
-                        for extra in (0, DecodeConfig(*shape).step_width - 1)
+                        for extra in (0, DecodeConfig(*shape).max_commit - 1)
                     }
                     | {1}
                 )

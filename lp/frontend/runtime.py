@@ -19,7 +19,8 @@ from lp import models
 from lp.collective import Collective
 from lp.config import DecodeConfig, check_settings
 from lp.decode.auto import AutoTuner, CostCurve, calibrate
-from lp.decode.loop import Decoder, Generation, StepObserver
+from lp.decode.loop import Decoder, StepObserver
+from lp.decode.record import Generation
 from lp.errors import LPError
 from lp.worker import Worker
 

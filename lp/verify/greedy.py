@@ -12,7 +12,7 @@ class Acceptance(NamedTuple):
     """Result of one rank's verification, all device tensors (no host sync).
 
     `best` is the local index of the deepest accepted tree node (-1 if none), `accepted` its
-    depth (the number of draft tokens accepted), `tokens` `[width]` the model's tokens along
+    depth (the number of draft tokens accepted), `tokens` `[max_commit]` the model's tokens along
     the path to it, padded with -1: the step commits `tokens[:accepted + 1]`, i.e. the matched
     drafts plus the bonus token."""
 
@@ -28,20 +28,20 @@ def greedy_accept(
     depth: torch.Tensor,
     ancestors: torch.Tensor,
     preds: torch.Tensor,
-    width: int,
+    max_commit: int,
 ) -> Acceptance:
     """Pick the deepest node whose path from x0 the model would generate (ties: lowest index).
 
     y1: scalar, the model's next token after x0. tokens, parents, depth, preds: `[n]` each
     node's draft token, parent (-1: x0), depth (1 for x0's children) and the model's argmax
     after it. ancestors: bool `[n, n]`, `[i, j]` true iff j is i or an ancestor of i (the last
-    block of the step's mask). width: the message's token slots, more than the deepest node."""
+    block of the step's mask). max_commit: the message's token slots, more than the deepest node."""
     n = tokens.shape[0]
-    out = torch.full((width + 1,), -1, dtype=torch.long, device=y1.device)
+    out = torch.full((max_commit + 1,), -1, dtype=torch.long, device=y1.device)
     out[0] = y1
     if n == 0:
         zero = torch.zeros((), dtype=torch.long, device=y1.device)
-        return Acceptance(zero - 1, zero, out[:width])
+        return Acceptance(zero - 1, zero, out[:max_commit])
     expect = torch.cat([y1.reshape(1), preds])  # expect[p + 1]: the model's token after node p
     ok = tokens == expect[parents + 1]
     accepted = ~(ancestors & ~ok).any(dim=1)  # the node and all its ancestors match
@@ -52,5 +52,5 @@ def greedy_accept(
     length = score.index_select(0, pick)[0]
     path = ancestors.index_select(0, pick)[0] & (length > 0)
     # the path's tokens by depth, then the bonus; off-path nodes write to the spare last slot
-    out.scatter_(0, torch.where(path, depth, width), preds)
-    return Acceptance(torch.where(length > 0, best, -1), length, out[:width])
+    out.scatter_(0, torch.where(path, depth, max_commit), preds)
+    return Acceptance(torch.where(length > 0, best, -1), length, out[:max_commit])

@@ -74,7 +74,7 @@ class FirstLevel(NamedTuple):
 
 
 class Sampled(NamedTuple):
-    """Committed tokens `[width]` (long, padded with -1 after the first n) and their count n."""
+    """Committed tokens `[max_commit]` (long, padded with -1 after the first n) and their count n."""
 
     tokens: torch.Tensor
     n: int
@@ -130,8 +130,8 @@ def _uniform_values(u: torch.Tensor, need: int) -> list[float]:
     return values
 
 
-def _finish(out: list[int], width: int, device: torch.device) -> Sampled:
-    return Sampled(torch.tensor(out + [-1] * (width - len(out)), dtype=torch.long, device=device), len(out))
+def _finish(out: list[int], max_commit: int, device: torch.device) -> Sampled:
+    return Sampled(torch.tensor(out + [-1] * (max_commit - len(out)), dtype=torch.long, device=device), len(out))
 
 
 def sample_first_level(p_x0: torch.Tensor, first_tokens: torch.Tensor, u: torch.Tensor) -> FirstLevel:
@@ -144,20 +144,20 @@ def sample_first_level(p_x0: torch.Tensor, first_tokens: torch.Tensor, u: torch.
 
 
 def sample_continue(
-    first_token: int, tree: DraftTree, p_nodes: torch.Tensor, u: torch.Tensor, width: int | None = None
+    first_token: int, tree: DraftTree, p_nodes: torch.Tensor, u: torch.Tensor, max_commit: int | None = None
 ) -> Sampled:
     """Levels 2.. and the bonus token, after level 1 accepted `first_token`.
 
     tree: the alive roots' subtrees (its roots carrying `first_token` are the alive set; others
     are ignored); p_nodes `[n, V]`: the distribution after each node. Reads u[2..] as
-    documented in the module; `width` pads the result (default: the tree's depth + 1). Returns
+    documented in the module; `max_commit` pads the result (default: the tree's depth + 1). Returns
     all committed tokens, first included."""
     if tree.size == 0 or p_nodes.shape[0] != tree.size:
         raise ValueError(
             f"sample_continue: a tree of {tree.size} nodes needs p_nodes [n>=1, V], got {tuple(p_nodes.shape)}"
         )
     depth = int(tree.depth.max())
-    width = width or depth + 1
+    max_commit = max_commit or depth + 1
     values = _uniform_values(u, uniforms_needed(depth))
     tokens = tree.tokens.tolist()
     children: list[list[int]] = [[] for _ in tokens]
@@ -174,7 +174,7 @@ def sample_continue(
         level = _level(p_nodes[alive[0]], [tokens[c] for c in kids], values[2 * (i - 1)], values[2 * (i - 1) + 1])
         out.append(level.token)
         if not level.accepted:
-            return _finish(out, width, p_nodes.device)
+            return _finish(out, max_commit, p_nodes.device)
         alive = [c for c in kids if tokens[c] == level.token]
 
 

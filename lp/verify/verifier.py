@@ -35,7 +35,7 @@ class StepRows:
     depth: torch.Tensor  # [n] device: node depths (1: x0's children)
     ancestors: torch.Tensor  # [n, n] device bool: [i, j] iff j is i or an ancestor of i
     step: int  # steps done so far in this sequence
-    width: int  # message token slots: the most tokens a step commits
+    max_commit: int  # message token slots: the most tokens a step commits
 
     @property
     def x0_logits(self) -> torch.Tensor:
@@ -55,7 +55,7 @@ class GreedyVerifier:
 
     def __call__(self, s: StepRows) -> tuple[torch.Tensor, Acceptance]:
         y1 = s.argmax[s.layout.X0_ROW]
-        return y1, greedy_accept(y1, s.nodes, s.parents, s.depth, s.ancestors, s.node_argmax, s.width)
+        return y1, greedy_accept(y1, s.nodes, s.parents, s.depth, s.ancestors, s.node_argmax, s.max_commit)
 
 
 ContinueRule = Callable[[int, DraftTree, torch.Tensor, torch.Tensor, int], Sampled]
@@ -79,7 +79,7 @@ class SamplingVerifier:
     def __call__(self, s: StepRows) -> tuple[torch.Tensor, Acceptance]:
         """Every rank decides the first token from the tree's root tokens (the drafts are
         replicated); the rank holding the accepted roots' subtrees walks on."""
-        u = uniforms(self.seed, self.stream, s.step, uniforms_needed(s.width - 1))
+        u = uniforms(self.seed, self.stream, s.step, uniforms_needed(s.max_commit - 1))
         roots = s.tree.roots
         first = sample_first_level(self._warp(s.x0_logits), torch.from_numpy(s.tree.tokens[roots]), u)
         token = s.logits.new_tensor(first.token, dtype=torch.long)
@@ -87,12 +87,12 @@ class SamplingVerifier:
         alive = roots[(s.tree.tokens[roots] == first.token) & mine] if first.accepted else roots[:0]
         if len(alive) == 0:  # the step commits the first token alone: the no-candidate result
             none = token.new_zeros(0)
-            return token, greedy_accept(token, none, none, none, none.bool().view(0, 0), none, s.width)
+            return token, greedy_accept(token, none, none, none, none.bool().view(0, 0), none, s.max_commit)
         # the alive roots are adjacent (build_tree groups them) and their subtrees whole on this rank
         start = int(alive[0])
         stop = int(roots[roots > alive[-1]][0]) if (roots > alive[-1]).any() else s.tree.size
         p_nodes = self._warp(s.node_logits[start - s.mine.start : stop - s.mine.start])
-        result = self.rule(first.token, s.tree.slice(start, stop), p_nodes, u, s.width)
+        result = self.rule(first.token, s.tree.slice(start, stop), p_nodes, u, s.max_commit)
         # The lowest alive root stands for the group: a rule fixed before the outcome is seen.
         return token, Acceptance(token.new_tensor(start - s.mine.start), token.new_tensor(result.n - 1), result.tokens)
 

@@ -1,0 +1,52 @@
+"""The partition glue: a step's tree and window split over the P ranks (lp.partition), and this
+rank's share laid out as one forward (lp.lookahead.mask). Pure host work, the same on every rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lp.lookahead import JacobiWindow
+from lp.lookahead.mask import StepLayout, step_layout
+from lp.lookahead.tree import DraftTree
+from lp.partition import RankPlan, partition
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One rank's share of a step, all host-side: its input ids (in `layout`'s order) and layout,
+    every rank's plan, and this rank's window columns and tree nodes."""
+
+    ids: np.ndarray
+    layout: StepLayout
+    plans: tuple[RankPlan, ...]
+    rank: int
+    tree: DraftTree
+    mine: DraftTree  # this rank's subtrees of `tree`: nodes `plan.candidates`
+
+    @property
+    def plan(self) -> RankPlan:
+        return self.plans[self.rank]
+
+
+def rank_share(
+    m: int, tree: DraftTree, *, W: int, N: int, P: int, rank: int
+) -> tuple[tuple[RankPlan, ...], DraftTree, StepLayout]:
+    """A step with `m` pending tokens split over P ranks: every rank's plan, then rank `rank`'s
+    subtrees and layout (what tools.project replays for each rank)."""
+    plans = partition(W, N, tree.size, P, tree.groups(), candidate_tokens=1)
+    plan = plans[rank]
+    mine = tree.slice(plan.candidates.start, plan.candidates.stop)
+    return plans, mine, step_layout(m, W, N, plan.columns, mine.parents)
+
+
+def plan_step(
+    pending: list[int], window: JacobiWindow | None, tree: DraftTree, *, W: int, N: int, P: int, rank: int
+) -> StepPlan:
+    """Split the step over P ranks and lay out rank `rank`'s forward: the pending tokens (x0
+    last), its window columns with their row-0 prefix, then its verification subtrees."""
+    plans, mine, layout = rank_share(len(pending), tree, W=W, N=N, P=P, rank=rank)
+    rows = window.rows.ravel() if window is not None else mine.tokens[:0]
+    source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.tokens])
+    return StepPlan(source[layout.gather], layout, plans, rank, tree, mine)

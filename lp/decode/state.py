@@ -1,0 +1,115 @@
+"""One sequence's decode state, identical on every rank, and the two per-step actions both decode
+loops share: deciding a step from its logits, and packing the rank's message."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+from lp.decode.plan import StepPlan
+from lp.engine.fixed_steps import DeviceLayout
+from lp.message import pack
+from lp.verify.greedy import Acceptance
+from lp.verify.verifier import StepRows, Verifier
+
+_CHECK_MOD = 2**31 - 1
+
+
+def fingerprint(*parts: object) -> int:
+    """A rank-independent hash of plain values (prompts, settings)."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+@dataclass
+class DecodeState:
+    """The output so far, its length in the sequence and running checksum (every message carries
+    both, so ranks that drifted apart are caught), the tokens the next step re-feeds (x0 last),
+    and what each step committed and fed."""
+
+    prompt: list[int]
+    length: int = 0
+    checksum: int = 0
+    output: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
+    stopped: bool = False
+
+    def __post_init__(self) -> None:
+        self.length, self.checksum, self.pending = len(self.prompt), fingerprint(self.prompt), self.prompt[-1:]
+
+    def clip(self, tokens: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> list[int]:
+        """A step's committed tokens cut at `max_new_tokens` and after the first EOS (then `stopped`)."""
+        tokens = tokens[: max_new_tokens - len(self.output)]
+        stop = next((i for i, t in enumerate(tokens) if t in eos_ids), None)
+        if stop is not None:
+            self.stopped = True
+            tokens = tokens[: stop + 1]
+        return tokens
+
+    def advance(self, tokens: list[int], fed: int) -> None:
+        """Commit a step's `tokens` (fed `fed` tokens to this rank's forward)."""
+        for t in tokens:
+            self.checksum = (self.checksum * 31 + t) % _CHECK_MOD
+        self.output.extend(tokens)
+        self.length += len(tokens)
+        self.pending = tokens
+        self.accepted.append(len(tokens))
+        self.step_tokens.append(fed)
+
+
+def decide(
+    verify: Verifier,
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    step: StepPlan,
+    on_device: DeviceLayout,
+    *,
+    steps_done: int,
+    max_commit: int,
+) -> tuple[torch.Tensor, torch.Tensor, Acceptance]:
+    """This rank's decision on a step, queued on the device (no sync): every used row's argmax,
+    the next token y1 after x0 and the acceptance of this rank's tree nodes."""
+    argmax = logits.argmax(dim=-1)  # one pass over every used row
+    layout = step.layout
+    rows = StepRows(
+        logits=logits,
+        argmax=argmax,
+        layout=layout,
+        tree=step.tree,
+        mine=step.plan.candidates,
+        nodes=ids[layout.node_tokens],
+        parents=on_device.parents,
+        depth=on_device.tree_depth,
+        ancestors=on_device.tree_ancestors,
+        step=steps_done,
+        max_commit=max_commit,
+    )
+    y1, acc = verify(rows)
+    return argmax, y1, acc
+
+
+def message(
+    state: DecodeState,
+    step: StepPlan,
+    decision: tuple[torch.Tensor, torch.Tensor, Acceptance],
+    *,
+    W: int,
+    successors: torch.Tensor | None = None,
+    rows: int = 0,
+) -> torch.Tensor:
+    """This rank's message for the step's all-gather (lp.message), built on the device."""
+    argmax, y1, acc = decision
+    return pack(
+        y1,
+        acc,
+        first_candidate=step.plan.candidates.start,
+        new=argmax[step.layout.column_rows],
+        length=state.length,
+        checksum=state.checksum,
+        W=W,
+        successors=successors,
+        rows=rows,
+    )
