@@ -17,9 +17,10 @@ import yaml
 from helpers import PYTHON, REPO
 
 from lp.bench import datasets, plots, report
-from lp.bench.decoders import parse_lookahead
 from lp.bench.pp import split_layers
-from lp.bench.runner import Settings, run
+from lp.bench.runner import run
+from lp.bench.settings import Settings
+from lp.bench.shapes import parse_lookahead
 from lp.bench.tp import tp_plan, tp_support
 from lp.config import DecodeConfig
 from lp.errors import LPError
@@ -354,7 +355,8 @@ def test_baselines_own_their_models(tiny_model_dir):
     each have theirs."""
     import torch
 
-    from lp.bench.decoders import Context, build
+    from lp.bench.decoders import build
+    from lp.bench.interface import Context
     from lp.frontend.runtime import LP
 
     lm = LP(str(tiny_model_dir), device="cpu")

@@ -377,7 +377,7 @@ def decode_rates(model: torch.nn.Module, worker, prompt: list[int], cfg: Setting
     Decode time only: lp's clock starts after its prefill (the prompt minus its last token),
     so all `new_tokens` come from decode steps; transformers' first forward (prompt -> first
     token) is its prefill, so its rate counts the other new_tokens - 1 over the time after it."""
-    from lp.bench.decoders import HFGenerate
+    from lp.bench.baselines import HFGenerate
     from lp.collective import Collective
     from lp.config import DecodeConfig
     from lp.decode.loop import Decoder

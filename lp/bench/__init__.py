@@ -5,9 +5,9 @@ steps, S, decode seconds, tokens/s, median step latency, the histogram of tokens
 step, speedup against the autoregressive baseline of the same run, and whether the output
 equals greedy decoding. Keys: configs/bench.yaml.
 
-Modules: `datasets` (prompt sets, offline), `decoders` (the `BenchDecoder` interface and its
-implementations), `tp` and `pp` (tensor and pipeline parallelism, applied to a baseline's own
-model), `metrics` (pure functions), `report` (JSONL / CSV / table), `plots` (PNG), `runner`
-(the loop), `__main__` (the hydra entry). Tools of their own: `steps` (step cost against step
-tokens on a real architecture), `host` (host work per step), `project` (LP's strong scaling
-projected from a real decode)."""
+Modules: `settings` (the keys, checked), `datasets` (prompt sets, offline), `interface` (what
+every decoder implements and returns), `decoders` (lp's own, and building the list), `baselines`
+(transformers greedy and prompt lookup, tensor and pipeline parallelism: `tp`, `pp`), `shapes`
+(lookahead configurations by name), `metrics` (pure functions), `report` (JSONL / CSV / table),
+`plots` (PNG), `runner` (the loop), `__main__` (the hydra entry). Developer tools (step costs,
+host work, the strong-scaling projection) live outside the package, in tools/."""

@@ -1,0 +1,101 @@
+"""`lp.bench`'s settings: the keys of configs/bench.yaml, read and checked (one LPError line each)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+from lp.bench.decoders import KINDS
+from lp.bench.shapes import parse_lookahead
+from lp.errors import LPError
+
+
+@dataclass
+class Settings:
+    """The keys of configs/bench.yaml (`model` is the model's name or path)."""
+
+    model: str = "smollm2-135m"
+    dtype: str = "float32"
+    dataset: str = "spec_bench"
+    prompts: str | None = None
+    per_category: int | None = None
+    categories: list[str] | None = None
+    limit: int | None = None
+    chat: bool | None = None
+    decoders: list[str] = field(default_factory=lambda: ["hf-greedy", "lp-ar", "lp", "hf-prompt-lookup"])
+    baseline: str | None = "hf-greedy"
+    reference: str | None = "hf-greedy"
+    W: int = 5
+    N: int = 3
+    G: int = 5
+    lookahead: list[str] | None = None
+    max_new_tokens: int = 128
+    seed: int = 0
+    pool_from_prompt: bool = True
+    prompt_lookup_num_tokens: int = 10
+    max_matching_ngram_size: int = 2
+    tp_impl: str = "dtensor"
+    pp_balance: bool = True
+    warmup: int = 1
+    warmup_tokens: int = 16
+    threads: int | None = None
+    local_threads: int | None = None
+    device: str = "auto"
+    graphs: bool | str = "auto"
+    compile: bool | str = "auto"
+    attention: str = "auto"
+    max_seq_len: int | None = None
+    backend: str = "auto"
+    nproc: int = 1  # read by the command line (lp/frontend/cli.py), which starts the ranks itself
+    timeout_s: float = 600.0
+    out_dir: str = "bench-results/latest"
+    tag: str | None = None
+    plots: bool = True
+    progress: bool = True
+    print_table: bool = True
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping) -> Settings:
+        known = {f.name for f in fields(cls)}
+        data = {}
+        for k, v in dict(cfg).items():
+            if k == "model" and isinstance(v, Mapping):  # hydra's model group: {name, dtype}
+                data["model"] = v["name"]
+                data.setdefault("dtype", v.get("dtype", "float32"))
+                continue
+            if k in known:
+                data[k] = list(v) if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig" else v
+        s = cls(**data)
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        for key, low in (
+            ("max_new_tokens", 1),
+            ("warmup", 0),
+            ("warmup_tokens", 1),
+            ("W", 1),
+            ("N", 2),
+            ("G", 0),
+            ("prompt_lookup_num_tokens", 1),
+            ("max_matching_ngram_size", 1),
+        ):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise LPError(f"{key} must be an integer >= {low}, got {v!r}")
+        if not self.decoders:
+            raise LPError("decoders is empty")
+        unknown = [d for d in self.decoders if d not in KINDS]
+        if unknown:
+            raise LPError(f"unknown decoder '{unknown[0]}'; known: {', '.join(KINDS)}")
+        if self.tp_impl not in ("dtensor", "hf"):
+            raise LPError(f"tp_impl must be dtensor or hf, got {self.tp_impl!r}")
+        try:
+            self.lookahead_configs()
+        except ValueError as e:
+            raise LPError(str(e)) from None
+
+    def lookahead_configs(self) -> list[dict]:
+        if self.lookahead:
+            return [parse_lookahead(s) for s in self.lookahead]
+        return [dict(W=self.W, N=self.N, G=self.G)]
