@@ -147,14 +147,14 @@ class Worker:
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
         """Commit the KV of a prompt prefix (causal), without computing any logits."""
-        T, c = ids.shape[0], self.kv.length
-        if T == 0:
+        n, c = ids.shape[0], self.kv.length
+        if n == 0:
             return
-        block = torch.ones((T, T), dtype=torch.bool, device=self.device).tril_()
-        positions = torch.arange(c, c + T, device=self.device)
+        block = torch.ones((n, n), dtype=torch.bool, device=self.device).tril_()
+        positions = torch.arange(c, c + n, device=self.device)
         rows = torch.zeros(0, dtype=torch.long, device=self.device)
-        self.forward(StepInputs(ids, positions, block, rows, extent=c + T, committed=c, causal=c == 0))
-        self.kv.commit(T)
+        self.forward(StepInputs(ids, positions, block, rows, extent=c + n, committed=c, causal=c == 0))
+        self.kv.commit(n)
 
     def on_device(self, layout: StepLayout) -> DeviceLayout:
         """`layout` on the device, uploaded once and kept while it is among the recent ones."""
@@ -170,7 +170,7 @@ class Worker:
 
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, layout: StepLayout, x0_position: int) -> torch.Tensor:
-        """One step's forward: logits `[R, vocab]` for `layout.logit_rows`. The KV of all T
+        """One step's forward: logits `[R, vocab]` for `layout.logit_rows`. The KV of all n
         tokens is written but not committed; call `commit(layout.m)` to keep the pending ones."""
         dev = self.on_device(layout)
         if self.fixed is not None:

@@ -1,14 +1,14 @@
 """Attention of a step's tokens over the KV cache, three ways.
 
 Every step token sees the committed slots `[0, start)` and, among the step's own slots
-`[start, start + S)`, only what the step's `[S, S]` block mask allows (its own chain). Slots
+`[start, start + n)`, only what the step's `[n, n]` block mask allows (its own chain). Slots
 past the step are never seen, so the unwritten and speculative tail of the cache costs nothing
 but the work a backend spends skipping it:
 
-* `sdpa` (CPU, and the fallback): a dense `[S, extent]` bool mask built on the device from
+* `sdpa` (CPU, and the fallback): a dense `[n, extent]` bool mask built on the device from
   `start` and the block, then torch's scaled_dot_product_attention.
 * `flex` (GPU): PyTorch's FlexAttention with a `BlockMask` that visits only the cache blocks up
-  to `start + S`; its `mask_mod` reads `start` and the block from device tensors, so one block
+  to `start + n`; its `mask_mod` reads `start` and the block from device tensors, so one block
   mask per step size serves every step and stays valid inside a CUDA graph.
 * `split` (GPU with the optional flash-attn): flash-attn over the committed slots (no mask) and
   a dense pass over the in-step block, merged exactly by log-sum-exp. It needs the committed
@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_func = None
 
 BACKENDS = ("auto", "sdpa", "flex", "split")
-FLEX_BLOCK = 128  # FlexAttention's tile; blocks past start + S are skipped whole
+FLEX_BLOCK = 128  # FlexAttention's tile; blocks past start + n are skipped whole
 # FlexAttention's decoding kernel stacks a kv head's query group: past this many rows it ran slower
 # than the main kernel, or found no kernel at all (Llama-3-8B, 64 tokens x 4 heads, H100, torch 2.11)
 DECODE_ROWS = 64
@@ -39,12 +39,12 @@ def flash_available() -> bool:
 
 
 def dense_mask(start: torch.Tensor | int, block: torch.Tensor, extent: int, groups: int = 1) -> torch.Tensor:
-    """`[1, 1, S, extent]` bool: committed slots, then the step's block, nothing after. With
-    `groups` > 1, `[1, 1, groups * S, extent]`: the rows once per query head of a kv head's group,
+    """`[1, 1, n, extent]` bool: committed slots, then the step's block, nothing after. With
+    `groups` > 1, `[1, 1, groups * n, extent]`: the rows once per query head of a kv head's group,
     as `sdpa` folds the heads on CUDA (made once per step here rather than in every layer)."""
-    S = block.shape[0]
+    n = block.shape[0]
     rel = torch.arange(extent, device=block.device) - start  # slot index relative to the step
-    in_step = block.index_select(1, rel.clamp(0, S - 1)) & ((rel >= 0) & (rel < S))
+    in_step = block.index_select(1, rel.clamp(0, n - 1)) & ((rel >= 0) & (rel < n))
     mask = ((rel < 0) | in_step)[None, None]
     return mask.repeat(1, 1, groups, 1) if groups > 1 else mask
 
@@ -54,20 +54,20 @@ class FlexMask:
     (how many cache blocks reach the step); the rest is fixed, so CUDA graphs keep it."""
 
     def __init__(self, start: torch.Tensor, block: torch.Tensor, capacity: int) -> None:
-        S = block.shape[0]
-        n_q, n_kv = -(-S // FLEX_BLOCK), -(-capacity // FLEX_BLOCK)
+        n = block.shape[0]
+        n_q, n_kv = -(-n // FLEX_BLOCK), -(-capacity // FLEX_BLOCK)
         dev = block.device
         self.visible = torch.zeros((1, 1, n_q), dtype=torch.int32, device=dev)
         indices = torch.arange(n_kv, dtype=torch.int32, device=dev).expand(1, 1, n_q, n_kv).contiguous()
 
         def mask_mod(b, h, q, kv):
             rel = kv - start
-            return (rel < 0) | ((rel < S) & block[q.clamp(max=S - 1), rel.clamp(0, S - 1)])
+            return (rel < 0) | ((rel < n) & block[q.clamp(max=n - 1), rel.clamp(0, n - 1)])
 
         self.block_mask = BlockMask.from_kv_blocks(
-            self.visible, indices, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod, seq_lengths=(S, capacity)
+            self.visible, indices, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod, seq_lengths=(n, capacity)
         )
-        self.size = S
+        self.size = n
 
     def update(self, committed: int) -> None:
         """Visit the cache blocks up to the step's last slot (a device fill, no sync)."""
@@ -83,9 +83,9 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """q `[H, S, D]`, k/v `[Hkv, extent, D]`, mask `[1, 1, S, extent]` (None: causal, with
-    extent == S; on CUDA also `dense_mask`'s rows per group head) -> `[H, S, D]`."""
-    H, S, D = q.shape
+    """q `[H, n, D]`, k/v `[Hkv, extent, D]`, mask `[1, 1, n, extent]` (None: causal, with
+    extent == n; on CUDA also `dense_mask`'s rows per group head) -> `[H, n, D]`."""
+    H, n, D = q.shape
     groups = H // k.shape[0]
     if mask is None:  # flash kernels take causal attention with shared kv heads as they are
         return F.scaled_dot_product_attention(
@@ -94,13 +94,13 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     if q.is_cuda:
         # A bool mask with enable_gqa falls back to the math kernel (quadratic memory, kv heads
         # copied). Folding each kv head's query group into the length keeps the memory-efficient
-        # kernel: [Hkv, groups * S] queries against [Hkv, extent] keys.
-        if mask.shape[2] != groups * S:
+        # kernel: [Hkv, groups * n] queries against [Hkv, extent] keys.
+        if mask.shape[2] != groups * n:
             mask = mask.repeat(1, 1, groups, 1)
         out = F.scaled_dot_product_attention(
-            q.reshape(H // groups, groups * S, D)[None], k[None], v[None], attn_mask=mask, scale=scale
+            q.reshape(H // groups, groups * n, D)[None], k[None], v[None], attn_mask=mask, scale=scale
         )
-        return out.reshape(H, S, D)  # the kernel's output may be laid out [S, H, D]
+        return out.reshape(H, n, D)  # the kernel's output may be laid out [n, H, D]
     # On CPU, as transformers does with a mask: repeated kv heads (the same numerics as its path).
     out = F.scaled_dot_product_attention(
         q[None], _repeat_kv(k, groups)[None], _repeat_kv(v, groups)[None], attn_mask=mask, scale=scale
@@ -109,7 +109,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
 
 
 def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: FlexMask, scale: float) -> torch.Tensor:
-    """q `[H, S, D]`, k/v the whole cache `[Hkv, capacity, D]` -> `[H, S, D]`."""
+    """q `[H, n, D]`, k/v the whole cache `[Hkv, capacity, D]` -> `[H, n, D]`."""
     groups = q.shape[0] // k.shape[0]
     options = {"FORCE_USE_FLEX_ATTENTION": True} if q.shape[1] * groups > DECODE_ROWS else None
     out = flex_attention(
@@ -127,7 +127,7 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: FlexMask, scal
 def _dense_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention in fp32 with its log-sum-exp: q `[H, S, D]`, k/v `[H, K, D]`, mask `[S, K]`."""
+    """Attention in fp32 with its log-sum-exp: q `[H, n, D]`, k/v `[H, K, D]`, mask `[n, K]`."""
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -154,12 +154,12 @@ def _committed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
 def split(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, committed: int, block: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """q `[H, S, D]`; k/v the cache `[Hkv, >= committed + S, D]` with the step written after
-    `committed`; block `[S, S]` -> `[H, S, D]`."""
-    S, groups = q.shape[1], q.shape[0] // k.shape[0]
+    """q `[H, n, D]`; k/v the cache `[Hkv, >= committed + n, D]` with the step written after
+    `committed`; block `[n, n]` -> `[H, n, D]`."""
+    n, groups = q.shape[1], q.shape[0] // k.shape[0]
     step_k, step_v = (
-        _repeat_kv(k[:, committed : committed + S], groups),
-        _repeat_kv(v[:, committed : committed + S], groups),
+        _repeat_kv(k[:, committed : committed + n], groups),
+        _repeat_kv(v[:, committed : committed + n], groups),
     )
     out, lse = _dense_lse(q, step_k, step_v, block, scale)
     if committed > 0:

@@ -2,7 +2,7 @@
 
 At batch 1 a step's forward is hundreds of small kernels, and on a GPU their launch cost is a
 large share of the step. A CUDA graph replays them all with one launch, but only for fixed
-shapes and fixed buffers. So a step is padded to a bucket size S; its inputs are copied into
+shapes and fixed buffers. So a step is padded to a bucket size B; its inputs are copied into
 the bucket's static buffers; its KV goes to the cache slots that the device-held committed
 length names (lp/engine/kv.py); and its attention reads the whole cache under a mask made on the
 device from that length (lp/engine/attention.py). Nothing captured depends on a host value, and the
@@ -47,70 +47,75 @@ def bucket(tokens: int) -> int:
 class DeviceLayout:
     """A step layout on the device, padded to `block.shape[0]` tokens (pads: depth 0, row 0)."""
 
-    block: torch.Tensor  # [S, S] bool: the step mask, pad tokens see only themselves
-    depth: torch.Tensor  # [S] long: positions relative to x0
-    rows: torch.Tensor  # [R] long, or [S] at fixed shapes (the used rows first)
+    block: torch.Tensor  # [B, B] bool: the step mask, pad tokens see only themselves
+    depth: torch.Tensor  # [B] long: positions relative to x0
+    rows: torch.Tensor  # [R] long, or [B] at fixed shapes (the used rows first)
     parents: torch.Tensor  # [n] long: the verification tree's parent pointers (-1: x0)
-    size: int  # T, the real token count
+    size: int  # the real token count (the rest pads the bucket)
     n_rows: int  # R, the used logit rows
 
     @property
     def tree_depth(self) -> torch.Tensor:
         """`[n]` the tree nodes' depths (1: x0's children); they are the last real tokens."""
-        n, T = self.parents.shape[0], self.size
-        return self.depth[T - n : T]
+        n, used = self.parents.shape[0], self.size
+        return self.depth[used - n : used]
 
     @property
     def tree_ancestors(self) -> torch.Tensor:
         """`[n, n]` bool: `[i, j]` iff node j is node i or one of its ancestors."""
-        n, T = self.parents.shape[0], self.size
-        return self.block[T - n : T, T - n : T]
+        n, used = self.parents.shape[0], self.size
+        return self.block[used - n : used, used - n : used]
 
 
 def device_layout(layout: StepLayout, device: torch.device, fixed: bool, packed: bool | None = None) -> DeviceLayout:
-    """`layout` on the device: padded to its bucket when `fixed`, else exactly its T tokens and
+    """`layout` on the device: padded to its bucket when `fixed`, else exactly its used tokens and
     R used rows. `packed` (default: on a GPU): its four arrays travel as one buffer, in one
     copy from pinned memory that does not block the host, rather than four (most steps of a
     real decode bring a new tree, so this runs before most forwards); on a CPU they are used
     where they lie, so the tensors share memory with the cached `layout` (nothing writes them)."""
-    T, R = layout.size, len(layout.logit_rows)
-    S = bucket(T) if fixed else T
+    used, R = layout.size, len(layout.logit_rows)
+    B = bucket(used) if fixed else used
     if fixed:
-        block = np.eye(S, dtype=bool)
-        block[:T, :T] = layout.mask
-        depth = np.zeros(S, dtype=np.int64)
-        depth[:T] = layout.depth
-        rows = np.zeros(S, dtype=np.int64)
+        block = np.eye(B, dtype=bool)
+        block[:used, :used] = layout.mask
+        depth = np.zeros(B, dtype=np.int64)
+        depth[:used] = layout.depth
+        rows = np.zeros(B, dtype=np.int64)
         rows[:R] = layout.logit_rows
     else:
         block, depth, rows = layout.mask, layout.depth, layout.logit_rows
     parents = np.asarray(layout.tree, dtype=np.int64)
     if not (device.type == "cuda" if packed is None else packed):
-        return DeviceLayout(*(torch.from_numpy(a).to(device) for a in (block, depth, rows, parents)), T, R)
-    # the int64 arrays after the mask's S*S bytes, padded to a multiple of 8 (aligned views)
-    head = -(-S * S // 8) * 8
+        return DeviceLayout(*(torch.from_numpy(a).to(device) for a in (block, depth, rows, parents)), used, R)
+    # the int64 arrays after the mask's B*B bytes, padded to a multiple of 8 (aligned views)
+    head = -(-B * B // 8) * 8
     buffer = np.zeros(head + 8 * (len(depth) + len(rows) + len(parents)), dtype=np.uint8)
-    buffer[: S * S] = block.ravel().view(np.uint8)
+    buffer[: B * B] = block.ravel().view(np.uint8)
     buffer[head:] = np.concatenate([depth, rows, parents]).view(np.uint8)
     host = torch.from_numpy(buffer)
     pinned = device.type == "cuda"  # a pageable host-to-device copy would wait for the device
     buf = (host.pin_memory() if pinned else host).to(device, non_blocking=pinned)
     values = buf[head:].view(torch.int64)
     return DeviceLayout(
-        buf[: S * S].view(torch.bool).view(S, S), values[:S], values[S : S + len(rows)], values[S + len(rows) :], T, R
+        buf[: B * B].view(torch.bool).view(B, B),
+        values[:B],
+        values[B : B + len(rows)],
+        values[B + len(rows) :],
+        used,
+        R,
     )
 
 
 class _Bucket:
-    """Static inputs of one step size S, its output, and its graph once captured."""
+    """Static inputs of one step size B, its output, and its graph once captured."""
 
-    def __init__(self, S: int, kv: KVCache, flex: bool, device: torch.device) -> None:
-        block = torch.eye(S, dtype=torch.bool, device=device)
+    def __init__(self, B: int, kv: KVCache, flex: bool, device: torch.device) -> None:
+        block = torch.eye(B, dtype=torch.bool, device=device)
         self.inputs = StepInputs(
-            ids=torch.zeros(S, dtype=torch.long, device=device),
-            positions=torch.zeros(S, dtype=torch.long, device=device),
+            ids=torch.zeros(B, dtype=torch.long, device=device),
+            positions=torch.zeros(B, dtype=torch.long, device=device),
             block=block,
-            rows=torch.zeros(S, dtype=torch.long, device=device),
+            rows=torch.zeros(B, dtype=torch.long, device=device),
             extent=kv.capacity,
             flex=FlexMask(kv.start, block, kv.capacity) if flex else None,
         )
@@ -148,18 +153,18 @@ class FixedSteps:
         b.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(b.graph):
             b.logits = self.run(b.inputs)
-        S = b.inputs.ids.shape[0]
-        self.capture_seconds[S] = time.perf_counter() - t0
-        log.info("lp: step size %d compiled and captured in %.1f s (once per process)", S, self.capture_seconds[S])
+        B = b.inputs.ids.shape[0]
+        self.capture_seconds[B] = time.perf_counter() - t0
+        log.info("lp: step size %d compiled and captured in %.1f s (once per process)", B, self.capture_seconds[B])
 
     def step(self, ids: torch.Tensor, layout: DeviceLayout, x0_position: int) -> torch.Tensor:
         """Logits `[R, vocab]` of the step; valid until the next step of the same bucket."""
-        S, T = layout.block.shape[0], layout.size
-        b = self._buckets.get(S)
+        B, used = layout.block.shape[0], layout.size
+        b = self._buckets.get(B)
         if b is None:
-            b = self._buckets[S] = _Bucket(S, self.kv, self.flex, self.device)
+            b = self._buckets[B] = _Bucket(B, self.kv, self.flex, self.device)
         x = b.inputs
-        x.ids[:T].copy_(ids, non_blocking=True)
+        x.ids[:used].copy_(ids, non_blocking=True)
         torch.add(layout.depth, x0_position, out=x.positions)
         if b.layout is not layout:  # consecutive steps mostly share a layout: copy only on change
             x.block.copy_(layout.block)

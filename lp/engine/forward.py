@@ -1,6 +1,6 @@
 """What one forward of a step takes, and the forward for models outside the Llama family.
 
-A forward writes its S tokens' KV at cache slots `start .. start+S-1`, attends under the step's
+A forward writes its n tokens' KV at cache slots `start .. start+n-1`, attends under the step's
 mask, and returns the logits of `rows` only. The Llama family runs through lp's lean forward
 (lp/engine/llama.py); every other transformers causal LM runs through its own modules here, with a
 transformers `Cache` over the same buffers and a dense mask over the whole cache.
@@ -21,11 +21,11 @@ from lp.engine.kv import KVCache
 class StepInputs:
     """One forward's inputs, all on the device but the two ints."""
 
-    ids: torch.Tensor  # [S] long
-    positions: torch.Tensor  # [S] long
-    block: torch.Tensor  # [S, S] bool: which step tokens each step token sees
+    ids: torch.Tensor  # [n] long
+    positions: torch.Tensor  # [n] long
+    block: torch.Tensor  # [n, n] bool: which step tokens each step token sees
     rows: torch.Tensor  # [R] long: the rows whose logits are returned
-    extent: int  # cache slots the attention reads: committed + S, or the whole cache at fixed shapes
+    extent: int  # cache slots the attention reads: committed + n, or the whole cache at fixed shapes
     committed: int | None = None  # the committed length on the host (eager steps only)
     flex: FlexMask | None = None  # FlexAttention's block mask, at fixed shapes
     causal: bool = False  # a prefill from an empty cache: `block` is causal and nothing is committed

@@ -1,8 +1,8 @@
 """The KV cache: one position-indexed buffer per layer, allocated once per loaded model.
 
-Slot i holds the key/value of sequence position i. A step writes its S tokens' KV at slots
-`[length, length + S)` and attends to the committed slots `[0, length)` plus its own tokens
-under the step mask; `commit(n)` then keeps the first n of them (the pending tokens the step
+Slot i holds the key/value of sequence position i. A step writes its n tokens' KV at slots
+`[length, length + n)` and attends to the committed slots `[0, length)` plus its own tokens
+under the step mask; `commit(k)` then keeps the first k of them (the pending tokens the step
 re-fed). Everything after is speculative and simply overwritten by the next step, so a rejected
 guess costs nothing to undo, and the buffers never move: CUDA graphs captured over them stay
 valid for every prompt of the process.
@@ -43,16 +43,16 @@ class KVCache:
         self.length = 0
         self.start.zero_()
 
-    def slots(self, S: int) -> torch.Tensor:
-        """The slots `start .. start+S-1` a step of S tokens writes (once per step, not per layer:
+    def slots(self, n: int) -> torch.Tensor:
+        """The slots `start .. start+n-1` a step of n tokens writes (once per step, not per layer:
         two launches fewer per layer in an eager step)."""
-        return self.start + torch.arange(S, device=self.start.device)
+        return self.start + torch.arange(n, device=self.start.device)
 
     @staticmethod
     def write(
         k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
     ) -> None:
-        """Store a step's `[kv_heads, S, head_dim]` keys/values at `slots` of one layer's buffers
+        """Store a step's `[kv_heads, n, head_dim]` keys/values at `slots` of one layer's buffers
         (passed in, so a compiled layer receives them as inputs)."""
         k_cache.index_copy_(1, slots, k)
         v_cache.index_copy_(1, slots, v)

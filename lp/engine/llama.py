@@ -138,8 +138,8 @@ class LlamaForward:
         if x.flex is not None:
             return attention.flex(q, k, v, x.flex, self.scale)
         if x.causal:  # a prefill from an empty cache: plain causal attention over its own tokens
-            S = q.shape[1]
-            return attention.sdpa(q, k[:, :S], v[:, :S], None, self.scale)
+            n = q.shape[1]
+            return attention.sdpa(q, k[:, :n], v[:, :n], None, self.scale)
         if self.backend == "split":
             return attention.split(q, k, v, x.committed, x.block, self.scale)
         return attention.sdpa(q, k[:, : x.extent], v[:, : x.extent], mask, self.scale)
@@ -156,14 +156,14 @@ class LlamaForward:
         x: StepInputs,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        S, H, Hkv, D = h.shape[0], self.heads, self.kv_heads, self.head_dim
+        n, H, Hkv, D = h.shape[0], self.heads, self.kv_heads, self.head_dim
         y = _rms_norm(h, w.norm1, self.eps)
-        q = linear(y, w.q, w.q_bias).view(S, H, D).transpose(0, 1)
-        k = linear(y, w.k, w.k_bias).view(S, Hkv, D).transpose(0, 1)
-        v = linear(y, w.v, w.v_bias).view(S, Hkv, D).transpose(0, 1)
+        q = linear(y, w.q, w.q_bias).view(n, H, D).transpose(0, 1)
+        k = linear(y, w.k, w.k_bias).view(n, Hkv, D).transpose(0, 1)
+        v = linear(y, w.v, w.v_bias).view(n, Hkv, D).transpose(0, 1)
         self.kv.write(k_cache, v_cache, _rotate(k, cos, signed_sin), v, slots)
         o = self._attend(_rotate(q, cos, signed_sin), k_cache, v_cache, x, mask)
-        h = h + linear(o.transpose(0, 1).reshape(S, H * D), w.o, w.o_bias)
+        h = h + linear(o.transpose(0, 1).reshape(n, H * D), w.o, w.o_bias)
         y = _rms_norm(h, w.norm2, self.eps)
         return h + linear(self.act(linear(y, w.gate, w.gate_bias)) * linear(y, w.up, w.up_bias), w.down, w.down_bias)
 
