@@ -7,7 +7,7 @@
 #
 #   launch/strong_scaling.sh                       # GPU defaults: codellama-7b, HumanEval
 #   RANKS="1 2 4" CONFIGS="1:W5N3G5 2:W10N3G10 4:W20N3G20" MODEL=smollm2-135m DATASET=spec_bench \
-#     PER_CATEGORY=2 OUT=results/bench/cpu/strong launch/strong_scaling.sh        # CPU, gloo
+#     PER_CATEGORY=2 OUT=results/bench/cpu_lp_tp_pp/strong launch/strong_scaling.sh        # CPU, gloo
 #
 # Knobs (besides those of launch/_bench_lib.sh): RANKS, CONFIGS ("P:WxNyGz ..."), DECODERS
 # (default hf-greedy,lp; add tp,pp to measure them in the same runs), OUT.

@@ -8,7 +8,7 @@
 #
 #   launch/tp_pp.sh                                 # GPU defaults: codellama-7b, HumanEval, 1-8 ranks
 #   MODEL=smollm2-135m DATASET=spec_bench PER_CATEGORY=2 RANKS="1 2 4" \
-#     STRONG=results/bench/cpu/strong OUT=results/bench/cpu/tp_pp launch/tp_pp.sh  # CPU
+#     STRONG=results/bench/cpu_lp_tp_pp/strong OUT=results/bench/cpu_lp_tp_pp/tp_pp launch/tp_pp.sh  # CPU
 #
 # Knobs (besides those of launch/_bench_lib.sh): RANKS, TP_IMPL, DECODERS (default
 # hf-greedy,tp,pp), STRONG, OUT. A decoder that cannot run at some P (e.g. tp[hf] when the head

@@ -54,7 +54,7 @@ def test_predictions_follow_what_is_achieved():
 
 
 def test_the_first_prediction_is_not_optimistic():
-    """SmolLM2 on Spec-Bench achieved S 1.14 with W1 N3 G1 (README); before anything is decoded,
+    """SmolLM2 on Spec-Bench achieved S 1.14 with W1 N3 G1; before anything is decoded,
     auto must not promise much more (it used to promise 1.60)."""
     assert AutoTuner(curve(0.01)).expect(LADDER[0])[0] <= 1.3
 

@@ -1,5 +1,5 @@
 """`--help` of lp.generate and lp.bench: every key of the config, with its default and a line on
-what it does, rendered from the yaml files that hold the defaults; and the README shows it as
+what it does, rendered from the yaml files that hold the defaults; and docs/cli.md shows it as
 printed."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_help_lists_every_key_of_the_config(name, monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", sorted(MAINS))
 def test_readme_shows_the_help_as_printed(name, monkeypatch, capsys):
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```text\n(.*?)```", readme, re.S)
     text = printed_help(name, monkeypatch, capsys)
-    assert text in blocks, f"README.md has no ```text block equal to `python -m lp.{name} --help`:\n{text}"
+    assert text in blocks, f"docs/cli.md has no ```text block equal to `python -m lp.{name} --help`:\n{text}"

@@ -28,7 +28,7 @@ def model():
 # fp32 logits of a random tiny model closer than this may flip between kernels.
 TIE = 1e-4
 
-# An open finding, not a tolerance to widen (README, GPU tests).
+# An open finding, not a tolerance to widen (docs/benchmarks.md, GPU tests).
 NEAR_TIE_ON_H100 = pytest.mark.xfail(
     reason="on an H100 the tiny random fp32 model (head_dim 16) decodes a token whose logit is 0.007 below "
     "the greedy one, more than fp32 rounding; the real model shows no such token; cause not found",

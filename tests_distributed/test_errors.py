@@ -34,8 +34,8 @@ def _one_error_line(stderr: str) -> list[str]:
 
 
 def readme_errors() -> dict[str, tuple[list[str], str]]:
-    """The README's list of bad inputs: {command: (python args, the error line it shows)}."""
-    block = re.search(r"```console\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)[1]
+    """docs/cli.md's list of bad inputs: {command: (python args, the error line it shows)}."""
+    block = re.search(r"```console\n(.*?)```", (ROOT / "docs" / "cli.md").read_text(encoding="utf-8"), re.S)[1]
     lines = block.splitlines()
     cases = {}
     for cmd, expected in zip(lines[::2], lines[1::2]):
@@ -44,17 +44,17 @@ def readme_errors() -> dict[str, tuple[list[str], str]]:
     return cases
 
 
-README_ERRORS = readme_errors()
+CLI_ERRORS = readme_errors()
 
 
 @pytest.fixture(scope="module")
 def bad_input_runs(tiny_text_model, tmp_path_factory):
-    """Every README bad input, plus a prompt beyond the context (known only after the model and
-    tokenizer load), as real CLI runs on 1 and 2 ranks, all at once. The README's files are in
+    """Every bad input of docs/cli.md, plus a prompt beyond the context (known only after the model and
+    tokenizer load), as real CLI runs on 1 and 2 ranks, all at once. The listed files are in
     the working directory; the model cache is empty, so a check after the model would fail."""
     cwd = tmp_path_factory.mktemp("bad_input")
     (cwd / "bad.jsonl").write_text('{"prompt": "ok"}\n{"prompt": "a\tb"}\n')
-    cases = {cmd: args for cmd, (args, _) in README_ERRORS.items()}
+    cases = {cmd: args for cmd, (args, _) in CLI_ERRORS.items()}
     cases["too long"] = _cli(tiny_text_model, "max_new_tokens=1100")
     env = {"LP_CACHE": str(cwd / "empty-cache"), "CUDA_VISIBLE_DEVICES": ""}
     names = {f"case{i}": cmd for i, cmd in enumerate(cases)}
@@ -66,14 +66,14 @@ def bad_input_runs(tiny_text_model, tmp_path_factory):
 
 
 @pytest.mark.parametrize("P", [1, 2])
-@pytest.mark.parametrize("cmd", [*README_ERRORS, "too long"])
+@pytest.mark.parametrize("cmd", [*CLI_ERRORS, "too long"])
 def test_bad_input_ends_with_one_line_from_rank_0(bad_input_runs, cmd, P):
     """Each rank exits with code 2, quickly and without a traceback; rank 0 printed exactly the
-    README's error line, the other ranks nothing (under torchrun they would repeat it)."""
+    documented error line, the other ranks nothing (under torchrun they would repeat it)."""
     launch = bad_input_runs[cmd, P]
     assert not launch.timed_out, f"a rank hung on bad input:\n{launch.describe()}"
     assert launch.elapsed < 60, launch.describe()
-    expected = README_ERRORS[cmd][1] if cmd in README_ERRORS else "lp: error: prompt ("
+    expected = CLI_ERRORS[cmd][1] if cmd in CLI_ERRORS else "lp: error: prompt ("
     for r in launch.ranks:
         assert r.returncode == 2, launch.describe()
         assert "Traceback" not in r.stderr, f"rank {r.rank}:\n{r.stderr}"

@@ -1,7 +1,7 @@
 """Step compression S (generated tokens per decoding step) on Spec-Bench category groups.
 
     python -m tools.compression [--per-group 8] [--max-new-tokens 128]
-        [--configs 3:5:5,5:7:7] [--out results/compression] [--resume]
+        [--configs 3:5:5,5:7:7] [--out DIR] [--resume]
 
 Configs are N:W:G (3:5:5 is the default config W=5 N=3 G=5). World size 1, greedy, chat
 template, default model. Prompts: the first `--per-group` of each of the 6 groups (mt_bench =

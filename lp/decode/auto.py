@@ -39,7 +39,7 @@ LADDER: tuple[tuple[int, int, int], ...] = (
     (60, 5, 60),
 )
 # S - 1 per doubling of step tokens before anything is decoded. SmolLM2 on Spec-Bench measured
-# 0.07 (W1 N3 G1) to 0.17 (W3 N3 G3) (README, step compression): the prior is the typical value,
+# 0.07 (W1 N3 G1) to 0.17 (W3 N3 G3) (Spec-Bench, the classic verification branch): the prior is the typical value,
 # so the first prediction is not the optimistic one that made `auto` over-promise.
 PRIOR_SLOPE = 0.12
 # A bigger step must promise this factor more tokens/s than the cheaper choice to replace it.
