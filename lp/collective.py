@@ -77,7 +77,7 @@ class Collective:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
         use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
         gpus = torch.cuda.device_count() if use_cuda else 0
-        kind, gpu = plan_backend(backend, use_cuda, local, local_world if world > 1 else 1, gpus)
+        kind, gpu = plan_backend(backend, use_cuda, local, local_world if world > 1 else 1, gpus=gpus)
         dev = torch.device(f"cuda:{gpu}") if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(dev)

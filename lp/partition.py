@@ -32,8 +32,8 @@ class RankPlan:
             self.columns.stop,
             len(self.candidates),
             N,
-            pending,
-            N - 1 if candidate_tokens is None else candidate_tokens,
+            pending=pending,
+            candidate_tokens=N - 1 if candidate_tokens is None else candidate_tokens,
         )
 
 
@@ -73,8 +73,8 @@ def _floor(W: int, N: int, P: int, groups: tuple[int, ...], candidate_tokens: in
     spread = -(-(P + max(W - 1, 0) + (N - 2) * W + candidate_tokens * sum(groups)) // P)
     return max(
         spread,
-        _tokens(max(W - 1, 0), W, 0, N, 1, candidate_tokens),
-        _tokens(0, 0, max(groups, default=0), N, 1, candidate_tokens),
+        _tokens(max(W - 1, 0), W, 0, N, pending=1, candidate_tokens=candidate_tokens),
+        _tokens(0, 0, max(groups, default=0), N, pending=1, candidate_tokens=candidate_tokens),
     )
 
 
@@ -106,17 +106,17 @@ def partition(
     # in 5 of a real decode at W60 N5 G60 P8) it is the best limit, found in one fill. Else a
     # binary search above it (the fill is not monotone in the limit: it may land on a feasible
     # limit that is not the least).
-    floor = _floor(W, N, P, groups, candidate_tokens)
-    plans = _greedy(W, N, ends, P, floor, candidate_tokens)
+    floor = _floor(W, N, P, groups, candidate_tokens=candidate_tokens)
+    plans = _greedy(W, N, ends, P, limit=floor, candidate_tokens=candidate_tokens)
     lo, hi = floor + 1, RankPlan(range(W), range(G)).cost(N, 1, candidate_tokens)
     at_hi = None  # the fill at `hi`, once a probe has made it
     while plans is None and lo < hi:
         mid = (lo + hi) // 2
-        fill = _greedy(W, N, ends, P, mid, candidate_tokens)
+        fill = _greedy(W, N, ends, P, limit=mid, candidate_tokens=candidate_tokens)
         if fill is None:
             lo = mid + 1
         else:
             hi, at_hi = mid, fill
-    plans = plans or at_hi or _greedy(W, N, ends, P, lo, candidate_tokens)
+    plans = plans or at_hi or _greedy(W, N, ends, P, limit=lo, candidate_tokens=candidate_tokens)
     assert plans is not None
     return tuple(RankPlan(range(a, b), range(c, d)) for a, b, c, d in plans)

@@ -92,13 +92,15 @@ class Worker:
         fixed = cuda if graphs == "auto" else graphs
         compiled = cuda and fixed if compile == "auto" else compile
         lean = llama.supports(model)
-        self.attention = _backend(attention, self.device, lean, fixed, compiled)
+        self.attention = _backend(attention, self.device, lean, fixed, compiled=compiled)
         self.kv = KVCache(*kv_shape(model), capacity, param.dtype, self.device)
         self.forward: Forward = (
             llama.LlamaForward(model, self.kv, self.attention) if lean else TransformersForward(model, self.kv)
         )
         self.fixed = (
-            FixedSteps(self.forward, self.kv, self.device, self.attention == "flex", compiled) if fixed else None
+            FixedSteps(self.forward, self.kv, self.device, self.attention == "flex", compile=compiled)
+            if fixed
+            else None
         )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         # Step ids go to the device from pinned memory without blocking the host (CUDA only).

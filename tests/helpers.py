@@ -341,7 +341,7 @@ def sample_accept(p_x0: torch.Tensor, tree, p_nodes: torch.Tensor, u: torch.Tens
     return sample_continue(first.token, tree, p_nodes, u, width)
 
 
-def follow_first_drafts(first_token: int, tree, p_nodes: torch.Tensor, width: int):
+def follow_first_drafts(first_token: int, tree, p_nodes: torch.Tensor, max_commit: int):
     """A wrong sampling rule for the distribution tests' controls (same signature as
     lp.verify.sample_continue): always accept the drafts, from the first root carrying
     `first_token` down each node's first child, then the most likely next token."""
@@ -356,7 +356,7 @@ def follow_first_drafts(first_token: int, tree, p_nodes: torch.Tensor, width: in
         node = kids[0]
         out.append(int(tree.tokens[node]))
     out.append(int(p_nodes[node].argmax()))
-    return Sampled(torch.tensor(out + [-1] * (width - len(out))), len(out))
+    return Sampled(torch.tensor(out + [-1] * (max_commit - len(out))), len(out))
 
 
 # ---------------------------------------------------------------------------------------------

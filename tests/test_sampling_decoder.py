@@ -92,8 +92,8 @@ def test_transformers_sampling_matches_the_model(model, prompt, expected):
     assert chi_square_pvalue(samples, expected) > ALPHA
 
 
-def _accept_always(first_token, tree, p_nodes, u, width):
-    return follow_first_drafts(first_token, tree, p_nodes, width)
+def _accept_always(first_token, tree, p_nodes, u, max_commit):
+    return follow_first_drafts(first_token, tree, p_nodes, max_commit)
 
 
 def test_accepting_drafts_always_is_caught(model, prompt, expected):

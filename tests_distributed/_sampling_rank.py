@@ -18,8 +18,8 @@ from lp.verify.verifier import SamplingVerifier
 from lp.worker import Worker
 
 
-def accept_always(first_token, tree, p_nodes, u, width):
-    return follow_first_drafts(first_token, tree, p_nodes, width)
+def accept_always(first_token, tree, p_nodes, u, max_commit):
+    return follow_first_drafts(first_token, tree, p_nodes, max_commit)
 
 
 def main() -> None:

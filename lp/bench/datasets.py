@@ -148,7 +148,12 @@ def _spec_bench(path: Path) -> list[BenchPrompt]:
         cat = row.get("category", "")
         out.append(
             BenchPrompt(
-                str(row["question_id"]), row["turns"][0], "mt_bench" if n < 80 else cat, "spec_bench", True, cat
+                str(row["question_id"]),
+                row["turns"][0],
+                "mt_bench" if n < 80 else cat,
+                "spec_bench",
+                chat=True,
+                subcategory=cat,
             )
         )
     return out
@@ -156,20 +161,21 @@ def _spec_bench(path: Path) -> list[BenchPrompt]:
 
 def _mt_bench(path: Path) -> list[BenchPrompt]:
     return [
-        BenchPrompt(str(r["question_id"]), r["turns"][0], r["category"], "mt_bench", True) for r in _jsonl_rows(path)
+        BenchPrompt(str(r["question_id"]), r["turns"][0], r["category"], "mt_bench", chat=True)
+        for r in _jsonl_rows(path)
     ]
 
 
 def _humaneval(path: Path) -> list[BenchPrompt]:
-    return [BenchPrompt(r["task_id"], r["prompt"], "humaneval", "humaneval", False) for r in _jsonl_rows(path)]
+    return [BenchPrompt(r["task_id"], r["prompt"], "humaneval", "humaneval", chat=False) for r in _jsonl_rows(path)]
 
 
 def _gsm8k(path: Path) -> list[BenchPrompt]:
-    return [BenchPrompt(str(r["id"]), r["prompt"], "gsm8k", "gsm8k", True) for r in _jsonl_rows(path)]
+    return [BenchPrompt(str(r["id"]), r["prompt"], "gsm8k", "gsm8k", chat=True) for r in _jsonl_rows(path)]
 
 
 def _any_jsonl(path: Path, name: str) -> list[BenchPrompt]:
-    return [BenchPrompt(str(p.id), p.text, p.category or name, name, True) for p in read_jsonl(path)]
+    return [BenchPrompt(str(p.id), p.text, p.category or name, name, chat=True) for p in read_jsonl(path)]
 
 
 def dataset_path(name: str, path: str | Path | None = None) -> Path:

@@ -132,11 +132,11 @@ class LPDecoder(BenchDecoder):
             r.steps,
             r.prefill_seconds,
             r.seconds,
-            list(r.accepted_per_step),
-            list(r.step_tokens),
-            lat,
-            timer.forward_seconds,
-            chosen,
+            accepted_per_step=list(r.accepted_per_step),
+            step_tokens=list(r.step_tokens),
+            step_latencies=lat,
+            forward_seconds=timer.forward_seconds,
+            chosen=chosen,
         )
 
 
@@ -179,7 +179,7 @@ def build(
         elif kind in ("hf-greedy", "hf-static"):
             out.append(hf_greedy(local_model(), ctx.eos_ids, ctx.pad_id, static=kind == "hf-static"))
         elif kind == "hf-prompt-lookup":
-            out.append(hf_prompt_lookup(local_model(), ctx.eos_ids, ctx.pad_id, pld_tokens, pld_ngram))
+            out.append(hf_prompt_lookup(local_model(), ctx.eos_ids, ctx.pad_id, pld_tokens, max_ngram=pld_ngram))
         elif kind == "tp":
             out.append(TensorParallel(ctx, tp_impl))
         elif kind == "pp":

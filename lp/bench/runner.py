@@ -127,7 +127,7 @@ def run(cfg: Mapping | Settings) -> dict | None:
         backend=s.backend,
     )
     try:
-        return _run(s, prompts, lm, Context(lm, models.resolve(s.model), DTYPES[s.dtype]), tqdm)
+        return _run(s, prompts, lm, Context(lm, models.resolve(s.model), DTYPES[s.dtype]), tqdm=tqdm)
     finally:
         lm.close()
 
@@ -216,7 +216,7 @@ def _run(s: Settings, prompts, lm, ctx: Context, tqdm) -> dict | None:
             base = outs.get(baseline.label, (None, ""))[0] if baseline else None
             for d in decoders:
                 o, status = outs[d.label]
-                row = _row(p, ids, d, o, s, status, lm.tokenizer)
+                row = _row(p, ids, d, o, s=s, status=status, tokenizer=lm.tokenizer)
                 if o is not None:
                     bs = base.seconds if base is not None else None
                     row["baseline"] = baseline.label if baseline else None

@@ -103,7 +103,7 @@ class Decoder:
             )
         with collector_paused():
             self._handshake(prompt_ids, cfg)
-            verify = verifier or verifier_for(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, stream)
+            verify = verifier or verifier_for(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, stream=stream)
             observe = observer or StepObserver()
             W, N, _, budget = cfg.step_shape
             # the largest step: `max_commit` pending tokens, every column and the whole tree on one rank
@@ -120,15 +120,20 @@ class Decoder:
             if self.ahead and not cfg.lookahead and cfg.temperature == 0 and verifier is None:
                 self._decode_ahead(state, cfg, verify, observe)
             else:
-                self._decode(state, sources, cfg, verify, observe)
+                self._decode(state, sources, cfg, verify=verify, observe=observe)
             if self.worker.device.type == "cuda":  # the decode's time ends with the device's last op
                 torch.cuda.synchronize(self.worker.device)
             return Generation(
-                state.output, len(state.accepted), t1 - t0, time.perf_counter() - t1, state.accepted, state.step_tokens
+                output_ids=state.output,
+                steps=len(state.accepted),
+                prefill_seconds=t1 - t0,
+                seconds=time.perf_counter() - t1,
+                accepted_per_step=state.accepted,
+                step_tokens=state.step_tokens,
             )
 
     def _decode(
-        self, state: DecodeState, sources: DraftSources, cfg: DecodeConfig, verify: Verifier, observe: StepObserver
+        self, state: DecodeState, sources: DraftSources, cfg: DecodeConfig, *, verify: Verifier, observe: StepObserver
     ) -> None:
         """Lookahead decoding (and plain decoding, its W = G = 0 case) until `max_new_tokens` or an EOS."""
         W, N, _, budget = cfg.step_shape
@@ -149,7 +154,9 @@ class Decoder:
 
             # accept on this rank (the lookahead branch stays greedy), then pack this rank's message
             steps_done = len(state.accepted)
-            decision = decide(verify, logits, ids, step, on_device, steps_done=steps_done, max_commit=cfg.max_commit)
+            decision = decide(
+                verify, logits, ids, step, on_device=on_device, steps_done=steps_done, max_commit=cfg.max_commit
+            )
             # every used row's input token and its top-k next tokens, for the successor table
             top = (
                 torch.cat([ids[on_device.rows[: on_device.n_rows], None], logits.topk(k, dim=-1).indices], dim=1)
@@ -224,7 +231,7 @@ class Decoder:
             logits = self.worker.step(ids, layout, L - 1 + i)
             observe.forward_done()
             self.worker.commit(1)  # a plain step always keeps its one pending token
-            decision = decide(verify, logits, ids, step, on_device, steps_done=i, max_commit=1)
+            decision = decide(verify, logits, ids, step, on_device=on_device, steps_done=i, max_commit=1)
             ids = decision[1].view(1)  # the next step's input, never on the host
             gathered = fetch(self.comm.all_gather(message(state, step, decision, W=0)), i)
             if unread is not None:

@@ -35,7 +35,7 @@ def rank_share(
 ) -> tuple[tuple[RankPlan, ...], DraftTree, StepLayout]:
     """A step with `m` pending tokens split over P ranks: every rank's plan, then rank `rank`'s
     subtrees and layout (what tools.project replays for each rank)."""
-    plans = partition(W, N, tree.size, P, tree.groups(), candidate_tokens=1)
+    plans = partition(W, N, tree.size, P, groups=tree.groups(), candidate_tokens=1)
     plan = plans[rank]
     mine = tree.slice(plan.candidates.start, plan.candidates.stop)
     return plans, mine, step_layout(m, W, N, plan.columns, mine.parents)
@@ -49,4 +49,4 @@ def plan_step(
     plans, mine, layout = rank_share(len(pending), tree, W=W, N=N, P=P, rank=rank)
     rows = window.rows.ravel() if window is not None else mine.tokens[:0]
     source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.tokens])
-    return StepPlan(source[layout.gather], layout, plans, rank, tree, mine)
+    return StepPlan(source[layout.gather], layout, plans, rank, tree=tree, mine=mine)

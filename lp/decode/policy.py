@@ -35,7 +35,7 @@ class DraftSources:
 
     def tree(self) -> DraftTree:
         """The next step's verification tree (`step_tree`)."""
-        return step_tree(self.cfg, self.budget, self.pool, self.text, self.successors)
+        return step_tree(self.cfg, self.budget, self.pool, self.text, successors=self.successors)
 
     def observe(self, outcome: Outcome, tokens: list[int]) -> None:
         """Feed a step's merged outcome: the window's new level and its n-grams, the successor

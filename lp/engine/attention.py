@@ -148,7 +148,7 @@ def _committed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
         )
         return out[0].transpose(0, 1).float(), lse[0]
     groups = q.shape[0] // k.shape[0]
-    return _dense_lse(q, _repeat_kv(k, groups), _repeat_kv(v, groups), None, scale)
+    return _dense_lse(q, _repeat_kv(k, groups), _repeat_kv(v, groups), None, scale=scale)
 
 
 def split(
@@ -161,7 +161,7 @@ def split(
         _repeat_kv(k[:, committed : committed + n], groups),
         _repeat_kv(v[:, committed : committed + n], groups),
     )
-    out, lse = _dense_lse(q, step_k, step_v, block, scale)
+    out, lse = _dense_lse(q, step_k, step_v, block, scale=scale)
     if committed > 0:
         out_c, lse_c = _committed(q, k[:, :committed], v[:, :committed], scale)
         total = torch.logaddexp(lse, lse_c)

@@ -101,8 +101,8 @@ def device_layout(layout: StepLayout, device: torch.device, fixed: bool, packed:
         values[:B],
         values[B : B + len(rows)],
         values[B + len(rows) :],
-        used,
-        R,
+        size=used,
+        n_rows=R,
     )
 
 

@@ -86,7 +86,7 @@ class _Layer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         k, v = self.kv.k[self.index], self.kv.v[self.index]
-        self.kv.write(k, v, key_states[0], value_states[0], self.kv.slots(key_states.shape[2]))
+        self.kv.write(k, v, key_states[0], value_states[0], slots=self.kv.slots(key_states.shape[2]))
         return k[None, :, : self.owner.extent], v[None, :, : self.owner.extent]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

@@ -75,18 +75,18 @@ def _weights(layer: torch.nn.Module) -> _Layer:
         a.q_proj.weight,
         a.q_proj.bias,
         a.k_proj.weight,
-        a.k_proj.bias,
-        a.v_proj.weight,
-        a.v_proj.bias,
-        a.o_proj.weight,
-        a.o_proj.bias,
-        layer.post_attention_layernorm.weight,
-        m.gate_proj.weight,
-        m.gate_proj.bias,
-        m.up_proj.weight,
-        m.up_proj.bias,
-        m.down_proj.weight,
-        m.down_proj.bias,
+        k_bias=a.k_proj.bias,
+        v=a.v_proj.weight,
+        v_bias=a.v_proj.bias,
+        o=a.o_proj.weight,
+        o_bias=a.o_proj.bias,
+        norm2=layer.post_attention_layernorm.weight,
+        gate=m.gate_proj.weight,
+        gate_bias=m.gate_proj.bias,
+        up=m.up_proj.weight,
+        up_bias=m.up_proj.bias,
+        down=m.down_proj.weight,
+        down_bias=m.down_proj.bias,
     )
 
 
@@ -136,13 +136,13 @@ class LlamaForward:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: StepInputs, mask: torch.Tensor | None
     ) -> torch.Tensor:
         if x.flex is not None:
-            return attention.flex(q, k, v, x.flex, self.scale)
+            return attention.flex(q, k, v, x.flex, scale=self.scale)
         if x.causal:  # a prefill from an empty cache: plain causal attention over its own tokens
             n = q.shape[1]
-            return attention.sdpa(q, k[:, :n], v[:, :n], None, self.scale)
+            return attention.sdpa(q, k[:, :n], v[:, :n], None, scale=self.scale)
         if self.backend == "split":
-            return attention.split(q, k, v, x.committed, x.block, self.scale)
-        return attention.sdpa(q, k[:, : x.extent], v[:, : x.extent], mask, self.scale)
+            return attention.split(q, k, v, x.committed, block=x.block, scale=self.scale)
+        return attention.sdpa(q, k[:, : x.extent], v[:, : x.extent], mask, scale=self.scale)
 
     def _layer(
         self,
@@ -161,8 +161,8 @@ class LlamaForward:
         q = linear(y, w.q, w.q_bias).view(n, H, D).transpose(0, 1)
         k = linear(y, w.k, w.k_bias).view(n, Hkv, D).transpose(0, 1)
         v = linear(y, w.v, w.v_bias).view(n, Hkv, D).transpose(0, 1)
-        self.kv.write(k_cache, v_cache, _rotate(k, cos, signed_sin), v, slots)
-        o = self._attend(_rotate(q, cos, signed_sin), k_cache, v_cache, x, mask)
+        self.kv.write(k_cache, v_cache, _rotate(k, cos, signed_sin), v, slots=slots)
+        o = self._attend(_rotate(q, cos, signed_sin), k_cache, v_cache, x, mask=mask)
         h = h + linear(o.transpose(0, 1).reshape(n, H * D), w.o, w.o_bias)
         y = _rms_norm(h, w.norm2, self.eps)
         return h + linear(self.act(linear(y, w.gate, w.gate_bias)) * linear(y, w.up, w.up_bias), w.down, w.down_bias)
@@ -178,6 +178,6 @@ class LlamaForward:
         slots = self.kv.slots(x.ids.shape[0])
         h = body.embed_tokens.weight[x.ids]
         for w, k_cache, v_cache in zip(self.layers, self.kv.k, self.kv.v):
-            h = self.layer(h, w, k_cache, v_cache, slots, cos, signed_sin, x, mask)
+            h = self.layer(h, w, k_cache, v_cache, slots=slots, cos=cos, signed_sin=signed_sin, x=x, mask=mask)
         head = self.model.get_output_embeddings()
         return linear(_rms_norm(h.index_select(0, x.rows), body.norm.weight, self.eps), head.weight, head.bias)

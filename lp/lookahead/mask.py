@@ -77,6 +77,8 @@ class StepLayout:
         return slice(self.size - len(self.tree), self.size)
 
 
+# cached by its arguments as given: every caller passes all five by position, so an equal step
+# gets the same object (the worker keeps device copies per layout object)
 @lru_cache(maxsize=4096)
 def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | int) -> StepLayout:
     """Build the layout of a step with `m` pending tokens, the given window `columns` (a

@@ -55,7 +55,9 @@ class GreedyVerifier:
 
     def __call__(self, s: StepRows) -> tuple[torch.Tensor, Acceptance]:
         y1 = s.argmax[s.layout.X0_ROW]
-        return y1, greedy_accept(y1, s.nodes, s.parents, s.depth, s.ancestors, s.node_argmax, s.max_commit)
+        return y1, greedy_accept(
+            y1, s.nodes, s.parents, s.depth, ancestors=s.ancestors, preds=s.node_argmax, max_commit=s.max_commit
+        )
 
 
 ContinueRule = Callable[[int, DraftTree, torch.Tensor, torch.Tensor, int], Sampled]
@@ -87,7 +89,9 @@ class SamplingVerifier:
         alive = roots[(s.tree.tokens[roots] == first.token) & mine] if first.accepted else roots[:0]
         if len(alive) == 0:  # the step commits the first token alone: the no-candidate result
             none = token.new_zeros(0)
-            return token, greedy_accept(token, none, none, none, none.bool().view(0, 0), none, s.max_commit)
+            return token, greedy_accept(
+                token, none, none, none, ancestors=none.bool().view(0, 0), preds=none, max_commit=s.max_commit
+            )
         # the alive roots are adjacent (build_tree groups them) and their subtrees whole on this rank
         start = int(alive[0])
         stop = int(roots[roots > alive[-1]][0]) if (roots > alive[-1]).any() else s.tree.size
@@ -103,5 +107,5 @@ Verifier = Callable[[StepRows], tuple[torch.Tensor, Acceptance]]
 def verifier_for(temperature: float, top_k: int, top_p: float, seed: int, stream: int) -> Verifier:
     """Greedy at temperature 0, else sampling with these settings."""
     if temperature > 0:
-        return SamplingVerifier(temperature, top_k, top_p, seed, stream)
+        return SamplingVerifier(temperature, top_k, top_p, seed, stream=stream)
     return GreedyVerifier()
