@@ -71,10 +71,10 @@ class _Layer(NamedTuple):
 def _weights(layer: torch.nn.Module) -> _Layer:
     a, m = layer.self_attn, layer.mlp
     return _Layer(
-        layer.input_layernorm.weight,
-        a.q_proj.weight,
-        a.q_proj.bias,
-        a.k_proj.weight,
+        norm1=layer.input_layernorm.weight,
+        q=a.q_proj.weight,
+        q_bias=a.q_proj.bias,
+        k=a.k_proj.weight,
         k_bias=a.k_proj.bias,
         v=a.v_proj.weight,
         v_bias=a.v_proj.bias,
