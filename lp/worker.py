@@ -91,6 +91,8 @@ class Worker:
         cuda = self.device.type == "cuda"
         fixed = cuda if graphs == "auto" else graphs
         compiled = cuda and fixed if compile == "auto" else compile
+        if compiled and not fixed:  # eager steps run at their exact sizes: one compile per size
+            raise LPError("compile=true needs fixed-shape steps: set graphs=true (or leave compile=auto)")
         lean = llama.supports(model)
         self.attention = _backend(attention, self.device, lean, fixed, compiled=compiled)
         self.kv = KVCache(*kv_shape(model), capacity, param.dtype, self.device)

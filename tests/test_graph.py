@@ -13,6 +13,7 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder
 from lp.engine.fixed_steps import BUCKETS, bucket, device_layout
+from lp.errors import LPError
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
@@ -110,3 +111,26 @@ def test_compiled_step_equals_eager(tiny_models):
         w.prefill(torch.tensor(prompt))
         logits.append(w.step(ids, layout, len(prompt) + 1))
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+def test_compile_without_fixed_shapes_is_refused(tiny_models):
+    """compile=true compiles the fixed-shape step; with graphs=false it would silently run eager."""
+    with pytest.raises(LPError, match="compile=true needs fixed-shape steps"):
+        Worker(tiny_models["llama"], graphs=False, compile=True)
+
+
+def test_a_failed_capture_leaves_the_bucket_uncaptured(tiny_models):
+    """A capture that fails raises one LPError and stores no graph: the bucket is not replayed
+    (on this CPU the capture fails at its first CUDA call; the path is the one a GPU takes)."""
+    w = Worker(tiny_models["llama"], graphs=True)
+    prompt = torch.tensor(make_prompt(3, 10, 2))
+    layout = step_layout(1, 0, 2, range(0), 0)
+    w.reset(len(prompt) + 4, layout.size)
+    w.prefill(prompt)
+    ids = torch.tensor([5])
+    w.fixed.capture = True
+    with pytest.raises(LPError, match="step size 1: compiling or capturing its CUDA graph failed"):
+        w.step(ids, layout, len(prompt))
+    assert all(b.graph is None and b.logits is None for b in w.fixed._buckets.values())
+    w.fixed.capture = False  # the worker still steps
+    assert w.step(ids, layout, len(prompt)).shape[0] == 1

@@ -26,6 +26,7 @@ import torch
 from lp.engine.attention import FlexMask
 from lp.engine.forward import Forward, StepInputs
 from lp.engine.kv import KVCache
+from lp.errors import LPError
 from lp.lookahead.mask import StepLayout
 from lp.models import cache_dir
 
@@ -142,18 +143,26 @@ class FixedSteps:
 
     def _capture(self, b: _Bucket) -> None:
         """Warm up (and compile) on a side stream, as torch requires, then record the forward
-        into a private memory pool: no other graph shares or frees its memory."""
+        into a private memory pool: no other graph shares or frees its memory. The bucket takes
+        the graph only once its capture succeeded: a failed one leaves it uncaptured (the next
+        step tries again) and raises one LPError."""
         t0 = time.perf_counter()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.run(b.inputs)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        b.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(b.graph):
-            b.logits = self.run(b.inputs)
         B = b.inputs.ids.shape[0]
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.run(b.inputs)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = self.run(b.inputs)
+        except Exception as e:
+            raise LPError(
+                f"step size {B}: compiling or capturing its CUDA graph failed ({type(e).__name__}: {e})"
+            ) from e
+        b.graph, b.logits = graph, logits
         self.capture_seconds[B] = time.perf_counter() - t0
         log.info("lp: step size %d compiled and captured in %.1f s (once per process)", B, self.capture_seconds[B])
 
