@@ -12,13 +12,13 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from lp import models
-from lp.mesh import check_tp
 from lp.collective import check_backend, check_device
 from lp.config import check_settings
 from lp.errors import LPError
 from lp.frontend import cli
 from lp.frontend.prompts import Prompt, read_jsonl
 from lp.frontend.runtime import LP, Result
+from lp.mesh import check_tp
 from lp.worker import check_options
 
 SETTINGS = (
