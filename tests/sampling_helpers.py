@@ -10,9 +10,12 @@ import torch
 from lp.verify.distribution import warp
 
 
-def peaked_llama(seed: int = 3, vocab: int = 8, scale: float = 40.0) -> tuple[torch.nn.Module, list[int]]:
+def peaked_llama(
+    seed: int = 3, vocab: int = 8, scale: float = 40.0, kv_heads: int = 1
+) -> tuple[torch.nn.Module, list[int]]:
     """A tiny random Llama with peaked next-token distributions, and a prompt that is its own
-    greedy rollout, so the n-gram pool holds drafts the model often samples."""
+    greedy rollout, so the n-gram pool holds drafts the model often samples. `kv_heads=2`
+    makes every head count divide by 2 (tensor parallelism)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -22,7 +25,7 @@ def peaked_llama(seed: int = 3, vocab: int = 8, scale: float = 40.0) -> tuple[to
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
-        num_key_value_heads=1,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=128,
         eos_token_id=None,
         bos_token_id=None,
