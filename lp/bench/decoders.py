@@ -340,6 +340,28 @@ class TensorParallel(HFGenerate):
             self.model = tp.parallelize_tp(ctx.load_model(), P, shard_attention=how == "full")
 
 
+def lp_tensor_parallel(ctx: Context) -> BenchDecoder:
+    """The `tp` baseline as lp's own plain decoding (`mode=ar`) on one replica sharded over all P
+    ranks (`tp=P`, lp/engine/tp.py): lp's lean forward, one all-reduce after attention and one
+    after the MLP, no lookahead. Unsupported where P does not divide the head counts."""
+    from transformers import AutoConfig
+
+    from lp.engine.tp import check_divisible
+    from lp.errors import LPError
+    from lp.frontend.runtime import LP
+
+    P = ctx.comm.world_size
+    try:
+        check_divisible(AutoConfig.from_pretrained(ctx.path), P)
+    except LPError as e:
+        d = BenchDecoder("tp[lp]", P)
+        d.name, d.unsupported = "tp", str(e)
+        return d
+    d = LPDecoder(ctx.lm if P == 1 else LP(ctx.path, tp=P, **ctx.options), mode="ar")
+    d.name, d.label = "tp", "tp[lp]"
+    return d
+
+
 # ----------------------------------------------------------------------------------- pipeline parallel
 class PipelineParallel(BenchDecoder):
     """Greedy decoding through a batch-1 pipeline over all P ranks, rank r holding layers
@@ -388,11 +410,13 @@ class PipelineParallel(BenchDecoder):
 class Context:
     """What decoders share on this rank: lp's replica (`lm`, with the collective), the model's
     local path, dtype, and end-of-sequence / padding ids; and each baseline's own copy of the
-    model (`load_model`)."""
+    model (`load_model`); `options`: the engine options lp's replica was built with (LP's keyword
+    arguments), for another lp runtime (`tp_impl=lp`)."""
 
     lm: object
     path: str
     dtype: torch.dtype
+    options: dict = field(default_factory=dict)
 
     @property
     def comm(self):
@@ -504,7 +528,7 @@ def build(
         elif kind == "hf-prompt-lookup":
             out.append(hf_prompt_lookup(local_model(), ctx.eos_ids, ctx.pad_id, pld_tokens, pld_ngram))
         elif kind == "tp":
-            out.append(TensorParallel(ctx, tp_impl))
+            out.append(lp_tensor_parallel(ctx) if tp_impl == "lp" else TensorParallel(ctx, tp_impl))
         elif kind == "pp":
             out.append(PipelineParallel(ctx, pp_balance))
         else:
@@ -525,5 +549,6 @@ __all__ = [
     "PipelineParallel",
     "TensorParallel",
     "build",
+    "lp_tensor_parallel",
     "parse_lookahead",
 ]

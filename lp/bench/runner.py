@@ -24,6 +24,7 @@ from lp.bench import datasets, metrics, report
 from lp.bench.decoders import KINDS, BenchDecoder, Context, DecodeOutput, build, parse_lookahead
 from lp.decode.loop import collector_paused
 from lp.errors import LPError
+from lp.mesh import check_tp
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Settings:
     prompt_lookup_num_tokens: int = 10
     max_matching_ngram_size: int = 2
     tp_impl: str = "dtensor"
+    tp: int = 1
     pp_balance: bool = True
     warmup: int = 1
     warmup_tokens: int = 16
@@ -104,8 +106,9 @@ class Settings:
         unknown = [d for d in self.decoders if d not in KINDS]
         if unknown:
             raise LPError(f"unknown decoder '{unknown[0]}'; known: {', '.join(KINDS)}")
-        if self.tp_impl not in ("dtensor", "hf"):
-            raise LPError(f"tp_impl must be dtensor or hf, got {self.tp_impl!r}")
+        if self.tp_impl not in ("dtensor", "hf", "lp"):
+            raise LPError(f"tp_impl must be dtensor, hf or lp, got {self.tp_impl!r}")
+        check_tp(self.tp)
         try:
             self.lookahead_configs()
         except ValueError as e:
@@ -204,8 +207,7 @@ def run(cfg: Mapping | Settings) -> dict | None:
     _set_threads(s.threads)
     if s.dtype not in DTYPES:
         raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
-    lm = LP(
-        s.model,
+    options = dict(
         dtype=s.dtype,
         device=s.device,
         timeout_s=s.timeout_s,
@@ -215,8 +217,9 @@ def run(cfg: Mapping | Settings) -> dict | None:
         max_seq_len=s.max_seq_len,
         backend=s.backend,
     )
+    lm = LP(s.model, tp=s.tp, **options)
     try:
-        return _run(s, prompts, lm, Context(lm, models.resolve(s.model), DTYPES[s.dtype]), tqdm)
+        return _run(s, prompts, lm, Context(lm, models.resolve(s.model), DTYPES[s.dtype], options), tqdm)
     finally:
         lm.close()
 
