@@ -56,15 +56,22 @@ def check_device(device: str) -> None:
 
 
 class Collective:
-    """Rank, world size, device, and the per-step all-gather."""
+    """Rank, world size, device, and the per-step all-gather, over the whole world or over a
+    `group` of it (with tensor parallelism, the ranks of one shard: lp/mesh.py)."""
 
     def __init__(
-        self, rank: int = 0, world_size: int = 1, device: torch.device | None = None, staged: bool = False
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        device: torch.device | None = None,
+        staged: bool = False,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device or torch.device("cpu")
         self.staged = staged  # gather on the host: gloo for messages that live on a GPU
+        self.group = group  # None: the default (world) group
 
     @classmethod
     def from_env(cls, device: str = "auto", timeout_s: float = 300.0, backend: str = "auto") -> Collective:
@@ -108,7 +115,7 @@ class Collective:
             message = message.cpu()
         out = torch.empty(self.world_size * message.numel(), dtype=message.dtype, device=message.device)
         try:
-            _all_gather(out, message.contiguous())
+            _all_gather(out, message.contiguous(), group=self.group)
         except RuntimeError as e:  # gloo/NCCL: a peer died, hung past the timeout, or left
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise LPError(f"rank {self.rank}: the step's all-gather failed, another rank died or hung ({first})") from e

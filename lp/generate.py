@@ -18,6 +18,7 @@ from lp.errors import LPError
 from lp.frontend import cli
 from lp.frontend.prompts import Prompt, read_jsonl
 from lp.frontend.runtime import LP, Result
+from lp.mesh import check_tp
 from lp.worker import check_options
 
 SETTINGS = (
@@ -74,6 +75,7 @@ def check(cfg: DictConfig) -> tuple[list[Prompt], dict]:
     _check_out(cfg.out)
     check_device(cfg.device)
     check_backend(cfg.backend)
+    check_tp(cfg.tp)
     check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len)
     models.resolve(cfg.model.name)
     return prompts, settings
@@ -83,6 +85,8 @@ def summary(pid: object, r: Result) -> str:
     """One line per prompt, the same with and without `quiet`."""
     shape = f"lookahead W={r.W} N={r.N} G={r.G}" if r.mode == "lookahead" else "plain decoding (mode=ar)"
     ranks = f"{r.world_size} rank{'s' if r.world_size > 1 else ''}"
+    if r.tp > 1:
+        ranks += f" ({r.world_size // r.tp} replica{'s' if r.world_size > r.tp else ''} x tp={r.tp})"
     line = (
         f"[{pid}] {r.new_tokens} tokens in {r.steps} steps, S={r.compression:.2f}, "
         f"{r.tokens_per_s:.1f} tokens/s; {shape}, {ranks}"
@@ -106,6 +110,7 @@ def run(cfg: DictConfig) -> None:
         compile=cfg.compile,
         max_seq_len=cfg.max_seq_len,
         backend=cfg.backend,
+        tp=cfg.tp,
     )
     main = lm.comm.is_main
     try:

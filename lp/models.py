@@ -113,6 +113,26 @@ def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | to
     return model.to(device).eval(), tok
 
 
+def load_shard(name_or_path: str, dtype: torch.dtype, device: str | torch.device, tp):
+    """Load (model, tokenizer) with only this rank's tensor-parallel shard of the model (`tp`, a
+    `lp.engine.tp.TensorGroup`), read from its safetensors files (lp/engine/tp.py)."""
+    from transformers import AutoTokenizer
+
+    from lp.engine.tp import load_sharded
+
+    path = resolve(name_or_path)
+    try:
+        if not os.path.isdir(path):  # a hub id: its files in the local hub cache (downloaded if allowed)
+            from huggingface_hub import snapshot_download
+
+            path = snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.model", "*.jinja"])
+        tok = AutoTokenizer.from_pretrained(path)
+        model = load_sharded(path, dtype, torch.device(device), tp)
+    except OSError as e:
+        raise LPError(f"cannot load model '{name_or_path}': {str(e).splitlines()[0]}") from None
+    return model, tok
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lp.models", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)

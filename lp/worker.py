@@ -20,6 +20,7 @@ from lp.engine.attention import FLEX_BLOCK
 from lp.engine.fixed_steps import DeviceLayout, FixedSteps, bucket, device_layout
 from lp.engine.forward import Forward, StepInputs, TransformersForward, kv_shape
 from lp.engine.kv import KVCache
+from lp.engine.tp import ALONE, TensorGroup
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout
 
@@ -71,7 +72,9 @@ class Worker:
     `compile`: torch.compile the fixed-shape forward (`auto`: with graphs on CUDA).
     `attention`: `auto`, `sdpa`, `flex` or `split` (lp/engine/attention.py).
     `max_seq_len`: the longest sequence, prompt included (default: the model's context, at
-    most 8192); the cache holds that many tokens plus `STEP_ROOM` slots for a step."""
+    most 8192); the cache holds that many tokens plus `STEP_ROOM` slots for a step.
+    `tp`: the tensor-parallel group whose shard of the model `model` holds (lp/engine/tp.py); the
+    cache then holds this rank's KV heads only."""
 
     def __init__(
         self,
@@ -81,6 +84,7 @@ class Worker:
         attention: str = "auto",
         graphs: bool | str = "auto",
         compile: bool | str = "auto",
+        tp: TensorGroup = ALONE,
     ) -> None:
         check_options(attention, graphs, compile, max_seq_len)
         param = next(model.parameters())
@@ -89,15 +93,22 @@ class Worker:
         # whole FlexAttention blocks: no partial block at the cache's end
         capacity = -(-(self.max_seq_len + STEP_ROOM) // FLEX_BLOCK) * FLEX_BLOCK
         cuda = self.device.type == "cuda"
-        fixed = cuda if graphs == "auto" else graphs
+        # a CUDA graph cannot hold a collective over gloo (ranks sharing a GPU)
+        capturable = tp.size == 1 or tp.capturable
+        if graphs is True and cuda and not capturable:
+            raise LPError("graphs=true with tp needs NCCL (one GPU per rank); use graphs=false")
+        fixed = cuda and capturable if graphs == "auto" else graphs
         compiled = cuda and fixed if compile == "auto" else compile
         if compiled and not fixed:  # eager steps run at their exact sizes: one compile per size
             raise LPError("compile=true needs fixed-shape steps: set graphs=true (or leave compile=auto)")
         lean = llama.supports(model)
+        if tp.size > 1 and not lean:
+            raise LPError(f"tp={tp.size} needs a Llama-family model ({', '.join(llama.FAMILY)})")
         self.attention = _backend(attention, self.device, lean, fixed, compiled=compiled)
-        self.kv = KVCache(*kv_shape(model), capacity, param.dtype, self.device)
+        layers, kv_heads, head_dim = kv_shape(model)
+        self.kv = KVCache(layers, kv_heads // tp.size, head_dim, capacity, param.dtype, self.device)
         self.forward: Forward = (
-            llama.LlamaForward(model, self.kv, self.attention) if lean else TransformersForward(model, self.kv)
+            llama.LlamaForward(model, self.kv, self.attention, tp) if lean else TransformersForward(model, self.kv)
         )
         self.fixed = (
             FixedSteps(self.forward, self.kv, self.device, self.attention == "flex", compile=compiled)

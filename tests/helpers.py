@@ -116,9 +116,12 @@ def load(path: str | Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def peaked_llama(seed: int = 3, vocab: int = 8, scale: float = 40.0) -> tuple[torch.nn.Module, list[int]]:
+def peaked_llama(
+    seed: int = 3, vocab: int = 8, scale: float = 40.0, kv_heads: int = 1
+) -> tuple[torch.nn.Module, list[int]]:
     """A tiny random Llama with peaked next-token distributions, and a prompt that is its own
-    greedy rollout, so the n-gram pool holds drafts the model often samples."""
+    greedy rollout, so the n-gram pool holds drafts the model often samples. `kv_heads=2`
+    makes every head count divide by 2 (tensor parallelism)."""
     model = build_tiny(
         "llama",
         seed,
@@ -127,7 +130,7 @@ def peaked_llama(seed: int = 3, vocab: int = 8, scale: float = 40.0) -> tuple[to
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
-        num_key_value_heads=1,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=128,
         initializer_range=0.02,
         eos_token_id=None,

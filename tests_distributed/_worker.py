@@ -238,7 +238,9 @@ def run_spec(spec_path: str) -> int:
     t0 = time.time()
     try:
         for name, path in spec["models"].items():
-            models[name] = LP(path, device=spec.get("device", "cpu"), timeout_s=spec.get("timeout_s", 60))
+            models[name] = LP(
+                path, device=spec.get("device", "cpu"), timeout_s=spec.get("timeout_s", 60), tp=spec.get("tp", 1)
+            )
         doc["load_seconds"] = time.time() - t0
         for task in spec["tasks"]:
             mine = dict(task, **task.get("per_rank", {}).get(str(rank), {}))
@@ -259,6 +261,7 @@ def run_spec(spec_path: str) -> int:
                     N=r.N,
                     G=r.G,
                     mode=r.mode,
+                    tp=r.tp,
                 )
             except LPError as e:
                 res["error"] = {"type": type(e).__name__, "message": str(e)}

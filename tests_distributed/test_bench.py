@@ -90,3 +90,13 @@ def test_tp_hf_plan(work):
     tp = [r for r in rows if r["kind"] == "tp"]
     assert [r["decoder"] for r in tp] == ["tp[hf]"] * 2
     assert all(r["status"] == "ok" and r["matches_greedy"] for r in tp), tp
+
+
+def test_tp_baseline_as_lp_and_lp_at_tp2(work):
+    """`tp_impl=lp`: the tp baseline is lp's own mode=ar on one replica over both ranks; with
+    `tp=2`, lp's lookahead runs on that replica too; both reproduce greedy."""
+    rows, _ = _bench(
+        work, work["even"], "even_lp_tp", "decoders=[hf-greedy,lp,tp]", "tp_impl=lp", "tp=2", "W=4", "N=3", "G=4"
+    )
+    assert [r["decoder"] for r in rows] == ["hf-greedy", "lp[W4N3G4]", "tp[lp]"] * 2
+    assert all(r["status"] == "ok" and r["matches_greedy"] for r in rows), rows

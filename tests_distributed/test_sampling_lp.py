@@ -25,6 +25,12 @@ def expected_recycled():
     return settings_distribution(model, prompt, {**SAMPLING, **RECYCLED})
 
 
+@pytest.fixture(scope="module")
+def expected_two_kv_heads():
+    model, prompt = peaked_llama(kv_heads=2)
+    return settings_distribution(model, prompt, SAMPLING)
+
+
 def _samples(tmp_path, *extra: str) -> dict:
     out = tmp_path / "samples.json"
     run = spawn_ranks([RANK_PROGRAM, str(out), str(SAMPLES), *extra], 2, timeout=240)
@@ -49,3 +55,10 @@ def test_lp_sampling_with_recycled_drafts_matches_the_model(tmp_path, expected_r
 def test_lp_wrong_rule_is_caught(tmp_path, expected):
     result = _samples(tmp_path, "wrong")
     assert chi_square_pvalue([tuple(s) for s in result["samples"]], expected) < ALPHA
+
+
+def test_tp_sampling_matches_the_model(tmp_path, expected_two_kv_heads):
+    """The 2 ranks are one tensor-parallel replica (tp=2), each with half the heads and MLP."""
+    result = _samples(tmp_path, "tp")
+    assert result["multi"] > 0.3, "drafts were rarely accepted: the test would be weak"
+    assert chi_square_pvalue([tuple(s) for s in result["samples"]], expected_two_kv_heads) > ALPHA

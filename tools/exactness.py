@@ -5,7 +5,13 @@ prompt, every (N, W, G) config and every world size.
     python -m tools.exactness [--prompts 20] [--max-new-tokens 128] [--world-sizes 1,2,3,4]
         [--configs 2:5:5,3:3:3,5:7:7,5:15:15,3:5:0] [--out results/exactness]
 
-Configs are N:W:G, or N:W:G:B with a verification budget of B tokens. Quick slice for CI
+Configs are N:W:G, or N:W:G:B with a verification budget of B tokens. `--tp T` runs every
+world size as world size / T LP replicas, each a tensor-parallel group of T ranks (world sizes
+must be multiples of T), e.g. SmolLM2-135M (9 heads, 3 KV heads) at tp=3:
+
+    python -m tools.exactness --tp 3 --world-sizes 3,6 --prompts 6 --max-new-tokens 64 \
+        --configs 5:15:15 --out results/exactness_tp3
+ Quick slice for CI
 (about 1-2 minutes on 2 CPU cores):
 
     python -m tools.exactness --quick          # = --prompts 2 --max-new-tokens 24
@@ -115,13 +121,13 @@ def worker(args) -> None:
     if threads > 0:
         torch.set_num_threads(threads)
     spec = json.loads(Path(args.jobs).read_text())
-    lm = LP(spec["model"], timeout_s=spec.get("timeout_s", 600))
+    lm = LP(spec["model"], timeout_s=spec.get("timeout_s", 600), tp=spec.get("tp", 1))
     main = lm.comm.is_main
     if main:
         import lp
 
         print(
-            f"worker: lp from {Path(lp.__file__).parent}, world size {lm.comm.world_size}, "
+            f"worker: lp from {Path(lp.__file__).parent}, world size {lm.comm.world_size}, tp={lm.tp.size}, "
             f"{torch.get_num_threads()} threads per rank",
             file=sys.stderr,
             flush=True,
@@ -167,6 +173,7 @@ def worker(args) -> None:
                     "W": w,
                     "G": g,
                     "world_size": r.world_size,
+                    "tp": r.tp,
                     "output_ids": r.output_ids,
                     "steps": r.steps,
                     "compression": r.compression,
@@ -246,7 +253,9 @@ def launch(P: int, jobs_path: Path, results_path: Path, args) -> int:
     return rc
 
 
-def compare(prompts, cache, configs, world_sizes, rcs, out_dir: Path, max_new: int) -> tuple[dict, list[dict]]:
+def compare(
+    prompts, cache, configs, world_sizes, rcs, out_dir: Path, max_new: int, tp: int = 1
+) -> tuple[dict, list[dict]]:
     cells, mismatches, missing = {}, [], []
     for P in world_sizes:
         path = out_dir / "raw" / f"ws{P}.jsonl"
@@ -309,6 +318,7 @@ def compare(prompts, cache, configs, world_sizes, rcs, out_dir: Path, max_new: i
         "max_new_tokens": max_new,
         "configs": [cfg_name(c) for c in configs],
         "world_sizes": world_sizes,
+        "tp": tp,
         "exit_codes": {str(k): v for k, v in rcs.items()},
         "cells": cells,
         "mismatches": mismatches,
@@ -322,7 +332,9 @@ def table(summary: dict) -> str:
     cfgs = summary["configs"]
     lines = [
         f"Exactness vs transformers greedy `generate` ({len(summary['prompts'])} Spec-Bench prompts, "
-        f"{summary['max_new_tokens']} new tokens, SmolLM2-135M fp32 CPU). Cell: matched/total, mean S.",
+        f"{summary['max_new_tokens']} new tokens, SmolLM2-135M fp32 CPU"
+        + (f", tp={summary['tp']}: world size / {summary['tp']} replicas" if summary.get("tp", 1) > 1 else "")
+        + "). Cell: matched/total, mean S.",
         "",
         "| world size | " + " | ".join(cfgs) + " |",
         "|---|" + "---|" * len(cfgs),
@@ -390,7 +402,7 @@ def report_only(args) -> int:
     prompts = [p for p in spec["prompts"] if p["key"] in cache]
     configs = [tuple(c) for c in spec["configs"]]
     world_sizes = [int(x) for x in args.world_sizes.split(",")]
-    summary, _ = compare(prompts, cache, configs, world_sizes, {}, out_dir, spec["max_new_tokens"])
+    summary, _ = compare(prompts, cache, configs, world_sizes, {}, out_dir, spec["max_new_tokens"], spec.get("tp", 1))
     text = "PARTIAL (run in progress)\n\n" + table(summary)
     (out_dir / "progress.md").write_text(text)
     print(text)
@@ -422,6 +434,7 @@ def orchestrate(args) -> int:
                 "model": args.model,
                 "max_new_tokens": args.max_new_tokens,
                 "timeout_s": args.timeout_s,
+                "tp": args.tp,
                 "configs": configs,
                 "prompts": [{k: p[k] for k in ("key", "question_id", "group", "ids")} for p in prompts],
             }
@@ -431,7 +444,7 @@ def orchestrate(args) -> int:
     t0 = time.perf_counter()
     for P in world_sizes:
         rcs[P] = launch(P, jobs_path, out_dir / "raw" / f"ws{P}.jsonl", args)
-        summary, _ = compare(prompts, cache, configs, world_sizes, rcs, out_dir, args.max_new_tokens)
+        summary, _ = compare(prompts, cache, configs, world_sizes, rcs, out_dir, args.max_new_tokens, args.tp)
         summary["wall_seconds"] = round(time.perf_counter() - t0)
         summary["command"] = " ".join([Path(sys.executable).name] + sys.argv)
         summary["lp_code"] = frozen
@@ -469,6 +482,7 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--out", default=None, help="default results/exactness (results/exactness_quick with --quick)")
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tp", type=int, default=1, help="ranks per replica (tensor parallelism)")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="threads per rank = max(1, cores // P)")
     ap.add_argument("--threads", type=int, default=0, help="force OMP_NUM_THREADS per rank")
     ap.add_argument("--timeout-s", type=float, default=900, help="collective timeout per step")

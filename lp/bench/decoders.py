@@ -143,6 +143,28 @@ class LPDecoder(BenchDecoder):
 # ----------------------------------------------------------------------------------- transformers
 
 
+def lp_tensor_parallel(ctx: Context) -> BenchDecoder:
+    """The `tp` baseline as lp's own plain decoding (`mode=ar`) on one replica sharded over all P
+    ranks (`tp=P`, lp/engine/tp.py): lp's lean forward, one all-reduce after attention and one
+    after the MLP, no lookahead. Unsupported where P does not divide the head counts."""
+    from transformers import AutoConfig
+
+    from lp.engine.tp import check_divisible
+    from lp.errors import LPError
+    from lp.frontend.runtime import LP
+
+    P = ctx.comm.world_size
+    try:
+        check_divisible(AutoConfig.from_pretrained(ctx.path), P)
+    except LPError as e:
+        d = BenchDecoder("tp[lp]", P)
+        d.name, d.unsupported = "tp", str(e)
+        return d
+    d = LPDecoder(ctx.lm if P == 1 else LP(ctx.path, tp=P, **ctx.options), mode="ar")
+    d.name, d.label = "tp", "tp[lp]"
+    return d
+
+
 def build(
     kinds: list[str],
     ctx: Context,
@@ -181,7 +203,7 @@ def build(
         elif kind == "hf-prompt-lookup":
             out.append(hf_prompt_lookup(local_model(), ctx.eos_ids, ctx.pad_id, pld_tokens, max_ngram=pld_ngram))
         elif kind == "tp":
-            out.append(TensorParallel(ctx, tp_impl))
+            out.append(lp_tensor_parallel(ctx) if tp_impl == "lp" else TensorParallel(ctx, tp_impl))
         elif kind == "pp":
             out.append(PipelineParallel(ctx, pp_balance))
         else:
@@ -193,4 +215,4 @@ def build(
     return out
 
 
-__all__ = ["KINDS", "LPDecoder", "build"]
+__all__ = ["KINDS", "LPDecoder", "build", "lp_tensor_parallel"]

@@ -56,11 +56,13 @@ class BenchDecoder:
 class Context:
     """What decoders share on this rank: lp's replica (`lm`, with the collective), the model's
     local path, dtype, and end-of-sequence / padding ids; and each baseline's own copy of the
-    model (`load_model`)."""
+    model (`load_model`); `options`: the engine options lp's replica was built with (LP's keyword
+    arguments), for another lp runtime (`tp_impl=lp`)."""
 
     lm: object
     path: str
     dtype: torch.dtype
+    options: dict = field(default_factory=dict)
 
     @property
     def comm(self):

@@ -115,8 +115,7 @@ def run(cfg: Mapping | Settings) -> dict | None:
     _set_threads(s.threads)
     if s.dtype not in DTYPES:
         raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
-    lm = LP(
-        s.model,
+    options = dict(
         dtype=s.dtype,
         device=s.device,
         timeout_s=s.timeout_s,
@@ -126,8 +125,9 @@ def run(cfg: Mapping | Settings) -> dict | None:
         max_seq_len=s.max_seq_len,
         backend=s.backend,
     )
+    lm = LP(s.model, tp=s.tp, **options)
     try:
-        return _run(s, prompts, lm, Context(lm, models.resolve(s.model), DTYPES[s.dtype]), tqdm=tqdm)
+        return _run(s, prompts, lm, Context(lm, models.resolve(s.model), DTYPES[s.dtype], options), tqdm=tqdm)
     finally:
         lm.close()
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from lp.bench.decoders import KINDS
 from lp.bench.shapes import parse_lookahead
 from lp.errors import LPError
+from lp.mesh import check_tp
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Settings:
     prompt_lookup_num_tokens: int = 10
     max_matching_ngram_size: int = 2
     tp_impl: str = "dtensor"
+    tp: int = 1
     pp_balance: bool = True
     warmup: int = 1
     warmup_tokens: int = 16
@@ -88,8 +90,9 @@ class Settings:
         unknown = [d for d in self.decoders if d not in KINDS]
         if unknown:
             raise LPError(f"unknown decoder '{unknown[0]}'; known: {', '.join(KINDS)}")
-        if self.tp_impl not in ("dtensor", "hf"):
-            raise LPError(f"tp_impl must be dtensor or hf, got {self.tp_impl!r}")
+        if self.tp_impl not in ("dtensor", "hf", "lp"):
+            raise LPError(f"tp_impl must be dtensor, hf or lp, got {self.tp_impl!r}")
+        check_tp(self.tp)
         try:
             self.lookahead_configs()
         except ValueError as e:

@@ -7,6 +7,10 @@ Why not transformers' modules: their per-call bookkeeping (cache objects, mask p
 generic kwargs) is host work on every layer, and the attention backends lp needs (a block mask
 that skips the unwritten cache, split attention) do not fit their interfaces at fixed shapes.
 
+Under tensor parallelism (lp/engine/tp.py) each rank's layers hold its shard of the heads and
+of the MLP, and the row-parallel outputs (o, down) are summed over the group by one all-reduce
+each; the head counts come from the shards' shapes.
+
 Compiled, it is compiled per layer, not as a whole (regional compilation): every layer has the
 same shapes, so one compiled graph serves them all and compile time does not grow with depth;
 the CUDA graph around the whole step still removes the launches between layers.
@@ -24,6 +28,7 @@ from lp.engine import attention
 from lp.engine.forward import StepInputs, kv_shape
 from lp.engine.kernels import linear
 from lp.engine.kv import KVCache
+from lp.engine.tp import ALONE, TensorGroup
 
 FAMILY = ("llama", "mistral", "qwen2")
 # RoPE types whose frequencies change with the sequence length: lp precomputes one table.
@@ -108,16 +113,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 class LlamaForward:
     """Logits of a step's rows, writing the step's KV into `kv` (lp/engine/kv.py)."""
 
-    def __init__(self, model: torch.nn.Module, kv: KVCache, backend: str) -> None:
+    def __init__(self, model: torch.nn.Module, kv: KVCache, backend: str, tp: TensorGroup = ALONE) -> None:
+        """`tp`: the tensor-parallel group whose shard `model` holds (lp/engine/tp.py)."""
         cfg = model.config
-        self.model, self.kv, self.backend = model, kv, backend
-        _, self.kv_heads, self.head_dim = kv_shape(model)
-        self.heads = cfg.num_attention_heads
+        self.model, self.kv, self.backend, self.reduce = model, kv, backend, tp.all_reduce
+        self.head_dim = kv_shape(model)[2]
         self.scale = self.head_dim**-0.5
         self.eps = cfg.rms_norm_eps
         self.act = ACT2FN[cfg.hidden_act]
         body = model.model
         self.layers = [_weights(layer) for layer in body.layers]
+        # this rank's heads: all of them, or its shard's under tensor parallelism
+        self.heads = self.layers[0].q.shape[0] // self.head_dim
+        self.kv_heads = self.layers[0].k.shape[0] // self.head_dim
         # RoPE tables for every slot, from the model's own rotary module (all its fixed scalings).
         probe = body.embed_tokens.weight[:1]
         cos, sin = body.rotary_emb(probe, torch.arange(kv.capacity, device=probe.device)[None])
@@ -163,9 +171,10 @@ class LlamaForward:
         v = linear(y, w.v, w.v_bias).view(n, Hkv, D).transpose(0, 1)
         self.kv.write(k_cache, v_cache, _rotate(k, cos, signed_sin), v, slots=slots)
         o = self._attend(_rotate(q, cos, signed_sin), k_cache, v_cache, x, mask=mask)
-        h = h + linear(o.transpose(0, 1).reshape(n, H * D), w.o, w.o_bias)
+        h = h + self.reduce(linear(o.transpose(0, 1).reshape(n, H * D), w.o, w.o_bias))
         y = _rms_norm(h, w.norm2, self.eps)
-        return h + linear(self.act(linear(y, w.gate, w.gate_bias)) * linear(y, w.up, w.up_bias), w.down, w.down_bias)
+        mlp = linear(self.act(linear(y, w.gate, w.gate_bias)) * linear(y, w.up, w.up_bias), w.down, w.down_bias)
+        return h + self.reduce(mlp)
 
     def __call__(self, x: StepInputs) -> torch.Tensor:
         body = self.model.model

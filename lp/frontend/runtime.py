@@ -6,7 +6,9 @@
     print(r.text, r.compression, r.tokens_per_s)
 
 Under `torchrun`, every rank builds an `LP` and calls `generate` with the same arguments;
-each rank holds a full replica and the ranks split each step's lookahead work.
+each rank holds a full replica and the ranks split each step's lookahead work. With `tp=T`,
+each replica is a tensor-parallel group of T consecutive ranks that each hold 1/T of the
+model (lp/mesh.py, lp/engine/tp.py).
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from lp import models
+from lp import mesh, models
 from lp.collective import Collective
 from lp.config import DecodeConfig, check_settings
 from lp.decode.auto import AutoTuner, CostCurve, calibrate
 from lp.decode.loop import Decoder, StepObserver
 from lp.decode.record import Generation
+from lp.engine import tp as tensor_parallel
 from lp.errors import LPError
 from lp.worker import Worker
 
@@ -42,6 +45,7 @@ class Result(Generation):
     auto: str | None = None  # with W/N/G "auto": what was chosen and why
     # with W/N/G "auto": the S and tokens/s it expected, next to the achieved ones above
     predicted: dict[str, float] | None = None
+    tp: int = 1  # ranks per replica (tensor parallelism); world_size / tp replicas
 
     def to_dict(self) -> dict:
         """The JSONL record: the fields and the figures (new_tokens, compression, tokens_per_s)."""
@@ -68,17 +72,27 @@ class LP:
         compile: bool | str = "auto",
         max_seq_len: int | None = None,
         backend: str = "auto",
+        tp: int = 1,
     ) -> None:
         """`graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (lp/engine/fixed_steps.py);
         `compile`: torch.compile them; `attention`: auto | sdpa | flex | split
         (lp/engine/attention.py); `max_seq_len`: KV cache slots, allocated once (lp/worker.py);
-        `backend`: auto | nccl | gloo for the all-gather (lp/collective.py)."""
+        `backend`: auto | nccl | gloo for the collectives (lp/collective.py); `tp`: ranks per
+        replica, which shard the model tensor-parallel (it must divide the world size)."""
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        self.comm = Collective.from_env(device, timeout_s, backend)
-        self.model, self.tokenizer = models.load(model, DTYPES[dtype], self.comm.device)
-        worker = Worker(self.model, max_seq_len=max_seq_len, attention=attention, graphs=graphs, compile=compile)
-        self.decoder = Decoder(worker, self.comm, self._eos_ids(), worker.max_seq_len)
+        mesh.check_tp(tp)
+        self.comm = Collective.from_env(device, timeout_s, backend)  # the world: rank 0 reports
+        self.lp, self.tp = mesh.split(self.comm, tp, timeout_s)  # the all-gather's ranks; this replica's
+        if tp == 1:
+            self.model, self.tokenizer = models.load(model, DTYPES[dtype], self.comm.device)
+        else:
+            self.model, self.tokenizer = models.load_shard(model, DTYPES[dtype], self.comm.device, self.tp)
+            tensor_parallel.report(self.model, self.tp, self.comm.rank)
+        worker = Worker(
+            self.model, max_seq_len=max_seq_len, attention=attention, graphs=graphs, compile=compile, tp=self.tp
+        )
+        self.decoder = Decoder(worker, self.lp, self._eos_ids(), worker.max_seq_len)
         self._tuner: AutoTuner | None = None
 
     def _eos_ids(self) -> set[int]:
@@ -114,7 +128,7 @@ class LP:
                 settings[k] = getattr(DecodeConfig, k)
             return None
         if self._tuner is None:
-            self._tuner = AutoTuner(self._calibrate(), self.comm.world_size)
+            self._tuner = AutoTuner(self._calibrate(), self.lp.world_size)
         shape, reason = self._tuner.choose(allow_plain=len(auto) == 3)
         if shape is None:
             settings.update(mode="ar", W=1, N=2, G=0)
@@ -124,7 +138,7 @@ class LP:
 
     def _calibrate(self) -> CostCurve:
         """This rank's step costs; under LP the slowest rank's, so all ranks choose alike."""
-        mine = calibrate(self.decoder.worker, world_size=self.comm.world_size)
+        mine = calibrate(self.decoder.worker, world_size=self.lp.world_size)
         micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=self.comm.device)
         slowest = self.comm.all_gather(micros).max(dim=0).values.cpu()
         return CostCurve(mine.tokens, tuple(x / 1e6 for x in slowest.tolist()), mine.padded)
@@ -166,6 +180,7 @@ class LP:
             temperature=cfg.temperature,
             auto=reason,
             predicted=predicted,
+            tp=self.tp.size,
         )
 
     def close(self) -> None:
