@@ -1,12 +1,12 @@
 """Step compression S (generated tokens per decoding step) on Spec-Bench category groups.
 
     python -m tools.compression [--per-group 8] [--max-new-tokens 128]
-        [--configs 3:5:5,5:7:7] [--out DIR] [--resume]
+        [--configs W5N3G5,W7N5G7] [--out DIR] [--resume]
 
-Configs are N:W:G (3:5:5 is the default config W=5 N=3 G=5). World size 1, greedy, chat
+Configs are named as lp.bench names them (W5N3G5: W=5 N=3 G=5). World size 1, greedy, chat
 template, default model. Prompts: the first `--per-group` of each of the 6 groups (mt_bench =
 Spec-Bench's first 80 lines, translation, summarization, qa, math_reasoning, rag). Writes one
-JSONL per config (`OUT/N3W5G5.jsonl`, ...) and `OUT/table.md` (group x config: mean S and the
+JSONL per config (`OUT/W5N3G5.jsonl`, ...) and `OUT/table.md` (group x config: mean S and the
 histogram of tokens committed per step). S is hardware independent; this script deliberately
 reports no tokens/s (the machine it ran on was shared). `--table-only` rebuilds the table from
 the JSONL files.
@@ -147,7 +147,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--per-group", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--configs", default="3:5:5,5:7:7", help="N:W:G,... (3:5:5 = default W=5 N=3 G=5)")
+    ap.add_argument(
+        "--configs", default="W5N3G5,W7N5G7", help="lookahead shapes, comma separated (W5N3G5: W=5 N=3 G=5)"
+    )
     ap.add_argument("--table-configs", default=None, help="configs shown in the table (default: all JSONL files)")
     ap.add_argument("--out", default=str(ROOT / "results" / "compression"))
     ap.add_argument("--model", default="smollm2-135m")

@@ -1,22 +1,23 @@
 """Full exactness check: lookahead decoding under Lookahead Parallelism must reproduce plain
 greedy decoding (transformers `model.generate(do_sample=False)`) token for token, for every
-prompt, every (N, W, G) config and every world size.
+prompt, every lookahead shape and every world size.
 
     python -m tools.exactness [--prompts 20] [--max-new-tokens 128] [--world-sizes 1,2,3,4]
-        [--configs 2:5:5,3:3:3,5:7:7,5:15:15,3:5:0] [--out results/exactness]
+        [--configs W5N2G5,W3N3G3,W7N5G7,W15N5G15,W5N3G0] [--out DIR]
 
-Configs are N:W:G, or N:W:G:B with a verification budget of B tokens. `--tp T` runs every
-world size as world size / T LP replicas, each a tensor-parallel group of T ranks (world sizes
-must be multiples of T), e.g. SmolLM2-135M (9 heads, 3 KV heads) at tp=3:
+Configs are named as lp.bench names them: W15N5G15, with `-B88` for a verification budget of
+88 tokens (W8N5G15-B88). `--tp T` runs every world size as world size / T LP replicas, each a
+tensor-parallel group of T ranks (world sizes must be multiples of T), e.g. SmolLM2-135M (9
+heads, 3 KV heads) at tp=3:
 
     python -m tools.exactness --tp 3 --world-sizes 3,6 --prompts 6 --max-new-tokens 64 \
-        --configs 5:15:15 --out results/exactness_tp3
- Quick slice for CI
-(about 1-2 minutes on 2 CPU cores):
+        --configs W15N5G15 --out results/exactness/tp3
+
+A quick slice for CI (about 1-2 minutes on 2 CPU cores):
 
     python -m tools.exactness --quick          # = --prompts 2 --max-new-tokens 24
-                                                #   --world-sizes 1,2 --configs 3:3:3
-                                                #   --out results/exactness_quick
+                                                #   --world-sizes 1,2 --configs W3N3G3
+                                                #   --out results/exactness/quick
 
 Flow: prompts are picked deterministically from Spec-Bench (round robin over the 6 category
 groups: mt_bench, translation, summarization, qa, math_reasoning, rag; the first k of each) and
@@ -44,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("LP_SPEC_BENCH", ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"))
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-QUICK = dict(prompts=2, max_new_tokens=24, world_sizes="1,2", configs="3:3:3", threads=1)
+QUICK = dict(prompts=2, max_new_tokens=24, world_sizes="1,2", configs="W3N3G3", threads=1)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -83,19 +84,24 @@ def pick_prompts(k: int, path: Path = DATA) -> list[dict]:
 
 
 def parse_configs(text: str) -> list[tuple[int, ...]]:
-    """N:W:G or N:W:G:B (B: verification budget in tokens) per config."""
+    """Configs as lp.bench names them ("W15N5G15", "W8N5G15-B88"), as (N, W, G) or (N, W, G, B)."""
+    from lp.bench.shapes import parse_lookahead
+
     out = []
     for part in text.split(","):
-        c = tuple(int(x) for x in part.strip().split(":"))
-        if len(c) not in (3, 4):
-            raise SystemExit(f"exactness: a config is N:W:G or N:W:G:B, got {part!r}")
-        out.append(c)
+        try:
+            c = parse_lookahead(part)
+        except ValueError as e:
+            raise SystemExit(f"exactness: {e}") from None
+        if set(c) - {"W", "N", "G", "budget"} or c["W"] == "auto":
+            raise SystemExit(f"exactness: a config is W<w>N<n>G<g>, optionally -B<budget>, got {part!r}")
+        out.append((c["N"], c["W"], c["G"], *([c["budget"]] if "budget" in c else [])))
     return out
 
 
 def cfg_name(c) -> str:
     n, w, g, *b = c
-    return f"N{n}W{w}G{g}" + (f"B{b[0]}" if b else "")
+    return f"W{w}N{n}G{g}" + (f"-B{b[0]}" if b else "")
 
 
 def ids_key(ids: list[int], max_new: int) -> str:
@@ -477,10 +483,14 @@ def main(argv=None) -> None:
     ap.add_argument("--world-sizes", default="1,2,3,4")
     ap.add_argument(
         "--configs",
-        default="2:5:5,3:3:3,5:7:7,5:15:15,3:5:0",
-        help="N:W:G or N:W:G:B (B: verification budget, tokens),...",
+        default="W5N2G5,W3N3G3,W7N5G7,W15N5G15,W5N3G0",
+        help="lookahead shapes, comma separated: W15N5G15, or W8N5G15-B88 with a budget of 88 tokens",
     )
-    ap.add_argument("--out", default=None, help="default results/exactness (results/exactness_quick with --quick)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="results folder (default results/exactness/run, results/exactness/quick with --quick)",
+    )
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tp", type=int, default=1, help="ranks per replica (tensor parallelism)")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="threads per rank = max(1, cores // P)")
@@ -505,13 +515,13 @@ def main(argv=None) -> None:
         worker(args)
         return
     if args.report_only:
-        args.out = args.out or str(ROOT / "results" / "exactness")
+        args.out = args.out or str(ROOT / "results" / "exactness" / "run")
         sys.exit(report_only(args))
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v)
     if args.out is None:
-        args.out = str(ROOT / "results" / ("exactness_quick" if args.quick else "exactness"))
+        args.out = str(ROOT / "results" / "exactness" / ("quick" if args.quick else "run"))
     sys.exit(orchestrate(args))
 
 
