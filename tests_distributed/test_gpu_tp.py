@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 from _cases import MAX_NEW, PROMPTS, completed
 from _launch import run_api_worker
-from helpers import REAL_MODEL
-from test_real_model import _questions
+from helpers import REAL_MODEL, spec_bench_questions
 
 pytestmark = pytest.mark.cuda
 
@@ -25,7 +24,7 @@ def test_tp3_ranks_sharing_one_gpu_equal_greedy(tmp_path):
     settings = {"N": 5, "W": 15, "G": 15, "max_new_tokens": 48}
     tasks = [
         {"id": f"q{i}", "model": "smollm2", "prompt": q, "chat": True, "settings": settings}
-        for i, q in enumerate(_questions())
+        for i, q in enumerate(spec_bench_questions())
     ]
     spec = {"models": {"smollm2": str(REAL_MODEL)}, "device": "cuda", "timeout_s": 120, "tp": 3, "tasks": tasks}
     docs = completed(*run_api_worker(spec, 3, timeout=600, tmp=tmp_path), 3)
