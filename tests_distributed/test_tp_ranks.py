@@ -17,6 +17,7 @@ from test_errors import FAULT_TIMEOUT_S, HARD_LIMIT_S, SLACK_S, _fault_args, _fa
 TP = 2
 CONFIGS = ((2, 5, 5), (3, 3, 3), (5, 7, 0))
 ARCHS = ("llama", "qwen2", "mistral")
+MISMATCH = {"model": "llama", "prompt": PROMPTS[0], "settings": {"N": 3, "W": 3, "G": 3, "max_new_tokens": 8}}
 
 
 def _cases() -> list[tuple[str, str, int, dict]]:
@@ -41,7 +42,11 @@ def tp_run(tiny_models, tmp_path_factory):
                 "models": {k: str(v) for k, v in tiny_models.items()},
                 "timeout_s": 60,
                 "tp": TP,
-                "tasks": [{"id": c, "model": a, "prompt": PROMPTS[p], "settings": s} for c, a, p, s in _cases()],
+                "tasks": [{"id": c, "model": a, "prompt": PROMPTS[p], "settings": s} for c, a, p, s in _cases()]
+                + [
+                    dict(MISMATCH, id="mismatch", per_rank={"1": {"prompt": PROMPTS[1]}}),
+                    dict(MISMATCH, id="recovered"),
+                ],
             }
             tmp = tmp_path_factory.mktemp(f"tp{TP}_ws{world_size}")
             cache[world_size] = run_api_worker(spec, world_size, timeout=240, tmp=tmp)
@@ -67,16 +72,17 @@ def test_tp_output_equals_transformers_and_ar(world_size, tp_run, references):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_all_gather_runs_between_replicas_only(world_size, tp_run):
-    """One all-gather per step plus the handshake with 2 replicas, none with one, and no other
-    collective through torch.distributed's API (the layers' all-reduces are functional
-    collectives, which the sharded-logits test checks by their result)."""
+    """One all-gather per step plus the handshake with 2 replicas, none with one, and one check
+    of every rank's sequence per sequence; no other collective through torch.distributed's API
+    (the layers' all-reduces are functional collectives, checked by the sharded-logits test)."""
     docs = completed(*tp_run(world_size), world_size)
     replicas = world_size // TP
     for doc in docs:
         for cid, *_ in _cases():
             res = doc["results"][cid]
             gathers = [c for c in res["calls"] if "all_gather" in c["name"]]
-            assert len(gathers) == (res["steps"] + 1 if replicas > 1 else 0), (cid, len(gathers), res["steps"])
+            expected = 1 + (res["steps"] + 1 if replicas > 1 else 0)
+            assert len(gathers) == expected, (cid, len(gathers), res["steps"])
             assert not [c for c in res["calls"] if "all_gather" not in c["name"]], res["calls"][:3]
 
 
@@ -107,3 +113,15 @@ def test_dead_rank_of_a_group_fails_every_other_rank(tiny_text_model, tmp_path):
     errors = [line for line in launch.ranks[0].stderr.splitlines() if line.startswith("lp: error:")]
     assert len(errors) == 1 and "died or hung" in errors[0], launch.ranks[0].stderr[-2000:]
     assert "Traceback" not in launch.ranks[0].stderr
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_rank_mismatch_inside_a_replica_raises(world_size, tp_run):
+    """Rank 1 given another prompt than its partner rank 0: every rank refuses with one LPError
+    (also the other replica's, which agree among themselves), and all decode again after it."""
+    docs = completed(*tp_run(world_size), world_size)
+    for doc in docs:
+        res = doc["results"]["mismatch"]
+        assert "error" in res and "rank mismatch" in res["error"]["message"], (doc["rank"], res)
+    recovered = [doc["results"]["recovered"] for doc in docs]
+    assert all("error" not in r and r["output_ids"] == recovered[0]["output_ids"] for r in recovered), recovered

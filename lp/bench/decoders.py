@@ -14,7 +14,8 @@ with `lp.decode.loop.Decoder`, lp's own decode loop, which `LPDecoder` drives).
 Under torchrun, rank-0-only decoders run while the other ranks wait at the next collective (so
 the single-process baselines get the whole machine: see `local_threads`). Every baseline runs
 on its own model object (`Context.load_model`), never on lp's, at every world size; `tp` and
-`pp` apply their parallelism to it from outside (lp/bench/tp.py, lp/bench/pp.py).
+`pp` apply their parallelism to it from outside (lp/bench/tp.py, lp/bench/pp.py), except `tp`
+with `tp_impl=lp`, lp's own sharded runtime (lp/engine/tp.py) on a model it reads itself.
 
 Every decoder returns a `DecodeOutput`: new token ids, steps, prefill seconds, decode seconds,
 per-step latencies and tokens committed per step. Timing uses `time.perf_counter` with CUDA

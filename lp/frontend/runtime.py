@@ -13,6 +13,7 @@ model (lp/mesh.py, lp/engine/tp.py).
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -161,6 +162,7 @@ class LP:
         reason = self._auto(settings)
         cfg = DecodeConfig(**settings).validate()
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
+        self._same_in_replica(ids, cfg, stream)
         g: Generation = self.decoder.generate(ids, cfg, stream, observer=observer)
         shape = (cfg.W, cfg.N, cfg.G) if cfg.lookahead else None
         predicted = None
@@ -182,6 +184,20 @@ class LP:
             predicted=predicted,
             tp=self.tp.size,
         )
+
+    def _same_in_replica(self, ids: list[int], cfg: DecodeConfig, stream: int) -> None:
+        """Refuse to decode unless the ranks of each tensor-parallel replica got the same prompt
+        and settings (the decoder's handshake compares one rank of each replica): one
+        all-gather over all ranks per sequence, so all refuse alike; none without tensor
+        parallelism."""
+        if self.tp.size == 1:
+            return
+        mine = zlib.crc32(repr((ids, cfg, stream)).encode()) & 0x7FFFFFFF
+        seen = self.comm.all_gather(torch.tensor([mine], device=self.comm.device)).cpu().view(-1)
+        if (seen != seen[0]).any():
+            raise LPError(
+                f"rank mismatch: ranks were given different prompts or settings (fingerprints {seen.tolist()})"
+            )
 
     def close(self) -> None:
         self.comm.close()
