@@ -91,6 +91,8 @@ class Worker:
         cuda = self.device.type == "cuda"
         fixed = cuda if graphs == "auto" else graphs
         compiled = cuda and fixed if compile == "auto" else compile
+        if compiled and not fixed:
+            raise LPError("compile=true needs fixed-shape steps (graphs=true): eager steps change shape every step")
         lean = llama.supports(model)
         self.attention = _backend(attention, self.device, lean, fixed, compiled)
         self.kv = KVCache(*kv_shape(model), capacity, param.dtype, self.device)
@@ -114,9 +116,11 @@ class Worker:
         """Cache slots a step of `tokens` tokens writes (its padded size at fixed shapes)."""
         return bucket(tokens) if self.fixed is not None else tokens
 
-    def reset(self, tokens: int, step_tokens: int) -> None:
-        """Start a new sequence that commits at most `tokens` and runs steps of at most
-        `step_tokens` tokens; refuse it if the cache cannot hold that."""
+    def reset(self, tokens: int, step_tokens: int, fewest_step_tokens: int | None = None) -> None:
+        """Start a new sequence that commits at most `tokens` and runs steps of
+        `fewest_step_tokens` (default: `step_tokens`) to `step_tokens` tokens; refuse it if the
+        cache cannot hold that. At fixed shapes, every bucket of those sizes is compiled and
+        captured here, before the sequence's clock starts (once per process)."""
         if tokens > self.max_seq_len:
             raise LPError(
                 f"the sequence needs {tokens} tokens (prompt + max_new_tokens), "
@@ -128,6 +132,8 @@ class Worker:
                 f"lower W or G (at most {STEP_ROOM} step tokens past max_seq_len)"
             )
         self.kv.reset()
+        if self.fixed is not None:
+            self.fixed.prepare(fewest_step_tokens or step_tokens, step_tokens)
 
     def commit(self, n: int) -> None:
         self.kv.commit(n)

@@ -257,8 +257,10 @@ class Decoder:
         width, k, rows = cfg.step_width, cfg.successors_sent, successor_rows(W, budget)
         successors = self._successor_table(k)
         P, rank, dev = self.comm.world_size, self.comm.rank, self.worker.device
-        # the largest step: `width` pending tokens, every column and the whole tree on one rank
-        self.worker.reset(L + cfg.max_new_tokens, RankPlan(range(W), range(budget)).cost(N, width, 1))
+        # the largest step: `width` pending tokens, every column and the whole tree on one rank; the
+        # smallest: one pending token and every column (one rank), or a rank's 1-token share
+        fewest = RankPlan(range(W), range(0)).cost(N, 1, 1) if P == 1 else 1
+        self.worker.reset(L + cfg.max_new_tokens, RankPlan(range(W), range(budget)).cost(N, width, 1), fewest)
 
         t0 = time.perf_counter()
         self.worker.prefill(torch.tensor(prompt_ids[:-1], dtype=torch.long, device=dev))

@@ -7,8 +7,10 @@ the bucket's static buffers; its KV goes to the cache slots that the device-held
 length names (lp/engine/kv.py); and its attention reads the whole cache under a mask made on the
 device from that length (lp/engine/attention.py). Nothing captured depends on a host value, and the
 cache never moves, so each bucket is compiled and captured once per process and replayed for
-every later step of every prompt. Pad tokens see only themselves; their KV lands after the
-step's and is overwritten like any speculative token's.
+every later step of every prompt. A decode's reset prepares every bucket its steps can reach,
+so none is compiled or captured while a decode is timed; a capture that fails stores nothing.
+Pad tokens see only themselves; their KV lands after the step's and is overwritten like any
+speculative token's.
 
 Without CUDA the same fixed-shape steps run eagerly, which is how they are tested on CPU.
 """
@@ -26,6 +28,7 @@ import torch
 from lp.engine.attention import FlexMask
 from lp.engine.forward import Forward, StepInputs
 from lp.engine.kv import KVCache
+from lp.errors import LPError
 from lp.lookahead.mask import StepLayout
 from lp.models import cache_dir
 
@@ -119,12 +122,17 @@ class _Bucket:
         self.logits: torch.Tensor | None = None
 
 
+def buckets_between(fewest: int, most: int) -> list[int]:
+    """The buckets of every step size from `fewest` to `most` tokens."""
+    return sorted({bucket(t) for t in range(fewest, most + 1)})
+
+
 class FixedSteps:
     """Runs steps through fixed-shape buckets of one forward and its KV cache."""
 
     def __init__(self, forward: Forward, kv: KVCache, device: torch.device, flex: bool, compile: bool) -> None:
         """`compile`: run `forward.compiled()`, compiled once per bucket (and per worker)."""
-        self.kv, self.device, self.flex = kv, device, flex
+        self.kv, self.device, self.flex, self.compiled = kv, device, flex, compile
         self.capture = device.type == "cuda"
         if compile:
             # One compiled graph per bucket (and per worker): more than dynamo's default allows.
@@ -135,29 +143,67 @@ class FixedSteps:
         self._buckets: dict[int, _Bucket] = {}
         self.capture_seconds: dict[int, float] = {}  # per bucket: compile (if any) + warm-up + capture
 
-    def _capture(self, b: _Bucket) -> None:
+    @torch.inference_mode()  # as steps run: a compiled graph's guards include the grad mode
+    def prepare(self, fewest: int, most: int) -> None:
+        """Compile (and capture, on a GPU) every bucket that steps of `fewest` to `most` tokens
+        use, now rather than in the middle of a decode, where one bucket's compile and capture
+        takes seconds. Its forwards write only cache slots that the next step overwrites."""
+        for S in buckets_between(fewest, most):
+            self._ready(S)
+
+    def _ready(self, S: int) -> _Bucket:
+        """Bucket S, built (and compiled and captured) if it is new; stored only once it works."""
+        b = self._buckets.get(S)
+        if b is not None:
+            return b
+        b = _Bucket(S, self.kv, self.flex, self.device)
+        if b.inputs.flex is not None:
+            b.inputs.flex.update(self.kv.length)
+        t0 = time.perf_counter()
+        if self.capture:
+            b.graph, b.logits = self._capture(b)
+        elif self.compiled:
+            self.run(b.inputs)  # compiles S's graph
+        if self.capture or self.compiled:
+            self.capture_seconds[S] = time.perf_counter() - t0
+            log.info(
+                "lp: step size %d compiled%s in %.1f s (once per process)",
+                S,
+                " and captured" if self.capture else "",
+                self.capture_seconds[S],
+            )
+        self._buckets[S] = b
+        return b
+
+    def _capture(self, b: _Bucket) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The bucket's graph and its output, or an LPError that leaves nothing of the attempt."""
+        try:
+            return self._record(b)
+        except Exception as e:  # noqa: BLE001 - any failure: the bucket must not be replayed
+            reason = (str(e).strip().splitlines() or [""])[0][:200]
+            raise LPError(
+                f"capturing the step of {b.inputs.ids.shape[0]} tokens as a CUDA graph failed "
+                f"({type(e).__name__}: {reason}); graphs=false runs steps without graphs"
+            ) from e
+
+    def _record(self, b: _Bucket) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Warm up (and compile) on a side stream, as torch requires, then record the forward
         into a private memory pool: no other graph shares or frees its memory."""
-        t0 = time.perf_counter()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 self.run(b.inputs)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        b.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(b.graph):
-            b.logits = self.run(b.inputs)
-        S = b.inputs.ids.shape[0]
-        self.capture_seconds[S] = time.perf_counter() - t0
-        log.info("lp: step size %d compiled and captured in %.1f s (once per process)", S, self.capture_seconds[S])
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self.run(b.inputs)
+        return graph, logits
 
     def step(self, ids: torch.Tensor, layout: DeviceLayout, x0_position: int) -> torch.Tensor:
         """Logits `[R, vocab]` of the step; valid until the next step of the same bucket."""
-        S, T = layout.block.shape[0], layout.size
-        b = self._buckets.get(S)
-        if b is None:
-            b = self._buckets[S] = _Bucket(S, self.kv, self.flex, self.device)
+        T = layout.size
+        b = self._ready(layout.block.shape[0])  # prepared at the decode's reset
         x = b.inputs
         x.ids[:T].copy_(ids, non_blocking=True)
         torch.add(layout.depth, x0_position, out=x.positions)
@@ -169,7 +215,5 @@ class FixedSteps:
             x.flex.update(self.kv.length)
         if not self.capture:
             return self.run(x)[: layout.n_rows]
-        if b.graph is None:
-            self._capture(b)
         b.graph.replay()
         return b.logits[: layout.n_rows]
