@@ -108,6 +108,10 @@ def test_flex_mask_full_blocks_equal_dense_mask(S):
         for i in mask.indices[0, 0, 0, :partial].tolist():
             seen[:, i * B : (i + 1) * B] = evaluated[:, i * B : (i + 1) * B]
         assert torch.equal(seen[:S], attention.dense_mask(start, block, capacity)[0, 0]), committed
+        # the same from the device-held length (a captured mode=ar step's way)
+        host = [t.clone() for t in (mask.full, mask.partial, mask.indices)]
+        mask.follow(start)
+        assert all(torch.equal(a, b) for a, b in zip(host, (mask.full, mask.partial, mask.indices)))
 
 
 def test_compiled_flex_one_token_step_equals_eager():

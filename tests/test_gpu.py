@@ -135,3 +135,15 @@ def test_failed_capture_leaves_the_worker_as_it_was(model, monkeypatch):
     prompt = _prompts(1)[0]
     out = Decoder(worker, Collective(), set(), 512).generate(prompt, DecodeConfig(mode="ar", max_new_tokens=16))
     assert off_greedy(model, prompt, out.output_ids, TIE) is None
+
+
+def test_greedy_plain_step_is_one_graph(model):
+    """mode=ar on CUDA runs ahead, each step one replay of the whole step (forward to message):
+    greedy tokens, across prompts whose committed blocks become full FlexAttention blocks."""
+    worker = Worker(model)
+    dec = Decoder(worker, Collective(), set(), 512)
+    assert dec.ahead and worker.attention == "flex"
+    for prompt in (make_prompt(9, 50, 3), make_prompt(3, 5, 2)):  # 150 and 10 tokens
+        out = dec.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=40)).output_ids
+        assert off_greedy(model, prompt, out, TIE) is None
+    assert worker.fixed._greedy is not None and worker.fixed._greedy[1] is not None

@@ -24,12 +24,11 @@ from lp.lookahead.drafts import TextIndex
 from lp.lookahead.mask import StepLayout
 from lp.lookahead.successors import SuccessorTable
 from lp.lookahead.tree import DraftTree, TreeBuilder
+from lp.message import CHECK_MOD as _CHECK_MOD
 from lp.message import merge, pack, successor_rows
 from lp.partition import RankPlan, partition
 from lp.verify.verifier import StepRows, Verifier, verifier_for
 from lp.worker import Worker
-
-_CHECK_MOD = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -277,7 +276,7 @@ class Decoder:
         t1 = time.perf_counter()
 
         if self.ahead and not cfg.lookahead and cfg.temperature == 0 and verifier is None:
-            output = self._decode_ahead(prompt_ids, cfg, verify, observe)
+            output = self._decode_ahead(prompt_ids, cfg, observe)
             return self._finish(output, [1] * len(output), [1] * len(output), t0, t1)
 
         out = text.tokens  # the sequence so far (prompt and output), extended as tokens commit
@@ -370,25 +369,21 @@ class Decoder:
             torch.cuda.synchronize(self.worker.device)
         return Generation(output, len(accepted), t1 - t0, time.perf_counter() - t1, accepted, step_tokens)
 
-    def _decode_ahead(
-        self, prompt_ids: list[int], cfg: DecodeConfig, verify: Verifier, observe: StepObserver
-    ) -> list[int]:
+    def _decode_ahead(self, prompt_ids: list[int], cfg: DecodeConfig, observe: StepObserver) -> list[int]:
         """Greedy `mode=ar` with the device one step ahead of the host: a step's input is the
         last step's argmax where it lies, on the device, so step i+1 is queued before step i's
         message is read, and the device never waits for the host's read, merge and checks (as in
-        gpt-fast, whose decode loop reads no token per step). Still one all-gather a step, and
-        its message read (one step late: its length and checksum are those read so far, the same
-        on every rank). The messages come to pinned host memory by a copy queued right after
-        their all-gather, so reading step i's waits for step i, not for step i+1 behind it. The
-        price: a sequence that stops at an EOS computes one step past it, whose KV the next
-        sequence overwrites. Every step is planned alike (`observe.planned` gets the first
+        gpt-fast, whose decode loop reads no token per step). A step is one worker call (on a GPU
+        one graph replay: forward, argmax, message, its length and checksum kept on the device),
+        then one all-gather, and its message read one step late. The messages come to pinned host
+        memory by a copy queued right after their all-gather, so reading step i's waits for step
+        i, not for step i+1 behind it. The price: a sequence that stops at an EOS computes one step
+        past it, whose KV the next sequence overwrites. Every step is planned alike (`observe.planned` gets the first
         step's plan, its ids the prompt's last token). Returns the output tokens."""
         L = len(prompt_ids)
         step = plan_step(prompt_ids[-1:], None, TreeBuilder(0).tree(), 0, 2, self.comm.world_size, self.comm.rank)
-        layout, on_device = step.layout, self.worker.on_device(step.layout)
         ids = self.worker.upload(step.ids)
         output: list[int] = []
-        checksum = _fingerprint(prompt_ids)
 
         # two host buffers and their copies' events, alternating: step i's is read before step i+2's lands
         pinned: list[tuple[torch.Tensor, torch.cuda.Event]] = []
@@ -409,7 +404,6 @@ class Decoder:
 
         def read(fetched: tuple[torch.Tensor, torch.cuda.Event | None]) -> bool:
             """Take a step's token from its gathered messages; True at an EOS."""
-            nonlocal checksum
             host, done = fetched
             if done is not None:
                 done.synchronize()
@@ -420,36 +414,16 @@ class Decoder:
                 raise LPError(f"ranks diverged: their next tokens were {messages[:, 0].tolist()}")
             token = merge(messages, step.plans, 1).tokens[0]
             output.append(token)
-            checksum = (checksum * 31 + token) % _CHECK_MOD
             return token in self.eos_ids
 
         unread = None  # the last step's gathered messages
+        self.worker.greedy_start(ids, L - 1, L, _fingerprint(prompt_ids))
         for i in range(cfg.max_new_tokens):
             observe.planned(step, L - 1 + i)
             observe.forward_start()
-            logits = self.worker.step(ids, layout, L - 1 + i)
+            message = self.worker.greedy_step()  # forward to message, its token committed: one replay on a GPU
             observe.forward_done()
-            self.worker.commit(1)  # a plain step always keeps its one pending token
-            argmax = logits.argmax(dim=-1)
-            y1, acc = verify(
-                StepRows(
-                    logits,
-                    argmax,
-                    layout,
-                    step.tree,
-                    step.plan.candidates,
-                    ids[layout.node_tokens],
-                    on_device.parents,
-                    on_device.tree_depth,
-                    on_device.tree_ancestors,
-                    i,
-                    1,
-                )
-            )
-            ids = y1.view(1)  # the next step's input, never on the host
-            gathered = fetch(
-                self.comm.all_gather(pack(y1, acc, 0, argmax[layout.column_rows], L + len(output), checksum, 0)), i
-            )
+            gathered = fetch(self.comm.all_gather(message), i)
             if unread is not None and read(unread):
                 return output
             unread = gathered

@@ -93,6 +93,14 @@ class FlexMask:
         self.partial.fill_(-(-(committed + self.size) // FLEX_BLOCK) - full)
         torch.add(self._order, full, out=self.indices).clamp_(max=self.n_kv - 1)
 
+    def follow(self, start: torch.Tensor) -> None:
+        """`update` from the device-held committed length (inside a captured step)."""
+        full = torch.div(start, FLEX_BLOCK, rounding_mode="floor")
+        self.full.copy_(full.expand_as(self.full))
+        visible = torch.div(start + self.size + FLEX_BLOCK - 1, FLEX_BLOCK, rounding_mode="floor")
+        self.partial.copy_((visible - full).expand_as(self.partial))
+        torch.add(self._order, full.to(torch.int32), out=self.indices).clamp_(max=self.n_kv - 1)
+
 
 def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     """`[Hkv, K, D]` -> `[Hkv * groups, K, D]`, head h reading kv head h // groups."""

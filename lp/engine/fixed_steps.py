@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +31,9 @@ from lp.engine.forward import Forward, StepInputs
 from lp.engine.kv import KVCache
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout
+from lp.message import CHECK_MOD, pack
 from lp.models import cache_dir
+from lp.verify.greedy import greedy_accept
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,38 @@ class _Bucket:
         self.logits: torch.Tensor | None = None
 
 
+class PlainGreedy:
+    """Greedy plain decoding (`mode=ar`) held on the device: the next step's input token and
+    position, and the output's length and checksum that its messages carry. `message` turns a
+    step's logits into its message (lp/message.py) and moves all four on without a host value,
+    so a whole step, forward to message, can be captured as one CUDA graph."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.token = torch.zeros(1, dtype=torch.long, device=device)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.length = torch.zeros((), dtype=torch.long, device=device)
+        self.checksum = torch.zeros((), dtype=torch.long, device=device)
+
+    def start(self, token: torch.Tensor, position: int, length: int, checksum: int) -> None:
+        """The first step's input `token` (`[1]`, on the device) at sequence `position`."""
+        self.token.copy_(token)
+        self.position.fill_(position)
+        self.length.fill_(length)
+        self.checksum.fill_(checksum)
+
+    def message(self, logits: torch.Tensor) -> torch.Tensor:
+        """The step's message from its logits `[1, vocab]`; the state moves to the next step."""
+        y1 = logits[0].argmax()
+        none = y1.new_zeros(0)
+        acc = greedy_accept(y1, none, none, none, none.new_zeros((0, 0), dtype=torch.bool), none, 1)
+        message = pack(y1, acc, 0, none, self.length, self.checksum, 0)
+        self.token.copy_(y1)
+        self.position.add_(1)
+        self.length.add_(1)
+        self.checksum.mul_(31).add_(y1).remainder_(CHECK_MOD)
+        return message
+
+
 def buckets_between(fewest: int, most: int) -> list[int]:
     """The buckets of every step size from `fewest` to `most` tokens."""
     return sorted({bucket(t) for t in range(fewest, most + 1)})
@@ -141,6 +176,7 @@ class FixedSteps:
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         self.run = forward.compiled() if compile else forward
         self._buckets: dict[int, _Bucket] = {}
+        self._greedy: tuple[PlainGreedy, torch.cuda.CUDAGraph | None, torch.Tensor | None] | None = None
         self.capture_seconds: dict[int, float] = {}  # per bucket: compile (if any) + warm-up + capture
 
     @torch.inference_mode()  # as steps run: a compiled graph's guards include the grad mode
@@ -161,7 +197,7 @@ class FixedSteps:
             b.inputs.flex.update(self.kv.length)
         t0 = time.perf_counter()
         if self.capture:
-            b.graph, b.logits = self._capture(b)
+            b.graph, b.logits = self._capture(f"the step of {S} tokens", lambda: self._record(b))
         elif self.compiled:
             self.run(b.inputs)  # compiles S's graph
         if self.capture or self.compiled:
@@ -175,15 +211,17 @@ class FixedSteps:
         self._buckets[S] = b
         return b
 
-    def _capture(self, b: _Bucket) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """The bucket's graph and its output, or an LPError that leaves nothing of the attempt."""
+    def _capture(
+        self, what: str, record: Callable[[], tuple[torch.cuda.CUDAGraph, torch.Tensor]]
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """`record()`'s graph and its output, or an LPError that leaves nothing of the attempt."""
         try:
-            return self._record(b)
-        except Exception as e:  # noqa: BLE001 - any failure: the bucket must not be replayed
+            return record()
+        except Exception as e:  # noqa: BLE001 - any failure: the graph must not be replayed
             reason = (str(e).strip().splitlines() or [""])[0][:200]
             raise LPError(
-                f"capturing the step of {b.inputs.ids.shape[0]} tokens as a CUDA graph failed "
-                f"({type(e).__name__}: {reason}); graphs=false runs steps without graphs"
+                f"capturing {what} as a CUDA graph failed ({type(e).__name__}: {reason}); "
+                "graphs=false runs steps without graphs"
             ) from e
 
     def _record(self, b: _Bucket) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -217,3 +255,35 @@ class FixedSteps:
             return self.run(x)[: layout.n_rows]
         b.graph.replay()
         return b.logits[: layout.n_rows]
+
+    def _greedy_step(self, state: PlainGreedy) -> torch.Tensor:
+        """A whole plain greedy step, no host value in it: input, forward, message, committed."""
+        x = self._ready(1).inputs  # any 1-token layout: block [[True]], row 0
+        x.ids.copy_(state.token)
+        x.positions.copy_(state.position)
+        if x.flex is not None:
+            x.flex.follow(self.kv.start)
+        message = state.message(self.run(x))
+        self.kv.start.add_(1)
+        return message
+
+    @torch.inference_mode()
+    def greedy(self, state: PlainGreedy) -> torch.Tensor:
+        """The message of the next plain greedy step of `state` (`PlainGreedy.message`); its
+        token is committed on the device (the host's `kv.length` is the caller's to advance). On
+        a GPU one graph replay: one launch a token. Eager elsewhere, the same ops."""
+        self._ready(1)  # compiled (and captured) with the other buckets: never inside the recording
+        if not self.capture:
+            return self._greedy_step(state)
+        if self._greedy is None or self._greedy[0] is not state:
+            # the forward was warmed up (and compiled) with its bucket: record the whole step
+            def record() -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):  # records, runs nothing: the state stays as it is
+                    message = self._greedy_step(state)
+                return graph, message
+
+            self._greedy = (state, *self._capture("the greedy plain step", record))
+        _, graph, message = self._greedy
+        graph.replay()
+        return message
