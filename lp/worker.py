@@ -17,15 +17,16 @@ import torch
 
 from lp.engine import attention, llama
 from lp.engine.attention import FLEX_BLOCK
-from lp.engine.fixed_steps import DeviceLayout, FixedSteps, bucket, device_layout
+from lp.engine.fixed_steps import DeviceLayout, FixedSteps, PlainGreedy, bucket, device_layout
 from lp.engine.forward import Forward, StepInputs, TransformersForward, kv_shape
 from lp.engine.kv import KVCache
 from lp.engine.tp import ALONE, TensorGroup
 from lp.errors import LPError
-from lp.lookahead.mask import StepLayout
+from lp.lookahead.mask import StepLayout, step_layout
 
 DEFAULT_MAX_SEQ_LEN = 8192  # committed tokens when neither the user nor a shorter context says less
 LAYOUTS_KEPT = 256  # step layouts kept on the device
+PLAIN = step_layout(1, 0, 2, range(0), 0)  # a plain step: x0 alone, its logits
 STEP_ROOM = 512  # cache slots past max_seq_len for one step's speculative tokens (W=60 N=5 G=60 fits)
 
 
@@ -120,6 +121,8 @@ class Worker:
         self._staging = torch.empty(capacity, dtype=torch.long, pin_memory=True) if cuda else None
         self._staged = torch.cuda.Event() if cuda else None  # marks the last copy out of the staging buffer
         self._layouts: OrderedDict[StepLayout, DeviceLayout] = OrderedDict()  # most recent last
+        self._plain = PlainGreedy(self.device)
+        self._plain_position = 0  # the next plain step's x0 position (eager steps)
 
     @property
     def capacity(self) -> int:
@@ -129,9 +132,11 @@ class Worker:
         """Cache slots a step of `tokens` tokens writes (its padded size at fixed shapes)."""
         return bucket(tokens) if self.fixed is not None else tokens
 
-    def reset(self, tokens: int, step_tokens: int) -> None:
-        """Start a new sequence that commits at most `tokens` and runs steps of at most
-        `step_tokens` tokens; refuse it if the cache cannot hold that."""
+    def reset(self, tokens: int, step_tokens: int, fewest_step_tokens: int | None = None) -> None:
+        """Start a new sequence that commits at most `tokens` and runs steps of
+        `fewest_step_tokens` (default: `step_tokens`) to `step_tokens` tokens; refuse it if the
+        cache cannot hold that. At fixed shapes, every bucket of those sizes is compiled and
+        captured here, before the sequence's clock starts (once per process)."""
         if tokens > self.max_seq_len:
             raise LPError(
                 f"the sequence needs {tokens} tokens (prompt + max_new_tokens), "
@@ -143,6 +148,8 @@ class Worker:
                 f"lower W or G (at most {STEP_ROOM} step tokens past max_seq_len)"
             )
         self.kv.reset()
+        if self.fixed is not None:
+            self.fixed.prepare(fewest_step_tokens or step_tokens, step_tokens)
 
     def commit(self, n: int) -> None:
         self.kv.commit(n)
@@ -194,3 +201,23 @@ class Worker:
         return self.forward(
             StepInputs(ids, dev.depth + x0_position, dev.block, dev.rows, extent=c + layout.size, committed=c)
         )
+
+    def greedy_start(self, token: torch.Tensor, x0_position: int, length: int, checksum: int) -> None:
+        """Begin plain greedy steps (`greedy_step`): the first one's input `token` (`[1]`, on the
+        device) at `x0_position`; `length` and `checksum`: the output's so far (lp/message.py)."""
+        self._plain.start(token, x0_position, length, checksum)
+        self._plain_position = x0_position
+
+    @torch.inference_mode()
+    def greedy_step(self) -> torch.Tensor:
+        """One plain greedy step (`mode=ar`): forward, argmax, the step's message
+        (lp/fixed_steps.py's `PlainGreedy`), its token committed and kept on the device as the
+        next step's input. At fixed shapes on a GPU the whole step is one CUDA graph replay."""
+        if self.fixed is not None:
+            message = self.fixed.greedy(self._plain)
+            self.kv.commit(1, on_device=False)  # the step advanced the device's length
+            return message
+        message = self._plain.message(self.step(self._plain.token, PLAIN, self._plain_position))
+        self.commit(1)
+        self._plain_position += 1
+        return message

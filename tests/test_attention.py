@@ -61,6 +61,8 @@ def test_backend_choice():
         (dict(attention="flash3"), "attention must be one of"),
         (dict(graphs="yes"), "graphs must be true, false or auto"),
         (dict(max_seq_len=1), "max_seq_len must be an integer >= 2"),
+        (dict(compile=True, graphs=False), "compile=true needs fixed-shape steps"),
+        (dict(compile=True), "compile=true needs fixed-shape steps"),  # graphs=auto: off on CPU
     ):
         with pytest.raises(LPError, match=fragment):
             Worker(model, **kw)
@@ -81,3 +83,41 @@ def test_flex_fixed_steps_match_sdpa(W, N, G):
         w.prefill(prompt)
         logits[impl] = w.step(ids, layout, len(prompt))
     torch.testing.assert_close(logits["flex"], logits["sdpa"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("S", [1, 16, 64])
+def test_flex_mask_full_blocks_equal_dense_mask(S):
+    """The block mask, expanded (full blocks: all seen; partial blocks: mask_mod; the rest: none),
+    is the dense mask, wherever the committed length falls; committed blocks are full blocks."""
+    capacity, B = 768, attention.FLEX_BLOCK
+    g = torch.Generator().manual_seed(S)
+    block = (torch.rand(S, S, generator=g) < 0.5).tril() | torch.eye(S, dtype=torch.bool)
+    start = torch.zeros((), dtype=torch.long)
+    mask = attention.FlexMask(start, block, capacity)
+    rows = mask.rows
+    q, kv = torch.arange(rows)[:, None], torch.arange(capacity)[None]
+    for committed in (0, 5, B - 1, B, 200, 300, capacity - 2 * B):
+        start.fill_(committed)
+        mask.update(committed)
+        full, partial = int(mask.full[0, 0, 0]), int(mask.partial[0, 0, 0])
+        assert full == committed // B and full + partial == -(-(committed + S) // B)
+        seen = torch.zeros(rows, capacity, dtype=torch.bool)
+        for i in mask._order[0, 0, 0, :full].tolist():
+            seen[:, i * B : (i + 1) * B] = True
+        evaluated = mask.block_mask.mask_mod(0, 0, q, kv)
+        for i in mask.indices[0, 0, 0, :partial].tolist():
+            seen[:, i * B : (i + 1) * B] = evaluated[:, i * B : (i + 1) * B]
+        assert torch.equal(seen[:S], attention.dense_mask(start, block, capacity)[0, 0]), committed
+        # the same from the device-held length (a captured mode=ar step's way)
+        host = [t.clone() for t in (mask.full, mask.partial, mask.indices)]
+        mask.follow(start)
+        assert all(torch.equal(a, b) for a, b in zip(host, (mask.full, mask.partial, mask.indices)))
+
+
+def test_compiled_flex_one_token_step_equals_eager():
+    """The 1-token bucket compiled with FlexAttention on CPU (its query padded to 2 rows), after
+    a prompt longer than a block (full blocks). tools.buckets checks every bucket."""
+    from tools.buckets import compare
+
+    model = build_tiny("llama", num_hidden_layers=1)
+    assert compare(model, [1], "flex", prompt_len=150)[0]["max_abs_diff"] < 1e-5

@@ -128,13 +128,16 @@ class _Order(StepObserver):
         self.events += "r"
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_ar_mode_one_step_ahead(arch, tiny_models, refs):
+@pytest.mark.parametrize(
+    "arch,engine",
+    [(a, {}) for a in ARCHS] + [("llama", dict(graphs=True)), ("qwen2", dict(graphs=True, attention="flex"))],
+)
+def test_ar_mode_one_step_ahead(arch, engine, tiny_models, refs):
     """`mode=ar` with the device a step ahead (each step's input the last one's argmax on the
     device, its message read after the next step is queued): the same tokens, steps and
-    all-gathers."""
+    all-gathers, eager and at fixed shapes (the whole step as a GPU captures it, run eagerly)."""
     col, order = CountingCollective(), _Order()
-    dec = Decoder(Worker(tiny_models[arch]), col, set(), 512, ahead=True)
+    dec = Decoder(Worker(tiny_models[arch], **engine), col, set(), 512, ahead=True)
     g = dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW), observer=order)
     assert g.output_ids == refs[arch]
     assert g.steps == MAX_NEW and g.accepted_per_step == [1] * MAX_NEW == g.step_tokens

@@ -11,7 +11,8 @@ from helpers import build_tiny, make_prompt, off_greedy, reference_greedy
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decode.loop import Decoder
+from lp.decode.loop import Decoder, StepObserver
+from lp.errors import LPError
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
@@ -99,3 +100,56 @@ def test_real_model_fp32_equals_transformers_greedy():
         want = reference_greedy(lm.model, ids, 64, eos=sorted(lm.decoder.eos_ids))
         assert lm.generate(ids, W=7, N=5, G=7, max_new_tokens=64).output_ids == want, p.id
         assert lm.generate(ids, mode="ar", max_new_tokens=64).output_ids == want, p.id
+
+
+def test_no_capture_once_a_decode_started(model):
+    """Every bucket a decode reaches is captured at its reset: W15 N5 G15 (121-130 tokens) and
+    W7 N5 G7 (56-66 tokens) over varied prompts capture nothing after the clock starts."""
+    worker = Worker(model)
+    dec = Decoder(worker, Collective(), set(), 512)
+
+    class Captures(StepObserver):
+        def prefill_done(self):
+            self.at_start = dict(worker.fixed.capture_seconds)
+
+        def forward_done(self):
+            assert worker.fixed.capture_seconds == self.at_start
+
+    for W, N, G in ((15, 5, 15), (7, 5, 7)):
+        for prompt in _prompts(4):
+            dec.generate(prompt, DecodeConfig(W=W, N=N, G=G, max_new_tokens=32), observer=Captures())
+
+
+def test_failed_capture_leaves_the_worker_as_it_was(model, monkeypatch):
+    """A forward that fails while being captured raises one LPError and stores no graph; the
+    bucket captures afresh and decodes exactly once the failure is gone."""
+    worker = Worker(model)
+    run = worker.fixed.run
+    calls = []
+
+    def failing(x):
+        calls.append(1)
+        if len(calls) == 3:  # two warm-ups, then the recorded forward
+            raise RuntimeError("injected")
+        return run(x)
+
+    monkeypatch.setattr(worker.fixed, "run", failing)
+    with pytest.raises(LPError, match="capturing the step of 1 tokens as a CUDA graph failed"):
+        worker.reset(64, 1)
+    assert worker.fixed._buckets == {}
+    monkeypatch.setattr(worker.fixed, "run", run)
+    prompt = _prompts(1)[0]
+    out = Decoder(worker, Collective(), set(), 512).generate(prompt, DecodeConfig(mode="ar", max_new_tokens=16))
+    assert off_greedy(model, prompt, out.output_ids, TIE) is None
+
+
+def test_greedy_plain_step_is_one_graph(model):
+    """mode=ar on CUDA runs ahead, each step one replay of the whole step (forward to message):
+    greedy tokens, across prompts whose committed blocks become full FlexAttention blocks."""
+    worker = Worker(model)
+    dec = Decoder(worker, Collective(), set(), 512)
+    assert dec.ahead and worker.attention == "flex"
+    for prompt in (make_prompt(9, 50, 3), make_prompt(3, 5, 2)):  # 150 and 10 tokens
+        out = dec.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=40)).output_ids
+        assert off_greedy(model, prompt, out, TIE) is None
+    assert worker.fixed._greedy is not None and worker.fixed._greedy[1] is not None

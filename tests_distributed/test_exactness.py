@@ -56,7 +56,7 @@ def test_drafts_are_accepted(world_size, api_run):
     for N, W, G in CONFIGS:
         ids = [cid for cid, *_ in cases(world_size) if cid.endswith(f"/N{N}W{W}G{G}")]
         per_step = [a for cid in ids for a in res[cid]["accepted_per_step"]]
-        width = DecodeConfig(W=W, N=N, G=G).step_width
+        width = DecodeConfig(W=W, N=N, G=G).max_commit
         assert per_step and all(1 <= a <= width for a in per_step), (N, W, G, per_step)
         if G:
             assert max(per_step) > 1, f"(N,W,G)=({N},{W},{G}) at P={world_size}: no draft ever accepted"

@@ -108,7 +108,10 @@ class Decoder:
             W, N, _, budget = cfg.step_shape
             # the largest step: `max_commit` pending tokens, every column and the whole tree on one rank
             largest = RankPlan(range(W), range(budget)).cost(N, pending=cfg.max_commit, candidate_tokens=1)
-            self.worker.reset(L + cfg.max_new_tokens, largest)
+            # the smallest: one pending token and every column (one rank), or a rank's 1-token share
+            P = self.comm.world_size
+            fewest = RankPlan(range(W), range(0)).cost(N, pending=1, candidate_tokens=1) if P == 1 else 1
+            self.worker.reset(L + cfg.max_new_tokens, largest, fewest)
             t0 = time.perf_counter()
             self.worker.prefill(torch.tensor(prompt_ids[:-1], dtype=torch.long, device=self.worker.device))
             sources = DraftSources(cfg, prompt_ids, self.worker.vocab_size)  # while a GPU prefills
@@ -118,7 +121,7 @@ class Decoder:
             t1 = time.perf_counter()
             state = DecodeState(prompt_ids)
             if self.ahead and not cfg.lookahead and cfg.temperature == 0 and verifier is None:
-                self._decode_ahead(state, cfg, verify, observe)
+                self._decode_ahead(state, cfg, observe)
             else:
                 self._decode(state, sources, cfg, verify=verify, observe=observe)
             if self.worker.device.type == "cuda":  # the decode's time ends with the device's last op
@@ -177,22 +180,21 @@ class Decoder:
             sources.observe(outcome, tokens)
             state.advance(tokens, step.layout.size)
 
-    def _decode_ahead(self, state: DecodeState, cfg: DecodeConfig, verify: Verifier, observe: StepObserver) -> None:
+    def _decode_ahead(self, state: DecodeState, cfg: DecodeConfig, observe: StepObserver) -> None:
         """Greedy `mode=ar` with the device one step ahead of the host: a step's input is the
         last step's argmax where it lies, on the device, so step i+1 is queued before step i's
         message is read, and the device never waits for the host's read, merge and checks (as in
-        gpt-fast, whose decode loop reads no token per step). Still one all-gather a step, and
-        its message read (one step late: its length and checksum are those read so far, the same
-        on every rank). The messages come to pinned host memory by a copy queued right after
-        their all-gather, so reading step i's waits for step i, not for step i+1 behind it. The
-        price: a sequence that stops at an EOS computes one step past it, whose KV the next
-        sequence overwrites. Every step is planned alike (`observe.planned` gets the first
-        step's plan, its ids the prompt's last token)."""
+        gpt-fast, whose decode loop reads no token per step). A step is one worker call (on a GPU
+        one graph replay: forward, argmax, message, its length and checksum kept on the device),
+        then one all-gather, and its message read one step late. The messages come to pinned host
+        memory by a copy queued right after their all-gather, so reading step i's waits for step
+        i, not for step i+1 behind it. The price: a sequence that stops at an EOS computes one
+        step past it, whose KV the next sequence overwrites. Every step is planned alike
+        (`observe.planned` gets the first step's plan, its ids the prompt's last token)."""
         L = len(state.prompt)
         step = plan_step(
             state.pending, None, TreeBuilder(0).tree(), W=0, N=2, P=self.comm.world_size, rank=self.comm.rank
         )
-        layout, on_device = step.layout, self.worker.on_device(step.layout)
         ids = self.worker.upload(step.ids)
 
         # two host buffers and their copies' events, alternating: step i's is read before step i+2's lands
@@ -225,15 +227,13 @@ class Decoder:
             state.advance(state.clip(merge(messages, step.plans, 1).tokens, cfg.max_new_tokens, self.eos_ids), 1)
 
         unread = None  # the last step's gathered messages
+        self.worker.greedy_start(ids, L - 1, state.length, state.checksum)
         for i in range(cfg.max_new_tokens):
             observe.planned(step, L - 1 + i)
             observe.forward_start()
-            logits = self.worker.step(ids, layout, L - 1 + i)
+            message = self.worker.greedy_step()  # forward to message, its token committed: one replay on a GPU
             observe.forward_done()
-            self.worker.commit(1)  # a plain step always keeps its one pending token
-            decision = decide(verify, logits, ids, step, on_device=on_device, steps_done=i, max_commit=1)
-            ids = decision[1].view(1)  # the next step's input, never on the host
-            gathered = fetch(self.comm.all_gather(message(state, step, decision, W=0)), i)
+            gathered = fetch(self.comm.all_gather(message), i)
             if unread is not None:
                 read(unread)
                 if state.stopped:

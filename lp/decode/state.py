@@ -10,11 +10,9 @@ import torch
 
 from lp.decode.plan import StepPlan
 from lp.engine.fixed_steps import DeviceLayout
-from lp.message import pack
+from lp.message import CHECK_MOD, pack
 from lp.verify.greedy import Acceptance
 from lp.verify.verifier import StepRows, Verifier
-
-_CHECK_MOD = 2**31 - 1
 
 
 def fingerprint(*parts: object) -> int:
@@ -52,7 +50,7 @@ class DecodeState:
     def advance(self, tokens: list[int], fed: int) -> None:
         """Commit a step's `tokens` (fed `fed` tokens to this rank's forward)."""
         for t in tokens:
-            self.checksum = (self.checksum * 31 + t) % _CHECK_MOD
+            self.checksum = (self.checksum * 31 + t) % CHECK_MOD
         self.output.extend(tokens)
         self.length += len(tokens)
         self.pending = tokens

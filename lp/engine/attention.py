@@ -8,8 +8,9 @@ but the work a backend spends skipping it:
 * `sdpa` (CPU, and the fallback): a dense `[n, extent]` bool mask built on the device from
   `start` and the block, then torch's scaled_dot_product_attention.
 * `flex` (GPU): PyTorch's FlexAttention with a `BlockMask` that visits only the cache blocks up
-  to `start + n`; its `mask_mod` reads `start` and the block from device tensors, so one block
-  mask per step size serves every step and stays valid inside a CUDA graph.
+  to `start + n`, the committed ones as full blocks (no mask computed); its `mask_mod` reads
+  `start` and the block from device tensors, so one block mask per step size serves every step
+  and stays valid inside a CUDA graph.
 * `split` (GPU with the optional flash-attn): flash-attn over the committed slots (no mask) and
   a dense pass over the in-step block, merged exactly by log-sum-exp. It needs the committed
   length on the host, so it runs eagerly.
@@ -31,6 +32,7 @@ FLEX_BLOCK = 128  # FlexAttention's tile; blocks past start + n are skipped whol
 # FlexAttention's decoding kernel stacks a kv head's query group: past this many rows it ran slower
 # than the main kernel, or found no kernel at all (Llama-3-8B, 64 tokens x 4 heads, H100, torch 2.11)
 DECODE_ROWS = 64
+MIN_CPU_ROWS = 2  # query rows of a FlexAttention step on CPU (see FlexMask)
 
 
 def flash_available() -> bool:
@@ -50,28 +52,54 @@ def dense_mask(start: torch.Tensor | int, block: torch.Tensor, extent: int, grou
 
 
 class FlexMask:
-    """The block mask of one step size over the whole cache. Only `visible` changes per step
-    (how many cache blocks reach the step); the rest is fixed, so CUDA graphs keep it."""
+    """The block mask of one step size over the whole cache. The cache blocks wholly before the
+    step are full blocks (every query sees all of them: no `mask_mod` there); the blocks from the
+    committed length to the step's last slot are partial (`mask_mod` decides); the rest is never
+    visited. Only three small device tensors change per step (`update`); the block mask object
+    is fixed, so CUDA graphs keep it."""
 
     def __init__(self, start: torch.Tensor, block: torch.Tensor, capacity: int) -> None:
         n = block.shape[0]
-        n_q, n_kv = -(-n // FLEX_BLOCK), -(-capacity // FLEX_BLOCK)
+        # compiled FlexAttention on CPU fails to lower a 1-token step's query, a view of a 3-d
+        # buffer (torch 2.13 inductor); padded to 2 rows, it is a 4-d buffer of its own
+        self.rows = max(n, MIN_CPU_ROWS) if block.device.type == "cpu" else n
+        n_q, self.n_kv = -(-self.rows // FLEX_BLOCK), -(-capacity // FLEX_BLOCK)
         dev = block.device
-        self.visible = torch.zeros((1, 1, n_q), dtype=torch.int32, device=dev)
-        indices = torch.arange(n_kv, dtype=torch.int32, device=dev).expand(1, 1, n_q, n_kv).contiguous()
+        self.full = torch.zeros((1, 1, n_q), dtype=torch.int32, device=dev)  # blocks before the step
+        self.partial = torch.zeros((1, 1, n_q), dtype=torch.int32, device=dev)  # blocks the step touches
+        self._order = torch.arange(self.n_kv, dtype=torch.int32, device=dev).expand(1, 1, n_q, self.n_kv).contiguous()
+        self.indices = self._order.clone()  # the partial blocks', from the first the step touches
 
         def mask_mod(b, h, q, kv):
             rel = kv - start
             return (rel < 0) | ((rel < n) & block[q.clamp(max=n - 1), rel.clamp(0, n - 1)])
 
         self.block_mask = BlockMask.from_kv_blocks(
-            self.visible, indices, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod, seq_lengths=(n, capacity)
+            self.partial,
+            self.indices,
+            self.full,
+            self._order,
+            BLOCK_SIZE=FLEX_BLOCK,
+            mask_mod=mask_mod,
+            seq_lengths=(self.rows, capacity),
         )
         self.size = n
 
     def update(self, committed: int) -> None:
-        """Visit the cache blocks up to the step's last slot (a device fill, no sync)."""
-        self.visible.fill_(-(-(committed + self.size) // FLEX_BLOCK))
+        """Full blocks up to the committed length, partial ones up to the step's last slot
+        (device fills, no sync)."""
+        full = committed // FLEX_BLOCK
+        self.full.fill_(full)
+        self.partial.fill_(-(-(committed + self.size) // FLEX_BLOCK) - full)
+        torch.add(self._order, full, out=self.indices).clamp_(max=self.n_kv - 1)
+
+    def follow(self, start: torch.Tensor) -> None:
+        """`update` from the device-held committed length (inside a captured step)."""
+        full = torch.div(start, FLEX_BLOCK, rounding_mode="floor")
+        self.full.copy_(full.expand_as(self.full))
+        visible = torch.div(start + self.size + FLEX_BLOCK - 1, FLEX_BLOCK, rounding_mode="floor")
+        self.partial.copy_((visible - full).expand_as(self.partial))
+        torch.add(self._order, full.to(torch.int32), out=self.indices).clamp_(max=self.n_kv - 1)
 
 
 def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -110,10 +138,13 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
 
 def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: FlexMask, scale: float) -> torch.Tensor:
     """q `[H, n, D]`, k/v the whole cache `[Hkv, capacity, D]` -> `[H, n, D]`."""
-    groups = q.shape[0] // k.shape[0]
-    options = {"FORCE_USE_FLEX_ATTENTION": True} if q.shape[1] * groups > DECODE_ROWS else None
+    n, groups = q.shape[1], q.shape[0] // k.shape[0]
+    q = q[None].contiguous()
+    if mask.rows > n:  # pad rows: they repeat row n-1's mask, and their output is dropped
+        q = F.pad(q, (0, 0, 0, mask.rows - n))
+    options = {"FORCE_USE_FLEX_ATTENTION": True} if q.shape[2] * groups > DECODE_ROWS else None
     out = flex_attention(
-        q[None].contiguous(),
+        q,
         k[None],
         v[None],
         block_mask=mask.block_mask,
@@ -121,7 +152,7 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: FlexMask, scal
         enable_gqa=groups > 1,
         kernel_options=options,
     )
-    return out[0]
+    return out[0, :, :n]
 
 
 def _dense_lse(

@@ -7,8 +7,10 @@ the bucket's static buffers; its KV goes to the cache slots that the device-held
 length names (lp/engine/kv.py); and its attention reads the whole cache under a mask made on the
 device from that length (lp/engine/attention.py). Nothing captured depends on a host value, and the
 cache never moves, so each bucket is compiled and captured once per process and replayed for
-every later step of every prompt. Pad tokens see only themselves; their KV lands after the
-step's and is overwritten like any speculative token's.
+every later step of every prompt. A decode's reset prepares every bucket its steps can reach,
+so none is compiled or captured while a decode is timed; a capture that fails stores nothing.
+Pad tokens see only themselves; their KV lands after the step's and is overwritten like any
+speculative token's.
 
 Without CUDA the same fixed-shape steps run eagerly, which is how they are tested on CPU.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +31,9 @@ from lp.engine.forward import Forward, StepInputs
 from lp.engine.kv import KVCache
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout
+from lp.message import CHECK_MOD, pack
 from lp.models import cache_dir
+from lp.verify.greedy import greedy_accept
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +130,49 @@ class _Bucket:
         self.logits: torch.Tensor | None = None
 
 
+class PlainGreedy:
+    """Greedy plain decoding (`mode=ar`) held on the device: the next step's input token and
+    position, and the output's length and checksum that its messages carry. `message` turns a
+    step's logits into its message (lp/message.py) and moves all four on without a host value,
+    so a whole step, forward to message, can be captured as one CUDA graph."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.token = torch.zeros(1, dtype=torch.long, device=device)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.length = torch.zeros((), dtype=torch.long, device=device)
+        self.checksum = torch.zeros((), dtype=torch.long, device=device)
+
+    def start(self, token: torch.Tensor, position: int, length: int, checksum: int) -> None:
+        """The first step's input `token` (`[1]`, on the device) at sequence `position`."""
+        self.token.copy_(token)
+        self.position.fill_(position)
+        self.length.fill_(length)
+        self.checksum.fill_(checksum)
+
+    def message(self, logits: torch.Tensor) -> torch.Tensor:
+        """The step's message from its logits `[1, vocab]`; the state moves to the next step."""
+        y1 = logits[0].argmax()
+        none = y1.new_zeros(0)
+        acc = greedy_accept(y1, none, none, none, none.new_zeros((0, 0), dtype=torch.bool), none, 1)
+        message = pack(y1, acc, 0, none, self.length, self.checksum, 0)
+        self.token.copy_(y1)
+        self.position.add_(1)
+        self.length.add_(1)
+        self.checksum.mul_(31).add_(y1).remainder_(CHECK_MOD)
+        return message
+
+
+def buckets_between(fewest: int, most: int) -> list[int]:
+    """The buckets of every step size from `fewest` to `most` tokens."""
+    return sorted({bucket(t) for t in range(fewest, most + 1)})
+
+
 class FixedSteps:
     """Runs steps through fixed-shape buckets of one forward and its KV cache."""
 
     def __init__(self, forward: Forward, kv: KVCache, device: torch.device, flex: bool, compile: bool) -> None:
         """`compile`: run `forward.compiled()`, compiled once per bucket (and per worker)."""
-        self.kv, self.device, self.flex = kv, device, flex
+        self.kv, self.device, self.flex, self.compiled = kv, device, flex, compile
         self.capture = device.type == "cuda"
         if compile:
             # One compiled graph per bucket (and per worker): more than dynamo's default allows.
@@ -139,39 +181,72 @@ class FixedSteps:
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         self.run = forward.compiled() if compile else forward
         self._buckets: dict[int, _Bucket] = {}
+        self._greedy: tuple[PlainGreedy, torch.cuda.CUDAGraph | None, torch.Tensor | None] | None = None
         self.capture_seconds: dict[int, float] = {}  # per bucket: compile (if any) + warm-up + capture
 
-    def _capture(self, b: _Bucket) -> None:
-        """Warm up (and compile) on a side stream, as torch requires, then record the forward
-        into a private memory pool: no other graph shares or frees its memory. The bucket takes
-        the graph only once its capture succeeded: a failed one leaves it uncaptured (the next
-        step tries again) and raises one LPError."""
+    @torch.inference_mode()  # as steps run: a compiled graph's guards include the grad mode
+    def prepare(self, fewest: int, most: int) -> None:
+        """Compile (and capture, on a GPU) every bucket that steps of `fewest` to `most` tokens
+        use, now rather than in the middle of a decode, where one bucket's compile and capture
+        takes seconds. Its forwards write only cache slots that the next step overwrites."""
+        for B in buckets_between(fewest, most):
+            self._ready(B)
+
+    def _ready(self, B: int) -> _Bucket:
+        """Bucket B, built (and compiled and captured) if it is new; stored only once it works."""
+        b = self._buckets.get(B)
+        if b is not None:
+            return b
+        b = _Bucket(B, self.kv, self.flex, self.device)
+        if b.inputs.flex is not None:
+            b.inputs.flex.update(self.kv.length)
         t0 = time.perf_counter()
-        B = b.inputs.ids.shape[0]
+        if self.capture:
+            b.graph, b.logits = self._capture(f"the step of {B} tokens", lambda: self._record(b))
+        elif self.compiled:
+            self.run(b.inputs)  # compiles B's graph
+        if self.capture or self.compiled:
+            self.capture_seconds[B] = time.perf_counter() - t0
+            log.info(
+                "lp: step size %d compiled%s in %.1f s (once per process)",
+                B,
+                " and captured" if self.capture else "",
+                self.capture_seconds[B],
+            )
+        self._buckets[B] = b
+        return b
+
+    def _capture(
+        self, what: str, record: Callable[[], tuple[torch.cuda.CUDAGraph, torch.Tensor]]
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """`record()`'s graph and its output, or an LPError that leaves nothing of the attempt."""
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self.run(b.inputs)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                logits = self.run(b.inputs)
-        except Exception as e:
+            return record()
+        except Exception as e:  # noqa: BLE001 - any failure: the graph must not be replayed
+            reason = (str(e).strip().splitlines() or [""])[0][:200]
             raise LPError(
-                f"step size {B}: compiling or capturing its CUDA graph failed ({type(e).__name__}: {e})"
+                f"capturing {what} as a CUDA graph failed ({type(e).__name__}: {reason}); "
+                "graphs=false runs steps without graphs"
             ) from e
-        b.graph, b.logits = graph, logits
-        self.capture_seconds[B] = time.perf_counter() - t0
-        log.info("lp: step size %d compiled and captured in %.1f s (once per process)", B, self.capture_seconds[B])
+
+    def _record(self, b: _Bucket) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Warm up (and compile) on a side stream, as torch requires, then record the forward
+        into a private memory pool: no other graph shares or frees its memory."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.run(b.inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self.run(b.inputs)
+        return graph, logits
 
     def step(self, ids: torch.Tensor, layout: DeviceLayout, x0_position: int) -> torch.Tensor:
         """Logits `[R, vocab]` of the step; valid until the next step of the same bucket."""
-        B, used = layout.block.shape[0], layout.size
-        b = self._buckets.get(B)
-        if b is None:
-            b = self._buckets[B] = _Bucket(B, self.kv, self.flex, self.device)
+        used = layout.size
+        b = self._ready(layout.block.shape[0])  # prepared at the decode's reset
         x = b.inputs
         x.ids[:used].copy_(ids, non_blocking=True)
         torch.add(layout.depth, x0_position, out=x.positions)
@@ -183,7 +258,37 @@ class FixedSteps:
             x.flex.update(self.kv.length)
         if not self.capture:
             return self.run(x)[: layout.n_rows]
-        if b.graph is None:
-            self._capture(b)
         b.graph.replay()
         return b.logits[: layout.n_rows]
+
+    def _greedy_step(self, state: PlainGreedy) -> torch.Tensor:
+        """A whole plain greedy step, no host value in it: input, forward, message, committed."""
+        x = self._ready(1).inputs  # any 1-token layout: block [[True]], row 0
+        x.ids.copy_(state.token)
+        x.positions.copy_(state.position)
+        if x.flex is not None:
+            x.flex.follow(self.kv.start)
+        message = state.message(self.run(x))
+        self.kv.start.add_(1)
+        return message
+
+    @torch.inference_mode()
+    def greedy(self, state: PlainGreedy) -> torch.Tensor:
+        """The message of the next plain greedy step of `state` (`PlainGreedy.message`); its
+        token is committed on the device (the host's `kv.length` is the caller's to advance). On
+        a GPU one graph replay: one launch a token. Eager elsewhere, the same ops."""
+        self._ready(1)  # compiled (and captured) with the other buckets: never inside the recording
+        if not self.capture:
+            return self._greedy_step(state)
+        if self._greedy is None or self._greedy[0] is not state:
+            # the forward was warmed up (and compiled) with its bucket: record the whole step
+            def record() -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):  # records, runs nothing: the state stays as it is
+                    message = self._greedy_step(state)
+                return graph, message
+
+            self._greedy = (state, *self._capture("the greedy plain step", record))
+        _, graph, message = self._greedy
+        graph.replay()
+        return message

@@ -57,12 +57,14 @@ class KVCache:
         k_cache.index_copy_(1, slots, k)
         v_cache.index_copy_(1, slots, v)
 
-    def commit(self, n: int) -> None:
-        """Keep the KV of the first `n` tokens written by the last forward."""
+    def commit(self, n: int, on_device: bool = True) -> None:
+        """Keep the KV of the first `n` tokens written by the last forward. `on_device=False`:
+        the device-held length was advanced already (by a captured step); follow it on the host."""
         if self.length + n > self.capacity:
             raise LPError(f"KV cache overflow: {self.length + n} tokens > max_seq_len {self.capacity}")
         self.length += n
-        self.start.add_(n)
+        if on_device:
+            self.start.add_(n)
 
     def as_transformers_cache(self) -> Cache:
         """A transformers `Cache` over these buffers, for models run through their own modules."""
