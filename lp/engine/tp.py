@@ -132,10 +132,9 @@ def _weight_files(path: Path) -> dict[str, Path]:
 def _set(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
     owner, _, leaf = name.rpartition(".")
     module = model.get_submodule(owner)
-    if value.numel() == 0 and leaf == "bias":
-        setattr(module, leaf, None)
-    else:
-        setattr(module, leaf, torch.nn.Parameter(value, requires_grad=False))
+    # torch's own way to put a tensor in a module's parameter slot (the model is lp's, built here)
+    param = None if value.numel() == 0 and leaf == "bias" else torch.nn.Parameter(value, requires_grad=False)
+    module.register_parameter(leaf, param)
 
 
 def load_sharded(path: str | Path, dtype: torch.dtype, device: torch.device, tp: TensorGroup) -> torch.nn.Module:
