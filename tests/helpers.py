@@ -425,3 +425,22 @@ def chi_square_pvalue(
     return float(
         torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
     )
+
+
+# the fields of every `python -m lp.generate` JSONL row (docs/design.md, contracts)
+OUTPUT_FIELDS = (
+    "id",
+    "prompt_ids",
+    "output_ids",
+    "text",
+    "new_tokens",
+    "steps",
+    "compression",
+    "seconds",
+    "tokens_per_s",
+    "world_size",
+    "W",
+    "N",
+    "G",
+    "mode",
+)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, REPO, TINY_DIR_CONTEXT, reference_greedy, words
+from helpers import OUTPUT_FIELDS, PYTHON, REPO, TINY_DIR_CONTEXT, reference_greedy, words
 
 import lp.generate
 from lp.errors import LPError
@@ -105,22 +105,7 @@ def test_cli_success_writes_the_contract(cli_runs):
     rows = [json.loads(line) for line in cli_runs["out_path"].read_text().splitlines()]
     assert len(rows) == 1
     row = rows[0]
-    for key in (
-        "id",
-        "prompt_ids",
-        "output_ids",
-        "text",
-        "new_tokens",
-        "steps",
-        "compression",
-        "seconds",
-        "tokens_per_s",
-        "world_size",
-        "W",
-        "N",
-        "G",
-        "mode",
-    ):
+    for key in OUTPUT_FIELDS:
         assert key in row, key
     assert row["prompt_ids"] == [4, 5, 6, 7, 4, 5, 6, 7]
     assert 1 <= row["new_tokens"] == len(row["output_ids"]) <= 6

@@ -9,25 +9,10 @@ import math
 import re
 
 from _launch import torchrun
+from helpers import OUTPUT_FIELDS as FIELDS
 from helpers import load, reference_greedy
 
 P = 2
-FIELDS = (
-    "id",
-    "prompt_ids",
-    "output_ids",
-    "text",
-    "new_tokens",
-    "steps",
-    "compression",
-    "seconds",
-    "tokens_per_s",
-    "world_size",
-    "W",
-    "N",
-    "G",
-    "mode",
-)
 PROMPTS = [
     {"id": "a", "prompt": "The cat sat on the mat. The cat sat on the mat. The cat"},
     {"question_id": 7, "category": "demo", "turns": ["Count: one two three one two three one two", "unused"]},
