@@ -245,7 +245,8 @@ def markdown(doc: dict) -> str:
         ]
         for x in s["layouts"]:
             if x["tok_s"] is None:
-                lines.append(f"| {x['T']} | {x['P']} | not priced: the projection has no row for P = {x['P']} | | | | | |")
+                missing = f"not priced: the projection has no row for P = {x['P']}"
+                lines.append(f"| {x['T']} | {x['P']} | {missing} | | | | | |")
                 continue
             lines.append(
                 f"| {x['T']} | {x['P']} | {x['config']} | {x['source']} | {x['S']:.2f} | {x['step_ms']:.2f} | "

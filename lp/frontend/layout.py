@@ -1,17 +1,20 @@
 """`tp=auto` at run time: measure what these ranks can, price every layout (T, P) of the world
 with the cost model of lp/decode/layout.py, and load the fastest, the same on every rank.
 
-Measured (a few calls, the slowest rank's): the step costs of the largest valid group, loaded as
-its shard (the smallest memory per rank, so it fits wherever any layout does) and calibrated as
-`W=auto` calibrates (lp/decode/auto.py); one all-reduce of a hidden-state row inside that group;
-one step's all-gather over the world. Modelled: one rank's step at other T through the fitted
-unsplit share; the same all-reduce latency for every T; lookahead's S from the prior of
-lp/decode/auto.py. Rank 0's choice is every rank's (one all-gather), so no rank can build
-different process groups than the others and hang.
+A group size T divides the ranks, the ranks of a node (a group never spans nodes) and the model's
+heads, KV heads and MLP width. Measured (a few calls, the slowest rank's): the step costs of the
+largest such group, loaded as its shard (the least memory per rank, so it fits wherever any
+layout does) and calibrated as `W=auto` calibrates (lp/decode/auto.py); one all-reduce of a
+hidden-state row inside that group; one step's all-gather over the world. Modelled: one rank's
+step at other T through the fitted unsplit share; the same all-reduce latency for every T;
+lookahead's S from the prior of lp/decode/auto.py. Rank 0's choice is every rank's (one
+all-gather), so no rank can build different process groups than the others and hang.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -60,12 +63,13 @@ def auto_layout(lm: LP, load: Callable[[int], None], model: str) -> str:
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     world = comm.world_size
-    sizes = group_sizes(world, heads, kv, cfg.intermediate_size) if cfg.model_type in FAMILY else [1]
+    node = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun's ranks per node: a group stays in one
+    sizes = group_sizes(math.gcd(world, node), heads, kv, cfg.intermediate_size) if cfg.model_type in FAMILY else [1]
     if sizes == [1]:
         load(1)
         why = (
-            f"no tp > 1 divides the {world} ranks and the model's attention heads ({heads}), KV heads ({kv}) "
-            f"and intermediate size ({cfg.intermediate_size})"
+            f"no tp > 1 divides the {world} ranks ({node} a node) and the model's attention heads ({heads}), "
+            f"KV heads ({kv}) and intermediate size ({cfg.intermediate_size})"
             if cfg.model_type in FAMILY
             else f"tensor parallelism needs a Llama-family model ({', '.join(FAMILY)}), not {cfg.model_type}"
         )
