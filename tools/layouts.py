@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -190,6 +191,7 @@ def run(args: argparse.Namespace) -> dict:
         "label": LABEL,
         "command": args.command,
         "device": "2-core CPU, projected onto 1x H100",
+        "date": time.strftime("%Y-%m-%d"),
         "published": PUBLISHED_TP,
         "published_source": PUBLISHED_SOURCE,
         "model": asdict(model),
@@ -215,13 +217,14 @@ def markdown(doc: dict) -> str:
         f"of {node}), "
         f"{src['arch']} on {src['device_name']}, S on {src['dataset']}",
         "",
-        f"Command: `{doc['command']}`. Device: {doc['device']}.",
+        f"Command: `{doc['command']}`. Device: {doc['device']}. Date: {doc['date']}.",
         "",
         f"- measured: one GPU's step costs and S: {doc['projection']} (P > 1 rows: S of {src['model']} and "
         "the slowest rank's mean share)"
         + (
             f"; P = 1: every lp row of the sweep {doc['sweep']['path']} ({doc['sweep']['prompts']} prompts; "
-            f"S and mean tokens per step), one GPU's step at those tokens from {doc['costs']}"
+            f"S and mean tokens per step), one GPU's step at those tokens from {doc['costs']}; the two S "
+            "come from different prompt sets"
             if doc["sweep"]
             else "; P = 1: the projection's row"
         ),
