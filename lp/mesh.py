@@ -29,6 +29,8 @@ class Mesh:
     tp: int
 
     def __post_init__(self) -> None:
+        if self.tp == "auto":
+            raise LPError("tp=auto is resolved to a number before the layout is built")
         check_tp(self.tp)
         if self.world_size % self.tp:
             raise LPError(f"tp={self.tp} must divide the number of ranks ({self.world_size})")
@@ -49,9 +51,12 @@ class Mesh:
 
 
 def check_tp(tp: object) -> None:
-    """Refuse a `tp` that no world size could take (before anything loads)."""
+    """Refuse a `tp` that no world size could take (before anything loads): "auto" (lp/decode/layout.py)
+    or an integer >= 1."""
+    if tp == "auto":
+        return
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise LPError(f"tp must be an integer >= 1, got {tp!r}")
+        raise LPError(f"tp must be auto or an integer >= 1, got {tp!r}")
 
 
 def split(world: Collective, tp: int, timeout_s: float) -> tuple[Collective, TensorGroup]:

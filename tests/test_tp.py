@@ -44,8 +44,14 @@ def test_layout_groups_consecutive_ranks():
 
 @pytest.mark.parametrize("tp", [0, -1, True, 1.5, "2"])
 def test_bad_tp_is_one_line(tp):
-    with pytest.raises(LPError, match=r"^tp must be an integer >= 1, got"):
+    with pytest.raises(LPError, match=r"^tp must be auto or an integer >= 1, got"):
         check_tp(tp)
+
+
+def test_tp_auto_is_accepted_and_resolved_before_a_mesh():
+    check_tp("auto")
+    with pytest.raises(LPError, match=r"^tp=auto is resolved to a number before the layout is built$"):
+        Mesh(4, "auto")
 
 
 def test_tp_must_divide_the_world():

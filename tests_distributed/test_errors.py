@@ -120,7 +120,9 @@ def _fault_env(mode: str, mark) -> dict[str, str]:
     }
 
 
-def _fault_args(model) -> list[str]:
+def _fault_args(model, tp: int = 1) -> list[str]:
+    """A CLI decode long enough to fault in; `tp`: ranks per replica (1: the step's all-gather is
+    what fails)."""
     return [
         WORKER,
         "--cli",
@@ -132,6 +134,7 @@ def _fault_args(model) -> list[str]:
         "G=5",
         "max_new_tokens=64",
         f"timeout_s={FAULT_TIMEOUT_S}",
+        f"tp={tp}",
         "quiet=true",
     ]
 

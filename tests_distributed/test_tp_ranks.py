@@ -102,7 +102,7 @@ def test_dead_rank_of_a_group_fails_every_other_rank(tiny_text_model, tmp_path):
     all-reduce, the other replica's ranks in the next all-gather, each within the timeout, with
     one clear error line on rank 0."""
     mark = tmp_path / "died_at"
-    args = [*_fault_args(tiny_text_model), f"tp={TP}"]
+    args = _fault_args(tiny_text_model, TP)
     launch = spawn_ranks(args, 4, timeout=HARD_LIMIT_S, env=_fault_env("die", mark))
     assert mark.exists(), f"rank 1 never reached step 3:\n{launch.describe()}"
     died = float(mark.read_text())

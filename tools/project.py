@@ -188,10 +188,9 @@ def worker_timer(worker, reps: int, seed: int = 0) -> Timer:
     return time_step
 
 
-def measured_timer(doc: dict, source: str = "costs") -> Timer:
-    """A forward's time read from a `tools.steps` result `doc`: the median of its causal step
-    of the same size, the size padded to its bucket where that run used fixed-shape steps
-    (`graphs`), else interpolated between the sizes it measured. The cache length is ignored."""
+def causal_steps(doc: dict, source: str = "costs") -> tuple[dict[int, float], bool]:
+    """A `tools.steps` result `doc`'s median causal step seconds by token count, and whether
+    that run used fixed-shape steps (`graphs`)."""
     try:
         measured = {
             int(row["tokens"]): float(row["median_ms"]) / 1e3 for row in doc["steps"] if row["kind"] == "causal"
@@ -199,9 +198,17 @@ def measured_timer(doc: dict, source: str = "costs") -> Timer:
         fixed = bool(doc["graphs"])
     except (KeyError, TypeError, ValueError) as e:
         raise LPError(f"{source}: not a result of tools.steps ({type(e).__name__}: {e})") from None
-    sizes = sorted(measured)
-    if not sizes:
+    if not measured:
         raise LPError(f"{source}: no causal step times in it")
+    return measured, fixed
+
+
+def measured_timer(doc: dict, source: str = "costs") -> Timer:
+    """A forward's time read from a `tools.steps` result `doc`: the median of its causal step
+    of the same size, the size padded to its bucket where that run used fixed-shape steps
+    (`graphs`), else interpolated between the sizes it measured. The cache length is ignored."""
+    measured, fixed = causal_steps(doc, source)
+    sizes = sorted(measured)
 
     def time_step(layout: StepLayout, length: int) -> float:
         T = bucket(layout.size) if fixed else layout.size

@@ -36,7 +36,7 @@ class Settings:
     prompt_lookup_num_tokens: int = 10
     max_matching_ngram_size: int = 2
     tp_impl: str = "dtensor"
-    tp: int = 1
+    tp: int | str = "auto"
     pp_balance: bool = True
     warmup: int = 1
     warmup_tokens: int = 16

@@ -13,8 +13,10 @@ model (lp/mesh.py, lp/engine/tp.py).
 
 from __future__ import annotations
 
+import sys
 import zlib
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 
 import torch
 
@@ -26,6 +28,7 @@ from lp.decode.loop import Decoder, StepObserver
 from lp.decode.record import Generation
 from lp.engine import tp as tensor_parallel
 from lp.errors import LPError
+from lp.frontend.layout import auto_layout
 from lp.worker import Worker
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -73,28 +76,48 @@ class LP:
         compile: bool | str = "auto",
         max_seq_len: int | None = None,
         backend: str = "auto",
-        tp: int = 1,
+        tp: int | str = "auto",
     ) -> None:
         """`graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (lp/engine/fixed_steps.py);
         `compile`: torch.compile them; `attention`: auto | sdpa | flex | split
         (lp/engine/attention.py); `max_seq_len`: KV cache slots, allocated once (lp/worker.py);
         `backend`: auto | nccl | gloo for the collectives (lp/collective.py); `tp`: ranks per
-        replica, which shard the model tensor-parallel (it must divide the world size)."""
+        replica, which shard the model tensor-parallel (it must divide the world size); "auto"
+        chooses it (lp/frontend/layout.py; 1 on one rank)."""
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         mesh.check_tp(tp)
         self.comm = Collective.from_env(device, timeout_s, backend)  # the world: rank 0 reports
+        self._tuner: AutoTuner | None = None
+        self.layout: str | None = None  # with tp="auto": the layout chosen and why
+        load = partial(
+            self._load,
+            model,
+            DTYPES[dtype],
+            timeout_s,
+            max_seq_len=max_seq_len,
+            attention=attention,
+            graphs=graphs,
+            compile=compile,
+        )
+        if tp != "auto" or self.comm.world_size == 1:
+            load(1 if tp == "auto" else tp)
+        else:
+            self.layout = auto_layout(self, load, model)
+            if self.comm.is_main:
+                print(f"lp: tp=auto: {self.layout}", file=sys.stderr, flush=True)
+
+    def _load(self, model: str, dtype: torch.dtype, timeout_s: float, tp: int, **options) -> None:
+        """Split the world into replicas of `tp` ranks, load this rank's model (its shard with
+        tp > 1) and build the decoder; `options`: the Worker's."""
         self.lp, self.tp = mesh.split(self.comm, tp, timeout_s)  # the all-gather's ranks; this replica's
         if tp == 1:
-            self.model, self.tokenizer = models.load(model, DTYPES[dtype], self.comm.device)
+            self.model, self.tokenizer = models.load(model, dtype, self.comm.device)
         else:
-            self.model, self.tokenizer = models.load_shard(model, DTYPES[dtype], self.comm.device, self.tp)
+            self.model, self.tokenizer = models.load_shard(model, dtype, self.comm.device, self.tp)
             tensor_parallel.report(self.model, self.tp, self.comm.rank)
-        worker = Worker(
-            self.model, max_seq_len=max_seq_len, attention=attention, graphs=graphs, compile=compile, tp=self.tp
-        )
+        worker = Worker(self.model, tp=self.tp, **options)
         self.decoder = Decoder(worker, self.lp, self._eos_ids(), worker.max_seq_len)
-        self._tuner: AutoTuner | None = None
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

@@ -1,0 +1,143 @@
+"""`tp=auto`: choose the layout (T, P) of a world of ranks, and the cost model of a tensor-parallel group.
+
+A world of T x P ranks is P LP replicas, each a tensor-parallel group of T ranks (lp/mesh.py).
+A group's step is priced from one rank's step:
+
+    step_T(n) = step_1(n) * (a + (1 - a) / T) + 2 * layers * (lat + 2 (T-1)/T * n * hidden * 2 B / bw)
+
+`a` is the share of a step that tensor parallelism does not split (embedding, lm_head, norms,
+launches), `lat` one all-reduce's latency and `bw` the all-reduce bus bandwidth (steps of n tokens
+all-reduce n x hidden values, twice per layer). `a` and `lat` are fitted (least squares) to the
+published tensor-parallel speedups of gpt-fast's README (PUBLISHED_TP), where the 1-token
+all-reduce's bandwidth term is negligible; `bw` is assumed.
+
+`choose` prices every layout of a world with that model and lookahead's expected S (the prior of
+lp/decode/auto.py: S - 1 grows with the log of the step's tokens, which P replicas share) and
+returns the fastest. At run time (lp/frontend/runtime.py) one rank's step costs and the
+all-reduce and all-gather latencies are measured; `a` stays the fitted one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lp.decode.auto import LADDER, PRIOR_SLOPE, step_tokens
+
+# gpt-fast README, Llama-2-7B bf16 batch 1 on 8x A100-80GB (330 W): tensor-parallel ranks -> tok/s
+PUBLISHED_TP = {1: 104.9, 2: 168.8, 4: 254.0, 8: 328.4}
+PUBLISHED_SOURCE = "gpt-fast README: Llama-2-7B bf16, batch 1, 8x A100-80GB power-limited to 330 W"
+LLAMA_7B = {"layers": 32, "hidden": 4096}  # the published figures' model
+GBPS = 150.0  # assumed all-reduce bus bandwidth (NVLink class)
+
+
+@dataclass(frozen=True)
+class GroupModel:
+    """A tensor-parallel group's step from one rank's: the unsplit share `a`, one all-reduce's
+    latency `lat_ms` and the bus bandwidth `gbps`, for a model of `layers` x `hidden`."""
+
+    a: float
+    lat_ms: float
+    gbps: float = GBPS
+    layers: int = LLAMA_7B["layers"]
+    hidden: int = LLAMA_7B["hidden"]
+
+    def allreduce_ms(self, T: int, tokens: float) -> float:
+        """One step's all-reduces (two per layer), for steps of `tokens` tokens (2-byte values)."""
+        if T == 1:
+            return 0.0
+        ring = 2 * (T - 1) / T * tokens * self.hidden * 2 / (self.gbps * 1e9) * 1e3
+        return 2 * self.layers * (self.lat_ms + ring)
+
+    def step_ms(self, one_gpu_ms: float, T: int, tokens: float) -> float:
+        """A T-rank group's step of `tokens` tokens, from one rank's `one_gpu_ms`."""
+        return one_gpu_ms * (self.a + (1 - self.a) / T) + self.allreduce_ms(T, tokens)
+
+    def one_gpu_ms(self, group_ms: float, T: int, tokens: float) -> float:
+        """The inverse of `step_ms`: one rank's step from a T-rank group's measured one."""
+        return max(group_ms - self.allreduce_ms(T, tokens), 0.0) / (self.a + (1 - self.a) / T)
+
+
+def fit(published: dict[int, float] = PUBLISHED_TP, layers: int = LLAMA_7B["layers"], gbps: float = GBPS) -> GroupModel:
+    """`a` and the all-reduce latency that best reproduce the published 1-token speedups:
+    1 / speedup(T) = a + (1 - a) / T + 2 * layers * lat / step_1, linear in a and lat."""
+    step1 = 1e3 / published[1]
+    Ts = [T for T in sorted(published) if T > 1]
+    A = np.array([[1 - 1 / T, 2 * layers / step1] for T in Ts])
+    b = np.array([published[1] / published[T] - 1 / T for T in Ts])
+    (a, lat), *_ = np.linalg.lstsq(A, b, rcond=None)
+    return GroupModel(float(a), float(lat), gbps, layers)
+
+
+def group_sizes(world_size: int, *counts: int) -> list[int]:
+    """Every T that divides the world size and each of the model's `counts` (heads, KV heads, ...)."""
+    return [T for T in range(1, world_size + 1) if all(n % T == 0 for n in (world_size, *counts))]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A priced layout: T ranks per replica, P replicas, the best lookahead shape for it (None:
+    plain decoding), its expected S and tokens/s."""
+
+    T: int
+    P: int
+    shape: tuple[int, int, int] | None
+    S: float
+    tok_s: float
+
+    def describe(self) -> str:
+        shape = "plain decoding" if self.shape is None else "W={} N={} G={}".format(*self.shape)
+        return f"tp={self.T} x {self.P} replica{'s' if self.P > 1 else ''} ({shape}, {self.tok_s:.0f} tok/s)"
+
+
+def price(
+    T: int,
+    P: int,
+    one_gpu_s: Callable[[float], float],
+    model: GroupModel,
+    allgather_ms: float,
+    slope: float = PRIOR_SLOPE,
+) -> Layout:
+    """Layout (T, P) at its best ladder shape (or plain decoding): expected S from the step's
+    tokens, cost from one rank's step at the tokens of its share, the group model and, with
+    P > 1, the all-gather."""
+
+    def rate(shape: tuple[int, int, int] | None) -> tuple[float, float]:
+        total, share = (1, 1) if shape is None else (step_tokens(*shape), step_tokens(*shape, P))
+        S = 1 + slope * math.log2(total)
+        ms = model.step_ms(1e3 * one_gpu_s(share), T, share) + (allgather_ms if P > 1 else 0.0)
+        return S, S / ms * 1e3
+
+    shapes: Sequence[tuple[int, int, int] | None] = (None, *LADDER) if P == 1 else LADDER
+    best = max(shapes, key=lambda s: rate(s)[1])
+    return Layout(T, P, best, *rate(best))
+
+
+def choose(
+    world_size: int,
+    sizes: Sequence[int],
+    one_gpu_s: Callable[[float], float],
+    model: GroupModel,
+    allgather_ms: float,
+) -> tuple[Layout, list[Layout]]:
+    """The fastest layout of `world_size` ranks with T in `sizes` (ties: the larger T, which
+    holds less of the model per rank), and every priced layout."""
+    priced = [price(T, world_size // T, one_gpu_s, model, allgather_ms) for T in sizes]
+    return max(priced, key=lambda x: (x.tok_s, x.T)), priced
+
+
+__all__ = [
+    "GBPS",
+    "LLAMA_7B",
+    "PUBLISHED_SOURCE",
+    "PUBLISHED_TP",
+    "GroupModel",
+    "Layout",
+    "choose",
+    "fit",
+    "group_sizes",
+    "price",
+]
