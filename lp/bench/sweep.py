@@ -233,7 +233,7 @@ def markdown(head: dict, summary: list[dict], rows: list[dict]) -> str:
         f"{head['max_new_tokens']} new tokens at most, greedy. S = all new tokens / all decoding steps.",
         "",
         "| decoder | config | step tokens | mean | S | " + " | ".join(cats) + " | identical | host ms/step | seconds |",
-        "|" + "---|" * (9 + len(cats)),
+        "|" + "---|" * (8 + len(cats)),
     ]
     for x in summary:
         rs = [
