@@ -31,6 +31,7 @@ from lp.bench import datasets, report
 from lp.bench.decoders import build
 from lp.bench.interface import BenchDecoder, Context
 from lp.bench.references import References
+from lp.bench.settings import PromptKeys
 from lp.bench.shapes import parse_lookahead
 from lp.config import DecodeConfig
 from lp.decode.plan import largest_step
@@ -50,17 +51,10 @@ BASELINES = {"token-recycling": "token-recycling", "hf-prompt-lookup": "prompt-l
 
 
 @dataclass
-class SweepSettings:
-    """The keys of configs/sweep.yaml (`model` is the model's name or path)."""
+class SweepSettings(PromptKeys):
+    """The keys of configs/sweep.yaml."""
 
-    model: str = "smollm2-135m"
-    dtype: str = "float32"
-    dataset: str = "spec_bench"
-    prompts: str | None = None
     per_category: int | None = 8
-    categories: list[str] | None = None
-    limit: int | None = None
-    chat: bool | None = None
     max_new_tokens: int = 128
     sizes: list[int] = field(default_factory=lambda: list(LADDER))
     configs: list[str] | None = None
@@ -77,13 +71,7 @@ class SweepSettings:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping) -> SweepSettings:
-        data = {}
-        for k, v in dict(cfg).items():
-            if k == "model" and isinstance(v, Mapping):  # hydra's model group: {name, dtype}
-                data["model"], data["dtype"] = v["name"], v.get("dtype", "float32")
-            else:
-                data[k] = list(v) if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig" else v
-        s = cls(**data)
+        s = cls(**cls.values(cfg))
         unknown = [b for b in s.baselines if b not in BASELINES]
         if unknown:
             raise LPError(f"unknown baseline '{unknown[0]}'; known: {', '.join(BASELINES)}")
