@@ -18,6 +18,7 @@ feed: the sweep's x), step_tokens_mean, S, S_by_category, identical, prompts}]}.
 
 from __future__ import annotations
 
+import math
 import platform
 import sys
 import time
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from lp.bench import datasets, report
+from lp.bench import datasets, metrics, report
 from lp.bench.decoders import build
 from lp.bench.interface import BenchDecoder, Context
 from lp.bench.references import References
@@ -141,7 +142,7 @@ def _entries(s: SweepSettings, ctx: Context) -> tuple[BenchDecoder, list[Entry]]
     entries = [Entry(d, "lp", c, n) for d, (n, c) in zip(lp, ladder)]
     for d in baselines:
         if d.name == "token-recycling":
-            entries.append(Entry(d, BASELINES[d.name], d.label.split("[")[1].rstrip("]"), d.max_step_tokens))
+            entries.append(Entry(d, BASELINES[d.name], f"k{d.k}n{d.template.size}", d.max_step_tokens))
         else:  # prompt lookup: the last token and its draft
             config = f"k{s.prompt_lookup_num_tokens}m{s.max_matching_ngram_size}"
             entries.append(Entry(d, BASELINES[d.name], config, 1 + s.prompt_lookup_num_tokens))
@@ -149,9 +150,7 @@ def _entries(s: SweepSettings, ctx: Context) -> tuple[BenchDecoder, list[Entry]]
 
 
 def _row(p: datasets.BenchPrompt, ids: list[int], e: Entry, o, ref: list[int]) -> dict:
-    first = next((i for i, (a, b) in enumerate(zip(o.output_ids, ref)) if a != b), None)
-    if first is None and len(o.output_ids) != len(ref):
-        first = min(len(o.output_ids), len(ref))
+    first = metrics.first_mismatch(o.output_ids, ref)
     row = {
         "id": p.id,
         "category": p.category,
@@ -203,9 +202,9 @@ def summarize(rows: list[dict]) -> list[dict]:
     return sorted(out, key=lambda x: (x["decoder"] != "lp", x["step_tokens"], x["decoder"]))
 
 
-def _pooled(rs: list[dict]) -> float | None:
-    steps = sum(r["steps"] for r in rs)
-    return sum(r["new_tokens"] for r in rs) / steps if steps else None
+def _pooled(rs: list[dict]) -> float:
+    """S over a group of prompts: all their new tokens / all their steps."""
+    return metrics.compression(sum(r["new_tokens"] for r in rs), sum(r["steps"] for r in rs))
 
 
 def markdown(head: dict, summary: list[dict], rows: list[dict]) -> str:
@@ -243,7 +242,7 @@ def markdown(head: dict, summary: list[dict], rows: list[dict]) -> str:
 
 
 def _num(v, digits: int) -> str:
-    return "" if v is None else f"{v:.{digits}f}"
+    return "" if v is None or math.isnan(v) else f"{v:.{digits}f}"
 
 
 def _write(out: Path, head: dict, rows: list[dict]) -> None:
