@@ -344,7 +344,7 @@ def _main(cfg) -> None:
 def main() -> None:
     from lp.frontend import cli
 
-    cli.entry("sweep", _main)()
+    cli.entry("sweep", _main, module="lp.bench.sweep")()
 
 
 if __name__ == "__main__":
