@@ -229,11 +229,23 @@ def sweep(summary: list[dict], path: str | Path, title: str | None = None) -> Pa
         ys = [r["S_by_category"].get(c) for r in lp]
         ax.plot(x, [y if _finite(y) else float("nan") for y in ys], marker=MARKERS[i % len(MARKERS)], lw=1, label=c)
     ax.plot(x, [r["S"] for r in lp], color="black", lw=2.5, marker="o", label="lp, pooled")
-    for i, r in enumerate(r for r in summary if r["decoder"] != "lp" and _finite(r["S"])):
+    baselines = [r for r in summary if r["decoder"] != "lp" and _finite(r["S"])]
+    for i, r in enumerate(baselines):
         ax.scatter(
-            [r["step_tokens"]], [r["S"]], marker="*^sD"[i % 4], s=120, zorder=3, label=f"{r['decoder']} (pooled)"
+            [r["step_tokens"]],
+            [r["S"]],
+            marker="*^sD"[i % 4],
+            s=160,
+            zorder=3,
+            facecolors="white",
+            edgecolors="black",
+            linewidths=1.5,
+            label=f"{r['decoder']} (pooled)",
         )
     ax.set_xscale("log", base=2)
+    ticks = sorted({r["step_tokens"] for r in lp + baselines})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("step tokens (most tokens a step feeds the model, log scale)")
     ax.set_ylabel("S (new tokens per step)")
     ax.grid(alpha=0.3, which="both")
