@@ -209,7 +209,7 @@ def _pooled(rs: list[dict]) -> float:
 
 def markdown(head: dict, summary: list[dict], rows: list[dict]) -> str:
     """sweep.md: one line per decoder and step size: S pooled and per category, identical
-    outputs, lp's host work per step and the decode seconds of the group."""
+    outputs, lp's host work per step and the group's seconds (prefills and decodes)."""
     cats = list(dict.fromkeys(r["category"] for r in rows if r["status"] == "ok"))
     lines = [
         f"# {head['label']}",
