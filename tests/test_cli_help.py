@@ -12,10 +12,11 @@ from helpers import REPO
 from hydra import compose, initialize_config_dir
 
 import lp.bench.__main__
+import lp.bench.sweep
 import lp.generate
 from lp.frontend import cli
 
-MAINS = {"generate": lp.generate.main, "bench": lp.bench.__main__.main}
+MAINS = {"generate": lp.generate.main, "bench": lp.bench.__main__.main, "sweep": lp.bench.sweep.main}
 
 
 def printed_help(name: str, monkeypatch, capsys) -> str:

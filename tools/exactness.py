@@ -104,10 +104,6 @@ def cfg_name(c) -> str:
     return f"W{w}N{n}G{g}" + (f"-B{b[0]}" if b else "")
 
 
-def ids_key(ids: list[int], max_new: int) -> str:
-    return hashlib.sha1(json.dumps([ids, max_new]).encode()).hexdigest()[:16]
-
-
 def first_diff(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -201,13 +197,14 @@ def references(prompts: list[dict], max_new: int, model: str, out_dir: Path) -> 
     import torch
 
     from lp import LP
+    from lp.bench.references import References, key
 
-    cache_path = out_dir / "references.json"
-    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    refs = References(out_dir / "references.json")
+    cache = refs.entries
     lm = LP(model)
     for p in prompts:
         p["ids"] = lm.encode(p["text"], chat=True)
-        p["key"] = ids_key(p["ids"], max_new)
+        p["key"] = key(p["ids"], max_new)
     missing = [p for p in prompts if p["key"] not in cache]
     if missing:
         from tqdm import tqdm
@@ -218,16 +215,10 @@ def references(prompts: list[dict], max_new: int, model: str, out_dir: Path) -> 
             t0 = time.perf_counter()
             with torch.no_grad():
                 y = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new)
-            cache[p["key"]] = {
-                "question_id": p["question_id"],
-                "max_new_tokens": max_new,
-                "prompt_len": len(p["ids"]),
-                "output_ids": y[0, len(p["ids"]) :].tolist(),
-                "seconds": round(time.perf_counter() - t0, 2),
-            }
-            cache_path.write_text(json.dumps(cache))  # checkpoint after each
+            seconds = round(time.perf_counter() - t0, 2)
+            refs.put(p["ids"], max_new, y[0, len(p["ids"]) :].tolist(), question_id=p["question_id"], seconds=seconds)
     else:
-        print(f"all {len(prompts)} references cached in {cache_path}", flush=True)
+        print(f"all {len(prompts)} references cached in {refs.path}", flush=True)
     del lm
     return prompts, cache
 

@@ -8,6 +8,8 @@ with `lp.decode.loop.Decoder`, lp's own decode loop, which `LPDecoder` drives).
 | `hf-greedy`        | transformers `generate(do_sample=False)`                         | rank 0 only |
 | `hf-static`        | the same with `cache_implementation="static"` (compiled on CUDA) | rank 0 only |
 | `hf-prompt-lookup` | transformers prompt lookup decoding (`prompt_lookup_num_tokens`) | rank 0 only |
+| `token-recycling`  | Token Recycling (Luo et al. 2024): an 80-node static tree of     | rank 0 only |
+|                    | recycled top-8 successors (lp/bench/recycling.py)                |             |
 | `tp`               | tensor parallelism over P ranks, greedy `generate`               | all (P)     |
 | `pp`               | pipeline parallelism: layers split over P ranks, batch-1 latency | all (P)     |
 
@@ -35,6 +37,8 @@ Step accounting:
   first token) is timed as prefill and is also counted as a step (it yields a token). Tokens
   committed per forward are observed with a streamer; step latencies are the intervals between
   consecutive forwards' token arrivals (decode steps only).
+- token-recycling: as lp (its prefill, the prompt but its last token, is not a step; a step's
+  tokens include those the last step committed, re-fed).
 - pp: as transformers decoders, with its own pipelined loop (lp/bench/pp.py).
 """
 
@@ -47,10 +51,11 @@ import torch
 from lp.bench.baselines import PipelineParallel, TensorParallel, hf_greedy, hf_prompt_lookup
 from lp.bench.interface import BenchDecoder, Context, DecodeOutput, sync
 from lp.bench.metrics import intervals
+from lp.bench.recycling import TokenRecycling
 from lp.bench.shapes import option_name
 from lp.decode.loop import StepObserver
 
-KINDS = ("lp", "lp-ar", "hf-greedy", "hf-static", "hf-prompt-lookup", "tp", "pp")
+KINDS = ("lp", "lp-ar", "hf-greedy", "hf-static", "hf-prompt-lookup", "token-recycling", "tp", "pp")
 
 
 class _ForwardTimer(StepObserver):
@@ -203,6 +208,8 @@ def build(
             out.append(hf_greedy(local_model(), ctx.eos_ids, ctx.pad_id, static=kind == "hf-static"))
         elif kind == "hf-prompt-lookup":
             out.append(hf_prompt_lookup(local_model(), ctx.eos_ids, ctx.pad_id, pld_tokens, max_ngram=pld_ngram))
+        elif kind == "token-recycling":
+            out.append(TokenRecycling(local_model(), ctx.eos_ids))
         elif kind == "tp":
             out.append(lp_tensor_parallel(ctx) if tp_impl == "lp" else TensorParallel(ctx, tp_impl))
         elif kind == "pp":

@@ -7,6 +7,8 @@
 - categories: S and speedup per category, one bar per decoder (written by every run too).
 - scaling-law: S against log2 W, one line per N (lp rows of the runs, pooled over prompts),
   `DIR/scaling_law.png` and `.csv`.
+- sweep (written by `lp.bench.sweep`): S against step tokens, per category and pooled, with
+  the baselines as points.
 - strong-scaling: decode latency (ms per generated token) and speedup against the
   autoregressive baseline of each run, against the number of ranks, one line per decoder kind
   (lp, tp, pp, ...), `DIR/strong_scaling.png` and `.csv`. Decoders that could not run at some
@@ -212,6 +214,44 @@ def write_csv(points: list[dict], path: str | Path) -> Path:
         for p in points:
             w.writerow({k: ("" if not _finite(p.get(k)) and isinstance(p.get(k), float) else p.get(k)) for k in keys})
     return Path(path)
+
+
+# ----------------------------------------------------------------------------------- budget sweep
+def sweep(summary: list[dict], path: str | Path, title: str | None = None) -> Path:
+    """S against step tokens (log2 axis), written by `lp.bench.sweep`: lp's pooled line and one
+    line per category; each baseline a marked point (pooled) at its own step size."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    lp = sorted((r for r in summary if r["decoder"] == "lp" and _finite(r["S"])), key=lambda r: r["step_tokens"])
+    x = [r["step_tokens"] for r in lp]
+    cats = list(dict.fromkeys(c for r in lp for c in r["S_by_category"]))
+    for i, c in enumerate(cats):
+        ys = [r["S_by_category"].get(c) for r in lp]
+        ax.plot(x, [y if _finite(y) else float("nan") for y in ys], marker=MARKERS[i % len(MARKERS)], lw=1, label=c)
+    ax.plot(x, [r["S"] for r in lp], color="black", lw=2.5, marker="o", label="lp, pooled")
+    baselines = [r for r in summary if r["decoder"] != "lp" and _finite(r["S"])]
+    for i, r in enumerate(baselines):
+        ax.scatter(
+            [r["step_tokens"]],
+            [r["S"]],
+            marker="*^sD"[i % 4],
+            s=160,
+            zorder=3,
+            facecolors="white",
+            edgecolors="black",
+            linewidths=1.5,
+            label=f"{r['decoder']} (pooled)",
+        )
+    ax.set_xscale("log", base=2)
+    ticks = sorted({r["step_tokens"] for r in lp + baselines})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("step tokens (most tokens a step feeds the model, log scale)")
+    ax.set_ylabel("S (new tokens per step)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax.set_title(title or "S against step tokens")
+    return _save(plt, fig, path)
 
 
 # ----------------------------------------------------------------------------------- CLI

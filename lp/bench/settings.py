@@ -12,8 +12,9 @@ from lp.mesh import check_tp
 
 
 @dataclass
-class Settings:
-    """The keys of configs/bench.yaml (`model` is the model's name or path)."""
+class PromptKeys:
+    """The keys of the model and the prompts, which `lp.bench` and `lp.bench.sweep` share
+    (`model` is the model's name or path)."""
 
     model: str = "smollm2-135m"
     dtype: str = "float32"
@@ -23,6 +24,26 @@ class Settings:
     categories: list[str] | None = None
     limit: int | None = None
     chat: bool | None = None
+
+    @classmethod
+    def values(cls, cfg: Mapping) -> dict:
+        """The keys of `cls` in a composed config, as plain Python values (hydra's `model`
+        group, {name, dtype}, gives `model` and `dtype`)."""
+        known = {f.name for f in fields(cls)}
+        data = {}
+        for k, v in dict(cfg).items():
+            if k == "model" and isinstance(v, Mapping):
+                data["model"] = v["name"]
+                data.setdefault("dtype", v.get("dtype", "float32"))
+            elif k in known:
+                data[k] = list(v) if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig" else v
+        return data
+
+
+@dataclass
+class Settings(PromptKeys):
+    """The keys of configs/bench.yaml."""
+
     decoders: list[str] = field(default_factory=lambda: ["hf-greedy", "lp-ar", "lp", "hf-prompt-lookup"])
     baseline: str | None = "hf-greedy"
     reference: str | None = "hf-greedy"
@@ -58,16 +79,7 @@ class Settings:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping) -> Settings:
-        known = {f.name for f in fields(cls)}
-        data = {}
-        for k, v in dict(cfg).items():
-            if k == "model" and isinstance(v, Mapping):  # hydra's model group: {name, dtype}
-                data["model"] = v["name"]
-                data.setdefault("dtype", v.get("dtype", "float32"))
-                continue
-            if k in known:
-                data[k] = list(v) if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig" else v
-        s = cls(**data)
+        s = cls(**cls.values(cfg))
         s.validate()
         return s
 

@@ -11,7 +11,7 @@ import torch
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decode.plan import StepPlan, plan_step
+from lp.decode.plan import StepPlan, largest_step, plan_step
 from lp.decode.policy import DraftSources
 from lp.decode.record import Generation, collector_paused
 from lp.decode.state import DecodeState, decide, fingerprint, message
@@ -105,9 +105,8 @@ class Decoder:
             self._handshake(prompt_ids, cfg)
             verify = verifier or verifier_for(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, stream=stream)
             observe = observer or StepObserver()
-            W, N, _, budget = cfg.step_shape
-            # the largest step: `max_commit` pending tokens, every column and the whole tree on one rank
-            largest = RankPlan(range(W), range(budget)).cost(N, pending=cfg.max_commit, candidate_tokens=1)
+            W, N, _, _ = cfg.step_shape
+            largest = largest_step(cfg)
             # the smallest: one pending token and every column (one rank), or a rank's 1-token share
             P = self.comm.world_size
             fewest = RankPlan(range(W), range(0)).cost(N, pending=1, candidate_tokens=1) if P == 1 else 1

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lp.config import DecodeConfig
 from lp.lookahead import JacobiWindow
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.lookahead.tree import DraftTree
@@ -28,6 +29,13 @@ class StepPlan:
     @property
     def plan(self) -> RankPlan:
         return self.plans[self.rank]
+
+
+def largest_step(cfg: DecodeConfig) -> int:
+    """The most tokens a step of `cfg` feeds one rank: `max_commit` pending tokens, every window
+    column and the whole tree."""
+    W, N, _, budget = cfg.step_shape
+    return RankPlan(range(W), range(budget)).cost(N, pending=cfg.max_commit, candidate_tokens=1)
 
 
 def rank_share(

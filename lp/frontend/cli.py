@@ -170,10 +170,11 @@ def launch(module: str, nproc: int, argv: list[str]) -> int:
     return p.returncode
 
 
-def entry(config_name: str, task: Callable[[DictConfig], None]) -> Callable[[], None]:
+def entry(config_name: str, task: Callable[[DictConfig], None], module: str | None = None) -> Callable[[], None]:
     """The `main()` of a CLI: hydra composes configs/CONFIG_NAME.yaml with the command line
     and calls `task`; an LPError from it, or a hydra or omegaconf error about the command line,
-    ends the process through `fail`."""
+    ends the process through `fail`. `module` (default `lp.CONFIG_NAME`) is what `nproc=P`
+    starts on P ranks."""
 
     def job(cfg: DictConfig) -> None:
         try:
@@ -186,7 +187,7 @@ def entry(config_name: str, task: Callable[[DictConfig], None]) -> Callable[[], 
     def main() -> None:
         nproc = _nproc(sys.argv[1:])
         if nproc != 1 and "RANK" not in os.environ:  # lp starts the ranks itself
-            sys.exit(launch(f"lp.{config_name}", nproc, sys.argv[1:]))
+            sys.exit(launch(module or f"lp.{config_name}", nproc, sys.argv[1:]))
         # hydra then raises its errors to us instead of printing them with a hint.
         os.environ["HYDRA_FULL_ERROR"] = "1"
         sys.argv[1:] = _model_override(sys.argv[1:])

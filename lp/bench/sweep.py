@@ -1,0 +1,351 @@
+"""`python -m lp.bench.sweep [key=value ...]`: the budget sweep. lp decodes a dataset at a ladder of
+step sizes, a step's size being every token it feeds the model (the tokens the last step
+committed, re-fed; the window; the tree: `lp.decode.plan.largest_step`), and the draft-free
+baselines (Token Recycling, transformers' prompt lookup) decode the same prompts at their own step
+sizes. Every output is checked token by token against transformers' greedy `generate` (fp32 on
+the CPU by default), computed once per prompt and cached in OUT/references.json
+(`lp.bench.references`). Keys: configs/sweep.yaml.
+
+Writes OUT/rows.jsonl (one row per prompt and decoder, appended as it goes; `resume=true` skips
+the rows it holds), and after every prompt OUT/sweep.json (docs: the sweep file's keys below),
+OUT/sweep.md (S per step size, pooled and per category) and OUT/sweep.png (S against step
+tokens). S pools a group's prompts: all new tokens / all decoding steps, steps counted as
+lp.bench counts them (lp/bench/decoders.py).
+
+sweep.json: {label, command, device, date, model, dataset, prompts, max_new_tokens, rows: [{decoder
+("lp" | "token-recycling" | "prompt-lookup"), config, step_tokens (the most tokens a step may
+feed: the sweep's x), step_tokens_mean, S, S_by_category, identical, prompts}]}."""
+
+from __future__ import annotations
+
+import math
+import platform
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lp.bench import datasets, metrics, report
+from lp.bench.decoders import build
+from lp.bench.interface import BenchDecoder, Context
+from lp.bench.references import References
+from lp.bench.settings import PromptKeys
+from lp.bench.shapes import parse_lookahead
+from lp.config import DecodeConfig
+from lp.decode.plan import largest_step
+from lp.decode.record import collector_paused
+from lp.errors import LPError
+
+# lp's config at each step size: a small window and a tree budget that fills the rest.
+LADDER = {
+    32: "W2N4G15-B16",
+    64: "W4N5G15-B38",
+    128: "W4N5G15-B102",
+    256: "W8N5G15-B214",
+    512: "W8N5G15-B470",
+    1024: "W16N5G15-B950",
+}
+BASELINES = {"token-recycling": "token-recycling", "hf-prompt-lookup": "prompt-lookup"}  # kind -> sweep name
+
+
+@dataclass
+class SweepSettings(PromptKeys):
+    """The keys of configs/sweep.yaml."""
+
+    per_category: int | None = 8
+    max_new_tokens: int = 128
+    sizes: list[int] = field(default_factory=lambda: list(LADDER))
+    configs: list[str] | None = None
+    baselines: list[str] = field(default_factory=lambda: list(BASELINES))
+    prompt_lookup_num_tokens: int = 10
+    max_matching_ngram_size: int = 2
+    seed: int = 0
+    threads: int | None = None
+    device: str = "cpu"
+    out: str = "sweep-results/latest"
+    resume: bool = False
+    label: str | None = None
+    progress: bool = True
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping) -> SweepSettings:
+        s = cls(**cls.values(cfg))
+        unknown = [b for b in s.baselines if b not in BASELINES]
+        if unknown:
+            raise LPError(f"unknown baseline '{unknown[0]}'; known: {', '.join(BASELINES)}")
+        if s.max_new_tokens < 1:
+            raise LPError(f"max_new_tokens must be an integer >= 1, got {s.max_new_tokens}")
+        s.ladder()
+        return s
+
+    def ladder(self) -> list[tuple[int, str]]:
+        """(size, lp config) per step size, each config's largest step checked against its size."""
+        if not self.sizes:
+            raise LPError("sizes is empty")
+        if self.configs is None:
+            missing = [n for n in self.sizes if n not in LADDER]
+            if missing:
+                raise LPError(
+                    f"no default config for step size {missing[0]} (known: {list(LADDER)}): give configs=[...]"
+                )
+            configs = [LADDER[n] for n in self.sizes]
+        elif len(self.configs) != len(self.sizes):
+            raise LPError(f"configs has {len(self.configs)} entries for {len(self.sizes)} sizes")
+        else:
+            configs = list(self.configs)
+        for size, name in zip(self.sizes, configs):
+            most = step_tokens_of(name)
+            if most > size:
+                raise LPError(f"config {name} feeds up to {most} tokens a step, more than its size {size}")
+        return list(zip(self.sizes, configs))
+
+
+def step_tokens_of(config: str) -> int:
+    """The most tokens a step of lp config `config` (lp.bench.shapes syntax) feeds the model."""
+    try:
+        settings = parse_lookahead(config)
+    except ValueError as e:
+        raise LPError(str(e)) from None
+    if "auto" in settings.values():
+        raise LPError(f"the sweep needs fixed shapes, got {config!r}")
+    return largest_step(DecodeConfig(**settings).validate())
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One decoder of the sweep: its sweep name, config name and step size (the x axis)."""
+
+    decoder: BenchDecoder
+    name: str
+    config: str
+    step_tokens: int
+
+
+def _entries(s: SweepSettings, ctx: Context) -> tuple[BenchDecoder, list[Entry]]:
+    """The greedy reference decoder and the sweep's decoders (one model copy for the baselines)."""
+    ladder = s.ladder()
+    try:
+        built = build(
+            ["hf-greedy", "lp", *s.baselines],
+            ctx,
+            lookahead=[parse_lookahead(c) for _, c in ladder],
+            seed=s.seed,
+            pld_tokens=s.prompt_lookup_num_tokens,
+            pld_ngram=s.max_matching_ngram_size,
+        )
+    except ValueError as e:
+        raise LPError(str(e)) from None
+    reference, lp, baselines = built[0], built[1 : 1 + len(ladder)], built[1 + len(ladder) :]
+    entries = [Entry(d, "lp", c, n) for d, (n, c) in zip(lp, ladder)]
+    for d in baselines:
+        if d.name == "token-recycling":
+            entries.append(Entry(d, BASELINES[d.name], f"k{d.k}n{d.template.size}", d.max_step_tokens))
+        else:  # prompt lookup: the last token and its draft
+            config = f"k{s.prompt_lookup_num_tokens}m{s.max_matching_ngram_size}"
+            entries.append(Entry(d, BASELINES[d.name], config, 1 + s.prompt_lookup_num_tokens))
+    return reference, entries
+
+
+def _row(p: datasets.BenchPrompt, ids: list[int], e: Entry, o, ref: list[int]) -> dict:
+    first = metrics.first_mismatch(o.output_ids, ref)
+    row = {
+        "id": p.id,
+        "category": p.category,
+        "decoder": e.name,
+        "config": e.config,
+        "step_tokens": e.step_tokens,
+        "prompt_tokens": len(ids),
+        "new_tokens": o.new_tokens,
+        "steps": o.steps,
+        "S": o.compression,
+        "step_tokens_total": sum(o.step_tokens),
+        "step_tokens_max": max(o.step_tokens, default=0),
+        "identical": first is None,
+        "first_mismatch": first,
+        "prefill_seconds": o.prefill_seconds,
+        "decode_seconds": o.seconds,
+        "status": "ok",
+        "output_ids": o.output_ids,
+    }
+    if o.forward_seconds is not None:  # lp: the host's share of the decode, per step
+        row["host_ms_per_step"] = 1e3 * max(0.0, o.seconds - o.forward_seconds) / max(o.steps, 1)
+    return row
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One sweep.json row per (decoder, config, step size), pooled over its prompts ("ok" rows)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            groups.setdefault((r["decoder"], r["config"], r["step_tokens"]), []).append(r)
+    out = []
+    for (decoder, config, size), rs in groups.items():
+        cats: dict[str, list[dict]] = {}
+        for r in rs:
+            cats.setdefault(r["category"], []).append(r)
+        steps = sum(r["steps"] for r in rs)
+        out.append(
+            {
+                "decoder": decoder,
+                "config": config,
+                "step_tokens": size,
+                "step_tokens_mean": sum(r["step_tokens_total"] for r in rs) / steps if steps else None,
+                "S": _pooled(rs),
+                "S_by_category": {c: _pooled(v) for c, v in cats.items()},
+                "identical": sum(1 for r in rs if r["identical"]),
+                "prompts": len(rs),
+            }
+        )
+    return sorted(out, key=lambda x: (x["decoder"] != "lp", x["step_tokens"], x["decoder"]))
+
+
+def _pooled(rs: list[dict]) -> float:
+    """S over a group of prompts: all their new tokens / all their steps."""
+    return metrics.compression(sum(r["new_tokens"] for r in rs), sum(r["steps"] for r in rs))
+
+
+def markdown(head: dict, summary: list[dict], rows: list[dict]) -> str:
+    """sweep.md: one line per decoder and step size: S pooled and per category, identical
+    outputs, lp's host work per step and the group's seconds (prefills and decodes)."""
+    cats = list(dict.fromkeys(r["category"] for r in rows if r["status"] == "ok"))
+    lines = [
+        f"# {head['label']}",
+        "",
+        f"`{head['command']}`",
+        "",
+        f"{head['device']}, {head['date']}; model {head['model']}, {head['dataset']}, {head['prompts']} prompts, "
+        f"{head['max_new_tokens']} new tokens at most, greedy. S = all new tokens / all decoding steps.",
+        "",
+        "| decoder | config | step tokens | mean | S | " + " | ".join(cats) + " | identical | host ms/step | seconds |",
+        "|" + "---|" * (8 + len(cats)),
+    ]
+    for x in summary:
+        rs = [
+            r
+            for r in rows
+            if (r["decoder"], r["config"], r["step_tokens"]) == (x["decoder"], x["config"], x["step_tokens"])
+        ]
+        ok = [r for r in rs if r["status"] == "ok"]
+        host = [r["host_ms_per_step"] * r["steps"] for r in ok if "host_ms_per_step" in r]
+        steps = sum(r["steps"] for r in ok if "host_ms_per_step" in r)
+        seconds = sum(r["prefill_seconds"] + r["decode_seconds"] for r in ok)
+        by_cat = [_num(x["S_by_category"].get(c), 2) for c in cats]
+        lines.append(
+            f"| {x['decoder']} | {x['config']} | {x['step_tokens']} | {_num(x['step_tokens_mean'], 1)} | "
+            f"**{_num(x['S'], 2)}** | {' | '.join(by_cat)} | {x['identical']}/{x['prompts']} | "
+            f"{_num(sum(host) / steps if steps else None, 2)} | {seconds:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _num(v, digits: int) -> str:
+    return "" if v is None or math.isnan(v) else f"{v:.{digits}f}"
+
+
+def _write(out: Path, head: dict, rows: list[dict]) -> None:
+    summary = summarize(rows)
+    (out / "sweep.json").write_text(report.dumps({**head, "rows": summary}) + "\n")
+    (out / "sweep.md").write_text(markdown(head, summary, rows))
+    if summary:
+        from lp.bench import plots
+
+        try:
+            plots.sweep(summary, out / "sweep.png", title=head["label"])
+        except Exception as e:  # noqa: BLE001 -- a plot must never lose the results
+            print(f"lp.bench.sweep: plot failed: {e}", file=sys.stderr)
+
+
+def run(cfg: Mapping | SweepSettings) -> dict:
+    """Run the sweep; returns {"rows", "summary", "out_dir"}."""
+    from tqdm import tqdm
+
+    from lp import models
+    from lp.frontend.runtime import DTYPES, LP
+
+    s = cfg if isinstance(cfg, SweepSettings) else SweepSettings.from_mapping(cfg)
+    prompts = datasets.load(s.dataset, s.prompts, per_category=s.per_category, limit=s.limit, categories=s.categories)
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    if s.dtype not in DTYPES:
+        raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
+    options = dict(dtype=s.dtype, device=s.device)
+    lm = LP(s.model, **options)
+    try:
+        ctx = Context(lm, models.resolve(s.model), DTYPES[s.dtype], options)
+        reference, entries = _entries(s, ctx)
+        out = Path(s.out)
+        out.mkdir(parents=True, exist_ok=True)
+        refs = References(out / "references.json")
+        rows = report.read_rows(out / "rows.jsonl") if s.resume and (out / "rows.jsonl").exists() else []
+        done = {(r["id"], r["decoder"], r["config"]) for r in rows}
+        cpu = platform.processor() or platform.machine()
+        head = {
+            "label": s.label or f"{s.dataset} sweep, {len(prompts)} prompts, {s.max_new_tokens} new tokens",
+            "command": " ".join(["python -m lp.bench.sweep", *sys.argv[1:]]),
+            "device": f"{lm.comm.device} ({cpu}, {torch.get_num_threads()} threads)",
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "model": s.model,
+            "dataset": s.dataset,
+            "prompts": len(prompts),
+            "max_new_tokens": s.max_new_tokens,
+        }
+        limit = lm.decoder.max_context
+        with open(out / "rows.jsonl", "a" if s.resume else "w", encoding="utf-8") as jsonl:
+            bar = tqdm(prompts, desc="prompts", file=sys.stderr, disable=not s.progress, dynamic_ncols=True)
+            for p in bar:
+                chat = s.chat if s.chat is not None else p.chat and lm.tokenizer.chat_template is not None
+                ids = lm.encode(p.text, bool(chat))
+                todo = [e for e in entries if (p.id, e.name, e.config) not in done]
+                if not todo:
+                    continue
+                if len(ids) + s.max_new_tokens > limit:
+                    new = [{"id": p.id, "category": p.category, "decoder": e.name, "config": e.config,
+                            "step_tokens": e.step_tokens, "status": f"skipped: prompt ({len(ids)} tokens) too long"}
+                           for e in todo]  # fmt: skip
+                else:
+                    ref = refs.get(ids, s.max_new_tokens)
+                    if ref is None:
+                        with collector_paused():
+                            ref = reference.generate(ids, s.max_new_tokens).output_ids
+                        refs.put(ids, s.max_new_tokens, ref, id=p.id)
+                    new = []
+                    for e in todo:
+                        with collector_paused():  # as lp's decoder does, for every decoder
+                            o = e.decoder.generate(ids, s.max_new_tokens)
+                        new.append(_row(p, ids, e, o, ref))
+                for r in new:
+                    jsonl.write(report.dumps(r) + "\n")
+                jsonl.flush()
+                rows += new
+                _write(out, head, rows)  # a run cut short keeps its table
+                lp_rows = [r for r in new if r["decoder"] == "lp" and r["status"] == "ok"]
+                if lp_rows:
+                    bar.set_postfix_str(" ".join(f"{r['step_tokens']}:{r['S']:.2f}" for r in lp_rows))
+        _write(out, head, rows)
+        return {"rows": rows, "summary": summarize(rows), "out_dir": str(out)}
+    finally:
+        lm.close()
+
+
+def _main(cfg) -> None:
+    from omegaconf import OmegaConf
+
+    from lp.frontend import cli
+
+    cli.quiet_third_party()
+    res = run(OmegaConf.to_container(cfg, resolve=True))
+    print(Path(res["out_dir"], "sweep.md").read_text())
+    print(f"lp.bench.sweep: results in {res['out_dir']}", file=sys.stderr)
+
+
+def main() -> None:
+    from lp.frontend import cli
+
+    cli.entry("sweep", _main, module="lp.bench.sweep")()
+
+
+if __name__ == "__main__":
+    main()
