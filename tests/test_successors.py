@@ -164,7 +164,7 @@ def test_unshared_trees_take_the_recycled_leaf_paths_as_chains(seed):
     """Without sharing, the budget's likeliest recycled nodes come as the chains of their paths
     to the leaves, after the drafts (a path that is a prefix of another is no chain of its own)."""
     from lp.config import DecodeConfig
-    from lp.decode.policy import step_tree
+    from lp.decode.policy import step_builder
     from lp.lookahead.drafts import TextIndex
     from lp.lookahead.pool import NGramPool
 
@@ -173,7 +173,7 @@ def test_unshared_trees_take_the_recycled_leaf_paths_as_chains(seed):
     pool.add(3, (7, 8))
     nodes = paths(grown(table, 3, budget, depth=4))
     leaves = [p for p in nodes if not any(q[: len(p)] == p and q != p for q in nodes)]
-    got = step_tree(DecodeConfig(N=3, G=1, tree=False, draft_len=4), budget, pool, TextIndex([5, 3]), table)
+    got = step_builder(DecodeConfig(N=3, G=1, tree=False, draft_len=4), budget, pool, TextIndex([5, 3]), table).tree()
     want = build_tree([(7, 8), *leaves], budget, share=False)
     assert got.tokens.tolist() == want.tokens.tolist() and got.parents == want.parents
 
