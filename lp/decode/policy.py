@@ -4,6 +4,8 @@ recycled top-k tokens), kept identical on every rank by feeding them the same me
 
 from __future__ import annotations
 
+import numpy as np
+
 from lp.config import DecodeConfig
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool
@@ -38,6 +40,7 @@ class DraftSources:
         self.pool = NGramPool(N, cfg.pool_capacity)
         self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
         self._tree: TreeBuilder | None = None  # the last step's, until its outcome is counted
+        self._drafted = DraftTree(np.zeros(0, dtype=np.int64), ())  # the last step's tree
         self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
@@ -55,7 +58,8 @@ class DraftSources:
             window=self.window,
         )
         self._tree = builder if self.cfg.tree else None
-        return builder.tree()
+        self._drafted = builder.tree()
+        return self._drafted
 
     def observe(self, outcome: Outcome, tokens: list[int]) -> None:
         """Feed a step's merged outcome: the window's new level and its n-grams, the successor
@@ -70,12 +74,24 @@ class DraftSources:
                 self.pool.add_rows(self.window.ngrams(out[-1], outcome.new))
             self.window.update(outcome.new)
         if self.successors is not None:
-            self.successors.observe([out[-1], *tokens])  # the table the drafts used
-            self.successors.update(outcome.successors)
+            self.successors.observe([*out[-2:], *tokens])  # the table the drafts used
+            self.successors.update(outcome.successors, self._before(outcome.successors))
         self.text.extend(tokens)
         if self.G and self.cfg.pool_from_output:
             length = len(out)
             self.pool.add_sequence(out[max(length - len(tokens) - self.N + 1, 0) : length])
+
+    def _before(self, rows: np.ndarray) -> np.ndarray:
+        """The token before each successor row's input (lp.message: x0's row, the columns', the
+        tree's nodes' from the last to the first): x0's predecessor, a node's parent (x0 for
+        a root); -1 for the columns'."""
+        out, tree = self.text.tokens, self._drafted
+        before = np.full(len(rows), -1, dtype=np.int64)
+        before[0] = out[-2] if len(out) > 1 else -1
+        if tree.size:
+            parents = tree.parent_array
+            before[len(rows) - tree.size :] = np.where(parents >= 0, tree.tokens[parents], out[-1])[::-1]
+        return before
 
 
 def source_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[list[tuple[int, ...]]]:
@@ -140,8 +156,10 @@ def step_builder(
         return builder
     if cfg.tree:
         chains = draft_chains(cfg, pool, text, rates or DraftRates(WINDOW_SOURCE + 1, cfg.max_draft), window)
-        table, q = (successors.next, successors.rates()) if successors is not None else ({}, [])
-        builder.grow(x0, table, q, cfg.max_draft, chains)
+        if successors is not None:
+            successors.grow(builder, x0, cfg.max_draft, chains, text.tokens[-2] if len(text.tokens) > 1 else -1)
+        else:
+            builder.grow(x0, {}, [], cfg.max_draft, chains)
         return builder
     for draft in ranked_drafts(cfg, pool, text):
         builder.add(draft)

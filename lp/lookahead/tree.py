@@ -150,6 +150,8 @@ class TreeBuilder:
         rates: Sequence[float],
         depth: int,
         chains: Sequence[Chain] = (),
+        pairs: Mapping[tuple[int, int], list[int]] | None = None,
+        before: int = -1,
     ) -> None:
         """Graft the likeliest nodes below x0 until the budget is spent, most likely first, from
         two kinds of source that compete on one scale, a node's estimated chance of being right:
@@ -157,7 +159,9 @@ class TreeBuilder:
             right when the tokens before it are; its nodes are labelled `label + i` (`labels`);
           * the successor table: `successors[t]` lists the k distinct tokens expected after
             token t, best first (absent where unknown), the rank-r one right with chance
-            `rates[r]` (non-increasing in r); it grows on every node, at most `depth` deep.
+            `rates[r]` (non-increasing in r); it grows on every node, at most `depth` deep;
+            `pairs[a, t]`, where given, lists those expected after t when a comes before it,
+            preferred to `successors[t]` (`before`: the token before x0).
         A node's chance is its parent's times its own rate. Nodes the tree already has cost
         nothing and are grown on. Sharing only. The builder's last call: `add` refuses after it."""
         if self._grown:
@@ -167,7 +171,7 @@ class TreeBuilder:
             return
         tokens, parents, roots, labels, budget = self.tokens, self.parents, self._roots, self.labels, self.budget
         # the loop runs for most of a real step's nodes: every name it calls is a local
-        index, row_of = self._index, successors.get
+        index, row_of, pair_of = self._index, successors.get, (pairs or {}).get
         find = index.get
         old = size = len(tokens)
         made: list[float] = []  # each grown node's chance (negated): the best estimate, it came first
@@ -192,7 +196,7 @@ class TreeBuilder:
         for chain, rate, label in chains:
             if len(chain):
                 wait(-rate[0], (-1, chain, 0, 1, rate, label))
-        row = row_of(x0)
+        row = pair_of((before, x0)) or row_of(x0)
         if k and depth >= 1 and row is not None:
             wait(-q0, (-1, row, 0, 1, None, -1))
         while chances:
@@ -227,7 +231,7 @@ class TreeBuilder:
                 )
             # a node is grown on once: where it is made (or, made before `grow`, where reached)
             if k and d < depth and (new or node < old):
-                below = row_of(token)
+                below = pair_of((tokens[parent] if parent >= 0 else x0, token)) or row_of(token)
                 if below is not None:
                     wait(neg * q0, (node, below, 0, d + 1, None, -1))
 
