@@ -206,34 +206,36 @@ class TreeBuilder:
             if not queue:
                 heappop(chances)
                 del waiting[neg]
-            token = seq[i]
-            node = find((parent, token))
-            new = node is None
-            if new:  # `_new`, inlined
-                if size >= budget:
-                    return
-                node = size
-                size += 1
-                index[parent, token] = node
-                tokens.append(token)
-                parents.append(parent)
-                roots.append(node if parent < 0 else roots[parent])
-                labels.append(label if rate is None else label + i)
-                made.append(neg)
-            if rate is None:
-                if i + 1 < k:
+            while True:  # a chain's next token is taken at once while nothing waiting is as likely
+                token = seq[i]
+                node = find((parent, token))
+                new = node is None
+                if new:  # `_new`, inlined
+                    if size >= budget:
+                        return
+                    node = size
+                    size += 1
+                    index[parent, token] = node
+                    tokens.append(token)
+                    parents.append(parent)
+                    roots.append(node if parent < 0 else roots[parent])
+                    labels.append(label if rate is None else label + i)
+                    made.append(neg)
+                if rate is None and i + 1 < k:  # a row's next sibling
                     wait(neg / rates[i] * rates[i + 1], (parent, seq, i + 1, d, None, -1))
-            elif i + 1 < len(seq):
+                # a node is grown on once: where it is made (or, made before `grow`, where reached)
+                if k and d < depth and (new or node < old):
+                    below = pair_of((tokens[parent] if parent >= 0 else x0, token)) or row_of(token)
+                    if below is not None:
+                        wait(neg * q0, (node, below, 0, d + 1, None, -1))
+                if rate is None or i + 1 >= len(seq):
+                    break
                 # a chain goes on from its node's chance: another source's, if it made the node first
-                wait(
-                    (neg if new or node < old else made[node - old]) * rate[i + 1],
-                    (node, seq, i + 1, d + 1, rate, label),
-                )
-            # a node is grown on once: where it is made (or, made before `grow`, where reached)
-            if k and d < depth and (new or node < old):
-                below = pair_of((tokens[parent] if parent >= 0 else x0, token)) or row_of(token)
-                if below is not None:
-                    wait(neg * q0, (node, below, 0, d + 1, None, -1))
+                neg = (neg if new or node < old else made[node - old]) * rate[i + 1]
+                parent, i, d = node, i + 1, d + 1
+                if chances and chances[0] <= neg:
+                    wait(neg, (parent, seq, i, d, rate, label))
+                    break
 
     def tree(self) -> DraftTree:
         """The tree so far in subtree order: root subtrees grouped by first token, in the order
