@@ -185,7 +185,7 @@ class TreeBuilder:
         chances: list[float] = []
         waiting: dict[float, deque] = {}
 
-        def wait(chance: float, entry: tuple) -> None:
+        def wait(chance: float, entry: tuple) -> None:  # inlined in the loop: keep alike
             queue = waiting.get(chance)
             if queue is None:
                 waiting[chance] = deque([entry])
@@ -222,12 +222,24 @@ class TreeBuilder:
                     labels.append(label if rate is None else label + i)
                     made.append(neg)
                 if rate is None and i + 1 < k:  # a row's next sibling
-                    wait(neg / rates[i] * rates[i + 1], (parent, seq, i + 1, d, None, -1))
+                    chance = neg / rates[i] * rates[i + 1]
+                    queue = waiting.get(chance)
+                    if queue is None:
+                        waiting[chance] = deque([(parent, seq, i + 1, d, None, -1)])
+                        heappush(chances, chance)
+                    else:
+                        queue.append((parent, seq, i + 1, d, None, -1))
                 # a node is grown on once: where it is made (or, made before `grow`, where reached)
                 if k and d < depth and (new or node < old):
                     below = pair_of((tokens[parent] if parent >= 0 else x0, token)) or row_of(token)
                     if below is not None:
-                        wait(neg * q0, (node, below, 0, d + 1, None, -1))
+                        chance = neg * q0
+                        queue = waiting.get(chance)
+                        if queue is None:
+                            waiting[chance] = deque([(node, below, 0, d + 1, None, -1)])
+                            heappush(chances, chance)
+                        else:
+                            queue.append((node, below, 0, d + 1, None, -1))
                 if rate is None or i + 1 >= len(seq):
                     break
                 # a chain goes on from its node's chance: another source's, if it made the node first
