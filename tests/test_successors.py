@@ -46,7 +46,7 @@ def test_observe_counts_the_rank_each_token_had():
 
 
 def test_rows_with_the_token_before_them_are_preferred():
-    """A row whose input's predecessor is known goes to `pairs` too; the search and the hit
+    """A row whose input's predecessor is known goes to `pairs` too; tree growth and the hit
     counts read it where the two tokens match, the one-token row elsewhere."""
     table = SuccessorTable(2)
     table.update(rows((3, 1, 2), (3, 4, 5)), before=np.asarray([7, -1]))
