@@ -33,8 +33,9 @@ class DecodeConfig:
     `frequent` (most often produced first). `tree`: verify candidates that share a prefix
     once (a token tree); false: G-style unshared chains. `budget`: verification tokens per step (None: G*(N-1), the
     classic branch's size, so a shape keeps its cost). `recycle`: the model's top-k next tokens
-    kept per token from every step's logits rows (lp/lookahead/successors.py); the likeliest
-    paths through them fill the budget the other drafts leave (0: off)."""
+    kept per token from every step's logits rows (lp/lookahead/successors.py); paths through
+    them compete with the other drafts' tokens for the budget, the likeliest first by each
+    source's counted acceptance (0: off)."""
 
     W: int = 5
     N: int = 3

@@ -480,22 +480,6 @@ def test_draft_ranking():
     assert ranked_drafts(DecodeConfig(draft_len=2), pool, out)[0] == (6, 4)
 
 
-def test_recycled_drafts_come_last_and_fill_the_budget():
-    """The successor table's paths follow the text and pool drafts, up to the budget."""
-    from lp.decode.policy import step_tree
-    from lp.lookahead.successors import SuccessorTable
-
-    pool = NGramPool(3, 4)
-    pool.add(5, (1, 1))
-    table = SuccessorTable(2)
-    table.update(np.asarray([[5, 7, 8], [7, 9, 10], [1, 7, 9]], dtype=np.int64))
-    out = TextIndex([4, 5])
-    tree = step_tree(DecodeConfig(N=3, G=1), 5, pool, out, table)
-    # the pool's (1, 1) first; then 7, (7, 9), 8, (7, 10) by chance (rates 1/3 each), cut at 5 nodes
-    assert tree.tokens.tolist() == [1, 1, 7, 9, 8] and tree.parents == (-1, 0, -1, 2, -1)
-    assert step_tree(DecodeConfig(N=3, G=1), 5, pool, out, None).size == 2
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_recycled_drafts_keep_the_output_and_raise_acceptance(arch, tiny_models, refs):
     """With the successor table off (recycle=0) and on, the output is greedy's; on, the tree

@@ -98,7 +98,7 @@ def test_replay_catches_other_trees_or_plans(recorded, monkeypatch, rank):
     import lp.decode.policy
 
     cfg, rec = recorded
-    monkeypatch.setattr(lp.decode.policy, "ranked_drafts", lambda *args: [])  # other trees than the recorded
+    monkeypatch.setattr(lp.decode.policy, "source_drafts", lambda *args: [[], [], []])  # other trees than the recorded
     with pytest.raises(LPError, match="drifted"):
         replay(cfg, rec, rank)
 

@@ -38,11 +38,25 @@ def test_update_matches_applying_every_row_in_order():
 def test_observe_counts_the_rank_each_token_had():
     table = SuccessorTable(3)
     table.update(rows((1, 2, 3, 4), (2, 5, 6, 7)))
-    table.observe([1, 3, 0])  # 3 was rank 1 after 1; 0 follows unseen 3: not counted
-    table.observe([2, 9])  # 9 is none of 2's successors
+    table.observe([0, 1, 3, 0])  # 3 was rank 1 after 1; 0 follows unseen 3: not counted
+    table.observe([0, 2, 9])  # 9 is none of 2's successors
     assert table.hits == [1, 2, 1, 2]
     q = table.rates()
     assert (np.diff(q) <= 0).all() and q[0] == pytest.approx(1 / 6)  # made non-increasing
+
+
+def test_rows_with_the_token_before_them_are_preferred():
+    """A row whose input's predecessor is known goes to `pairs` too; tree growth and the hit
+    counts read it where the two tokens match, the one-token row elsewhere."""
+    table = SuccessorTable(2)
+    table.update(rows((3, 1, 2), (3, 4, 5)), before=np.asarray([7, -1]))
+    assert table.next == {3: [4, 5]} and table.pairs == {(7, 3): [1, 2]}
+    assert table.row(7, 3) == [1, 2] and table.row(6, 3) == [4, 5] and table.row(7, 1) is None
+    table.observe([7, 3, 2, 6, 3, 4])  # 2: rank 1 after (7, 3); 4: rank 0 after 3
+    assert table.hits == [2, 2, 1]
+    builder = TreeBuilder(2)
+    table.grow(builder, 3, 1, before=7)
+    assert builder.tokens == [1, 2]
 
 
 def grown(table: SuccessorTable, x0: int, budget: int, depth: int, drafts=()) -> TreeBuilder:
@@ -164,7 +178,7 @@ def test_unshared_trees_take_the_recycled_leaf_paths_as_chains(seed):
     """Without sharing, the budget's likeliest recycled nodes come as the chains of their paths
     to the leaves, after the drafts (a path that is a prefix of another is no chain of its own)."""
     from lp.config import DecodeConfig
-    from lp.decode.policy import step_tree
+    from lp.decode.policy import step_builder
     from lp.lookahead.drafts import TextIndex
     from lp.lookahead.pool import NGramPool
 
@@ -173,7 +187,7 @@ def test_unshared_trees_take_the_recycled_leaf_paths_as_chains(seed):
     pool.add(3, (7, 8))
     nodes = paths(grown(table, 3, budget, depth=4))
     leaves = [p for p in nodes if not any(q[: len(p)] == p and q != p for q in nodes)]
-    got = step_tree(DecodeConfig(N=3, G=1, tree=False, draft_len=4), budget, pool, TextIndex([5, 3]), table)
+    got = step_builder(DecodeConfig(N=3, G=1, tree=False, draft_len=4), budget, pool, TextIndex([5, 3]), table).tree()
     want = build_tree([(7, 8), *leaves], budget, share=False)
     assert got.tokens.tolist() == want.tokens.tolist() and got.parents == want.parents
 

@@ -4,13 +4,23 @@ recycled top-k tokens), kept identical on every rank by feeding them the same me
 
 from __future__ import annotations
 
+import numpy as np
+
 from lp.config import DecodeConfig
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool
 from lp.lookahead.drafts import TextIndex
+from lp.lookahead.rates import DraftRates
 from lp.lookahead.successors import SuccessorTable
-from lp.lookahead.tree import DraftTree, TreeBuilder
+from lp.lookahead.tree import Chain, DraftTree, TreeBuilder
 from lp.message import Outcome
+
+# the draft sources whose acceptance rates are counted apart (DraftRates): the text drafts, the
+# pool's context-matched and plain n-grams, each by rank (the last bucket takes the ranks
+# after it), and the window's row 0
+TEXT_RANKS, POOL_RANKS = 4, 3
+KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS)  # text, context-matched pool, pool
+WINDOW_SOURCE = sum(KINDS)
 
 
 class DraftSources:
@@ -28,6 +38,9 @@ class DraftSources:
         # the prompt's n-grams and text index: host work on the prompt's length, which the caller
         # times with the prefill (a GPU prefills meanwhile)
         self.pool = NGramPool(N, cfg.pool_capacity)
+        self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
+        self._tree: TreeBuilder | None = None  # the last step's, until its outcome is counted
+        self._drafted = DraftTree(np.zeros(0, dtype=np.int64), ())  # the last step's tree
         self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
@@ -35,59 +48,126 @@ class DraftSources:
 
     def tree(self) -> DraftTree:
         """The next step's verification tree (`step_tree`)."""
-        return step_tree(self.cfg, self.budget, self.pool, self.text, successors=self.successors)
+        builder = step_builder(
+            self.cfg,
+            self.budget,
+            self.pool,
+            self.text,
+            successors=self.successors,
+            rates=self.rates,
+            window=self.window,
+        )
+        self._tree = builder if self.cfg.tree else None
+        self._drafted = builder.tree()
+        return self._drafted
 
     def observe(self, outcome: Outcome, tokens: list[int]) -> None:
         """Feed a step's merged outcome: the window's new level and its n-grams, the successor
         rows, then the committed `tokens` (and, with `pool_from_output`, the n-grams ending in
         them: free candidates, as in prompt lookup)."""
         out = self.text.tokens
+        if self._tree is not None:
+            self.rates.observe(self._tree, outcome.tokens[: outcome.accepted])
+            self._tree = None
         if self.window is not None:
             if self.G and self.window.ready:
                 self.pool.add_rows(self.window.ngrams(out[-1], outcome.new))
             self.window.update(outcome.new)
         if self.successors is not None:
-            self.successors.observe([out[-1], *tokens])  # the table the drafts used
-            self.successors.update(outcome.successors)
+            self.successors.observe([*out[-2:], *tokens])  # the table the drafts used
+            self.successors.update(outcome.successors, self._before(outcome.successors))
         self.text.extend(tokens)
         if self.G and self.cfg.pool_from_output:
             length = len(out)
             self.pool.add_sequence(out[max(length - len(tokens) - self.N + 1, 0) : length])
 
+    def _before(self, rows: np.ndarray) -> np.ndarray:
+        """The token before each successor row's input (lp.message: x0's row, the columns', the
+        tree's nodes' from the last to the first): x0's predecessor, a node's parent (x0 for
+        a root); -1 for the columns'."""
+        out, tree = self.text.tokens, self._drafted
+        before = np.full(len(rows), -1, dtype=np.int64)
+        before[0] = out[-2] if len(out) > 1 else -1
+        if tree.size:
+            parents = tree.parent_array
+            before[len(rows) - tree.size :] = np.where(parents >= 0, tree.tokens[parents], out[-1])[::-1]
+        return before
 
-def ranked_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[tuple[int, ...]]:
-    """The step's candidates, best first: the text's longest-suffix continuations (with
-    `drafts="pool+text"`), then the pool's n-grams under x0, newest (or most frequent) first
-    (duplicates dropped). With `order="context"` (the default), the pool's n-grams that start
-    with the last two tokens come first (what follows them, N-2 tokens): two matched tokens
-    predict better than one. The successor table's paths fill what the budget has left
-    (`step_tree`)."""
+
+def source_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[list[tuple[int, ...]]]:
+    """The step's drafts of each kind (KINDS), best first: the text's longest-suffix
+    continuations (with `drafts="pool+text"`); with `order="context"` (the default), the pool's
+    n-grams that start with the last two tokens (what follows them, N-2 tokens: two matched
+    tokens predict better than one); the pool's n-grams under x0, newest (or most frequent)
+    first."""
     out = text.tokens
     x0 = out[-1]
-    ranked = text.drafts(cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
-    if cfg.order == "context" and len(out) > 1 and pool.n > 2:
-        ranked += [t[1:] for t in pool.best(out[-2]) if t[0] == x0]
-    ranked += pool.best(x0, cfg.order == "frequent")
-    return list(dict.fromkeys(ranked))
+    texts = text.drafts(cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
+    context = (
+        [t[1:] for t in pool.best(out[-2]) if t[0] == x0]
+        if cfg.order == "context" and len(out) > 1 and pool.n > 2
+        else []
+    )
+    return [texts, context, pool.best(x0, cfg.order == "frequent")]
 
 
-def step_tree(
-    cfg: DecodeConfig, budget: int, pool: NGramPool, text: TextIndex, successors: SuccessorTable | None
-) -> DraftTree:
-    """The step's verification tree: `ranked_drafts`, then the likeliest paths through the
-    successor table, within `budget` nodes (without sharing: the paths to its leaves)."""
+def ranked_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[tuple[int, ...]]:
+    """The step's drafts in one list, best first (`source_drafts` in order, duplicates dropped):
+    the candidates of a tree without sharing (`tree=False`)."""
+    return list(dict.fromkeys(d for drafts in source_drafts(cfg, pool, text) for d in drafts))
+
+
+def draft_chains(
+    cfg: DecodeConfig, pool: NGramPool, text: TextIndex, rates: DraftRates, window: JacobiWindow | None
+) -> list[Chain]:
+    """Every draft as a chain for TreeBuilder.grow, its tokens' chances its source's rates
+    (`source_drafts`, then the window's row 0: its guesses of the next W-1 tokens)."""
+    chains: list[Chain] = []
+    source = 0
+    for ranks, drafts in zip(KINDS, source_drafts(cfg, pool, text)):
+        for r, draft in enumerate(drafts):
+            s = source + min(r, ranks - 1)
+            chains.append((draft, rates.chances[s], rates.label(s)))
+        source += ranks
+    if window is not None and window.ready and window.W > 1:
+        chains.append(
+            (window.rows[0, 1 : cfg.max_draft + 1].tolist(), rates.chances[WINDOW_SOURCE], rates.label(WINDOW_SOURCE))
+        )
+    return chains
+
+
+def step_builder(
+    cfg: DecodeConfig,
+    budget: int,
+    pool: NGramPool,
+    text: TextIndex,
+    successors: SuccessorTable | None,
+    rates: DraftRates | None = None,
+    window: JacobiWindow | None = None,
+) -> TreeBuilder:
+    """The step's verification tree as built (its `tree()`), within `budget` nodes. As a
+    token tree (`cfg.tree`): the likeliest nodes of all drafts (`draft_chains`) and of the successor table's paths, by
+    their estimated chances (`rates`: the drafts' counted acceptance; default: fresh ones).
+    Without sharing: `ranked_drafts` in order, then the paths to the leaves of the budget's
+    likeliest recycled nodes."""
+    x0 = text.tokens[-1]
     builder = TreeBuilder(budget, cfg.tree)
-    for draft in ranked_drafts(cfg, pool, text) if budget else ():
+    if not budget:
+        return builder
+    if cfg.tree:
+        chains = draft_chains(cfg, pool, text, rates or DraftRates(WINDOW_SOURCE + 1, cfg.max_draft), window)
+        if successors is not None:
+            successors.grow(builder, x0, cfg.max_draft, chains, text.tokens[-2] if len(text.tokens) > 1 else -1)
+        else:
+            builder.grow(x0, {}, [], cfg.max_draft, chains)
+        return builder
+    for draft in ranked_drafts(cfg, pool, text):
         builder.add(draft)
         if builder.full:
             break
     if successors is not None and not builder.full:
-        x0 = text.tokens[-1]
-        if cfg.tree:
-            successors.grow(builder, x0, cfg.max_draft)
-        else:  # each path to a leaf of the budget's likeliest recycled nodes is a chain of its own
-            recycled = TreeBuilder(budget)
-            successors.grow(recycled, x0, cfg.max_draft)
-            for path in recycled.leaf_paths():
-                builder.add(path)
-    return builder.tree()
+        recycled = TreeBuilder(budget)
+        successors.grow(recycled, x0, cfg.max_draft)
+        for path in recycled.leaf_paths():  # each path to a leaf is a chain of its own
+            builder.add(path)
+    return builder

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lp.lookahead.tree import TreeBuilder
+from lp.lookahead.tree import Chain, TreeBuilder
 
 
 class SuccessorTable:
@@ -29,20 +29,27 @@ class SuccessorTable:
             raise ValueError(f"successors per token must be >= 1, got {k}")
         self.k = k
         self.next: dict[int, list[int]] = {}
+        # the same, per (token before, token): the rows whose input's predecessor is known (the
+        # tree's nodes, x0), preferred where they exist (more context predicts better)
+        self.pairs: dict[tuple[int, int], list[int]] = {}
         self._last = np.full(0, -1, dtype=np.int64)  # scratch for `update`, grown to the tokens seen
         # hits[r]: committed tokens that were their predecessor's rank-r successor; hits[k]: none
         # of them. One pseudo-count each, so the first steps spread drafts evenly over ranks.
         self.hits = [1] * (k + 1)
 
-    def update(self, rows: np.ndarray) -> None:
+    def update(self, rows: np.ndarray, before: np.ndarray | None = None) -> None:
         """Apply rows `[n, 1 + k]` (input token, its top-k successors) in order: a token's last
         row wins. Every row is a real one, its token >= 0 (lp.message.merge drops the messages'
-        padding)."""
+        padding). `before[i]`: the token before row i's input (-1: unknown), for `pairs`."""
         # only each token's last row becomes Python lists: a real step's 300 rows or so repeat
         # their tokens (about 110 distinct). `_last[t]`, -1 between calls, finds each token's
         # last row without a sort.
         if not len(rows):
             return
+        if before is not None:
+            known = before >= 0
+            pairs = zip(before[known].tolist(), rows[known, 0].tolist())
+            self.pairs.update(zip(pairs, rows[known, 1:].tolist()))
         tokens, order = rows[:, 0], np.arange(len(rows))
         if tokens.max() >= len(self._last):
             self._last = np.full(2 * int(tokens.max()) + 1, -1, dtype=np.int64)
@@ -51,11 +58,16 @@ class SuccessorTable:
         self._last[tokens] = -1
         self.next.update(zip(rows[:, 0].tolist(), rows[:, 1:].tolist()))
 
+    def row(self, before: int, token: int) -> list[int] | None:
+        """The successors expected after `token` when `before` precedes it (None: unknown)."""
+        return self.pairs.get((before, token)) or self.next.get(token)
+
     def observe(self, tokens: Sequence[int]) -> None:
-        """Count, for each token of `tokens` after the first, which rank of its predecessor's
-        successors it was (call with the committed sequence's tail before `update`)."""
-        for before, token in zip(tokens, tokens[1:]):
-            row = self.next.get(before)
+        """Count, for each token of `tokens` after the first two, which rank of its
+        predecessor's successors (`row`) it was (call with the committed sequence's tail
+        before `update`)."""
+        for before, last, token in zip(tokens, tokens[1:], tokens[2:]):
+            row = self.row(before, last)
             if row is not None:
                 self.hits[row.index(token) if token in row else self.k] += 1
 
@@ -68,11 +80,11 @@ class SuccessorTable:
             rates[r] = min(rates[r], rates[r - 1])
         return rates
 
-    def grow(self, tree: TreeBuilder, x0: int, depth: int) -> None:
-        """Graft onto `tree` the likeliest paths from x0 through the table, at most `depth`
-        tokens each, most likely first (a path's chance: the product of its steps' rates),
-        until its budget is spent (TreeBuilder.grow)."""
-        tree.grow(x0, self.next, self.rates(), depth)
+    def grow(self, tree: TreeBuilder, x0: int, depth: int, chains: Sequence[Chain] = (), before: int = -1) -> None:
+        """Graft onto `tree` the likeliest paths from x0 (`before`: the token before it) through
+        the table and `chains`, at most `depth` tokens each, most likely first (a path's
+        chance: the product of its steps' rates), until its budget is spent (TreeBuilder.grow)."""
+        tree.grow(x0, self.next, self.rates(), depth, chains, self.pairs, before)
 
 
 __all__ = ["SuccessorTable"]

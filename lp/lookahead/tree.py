@@ -66,6 +66,11 @@ class DraftTree:
         return DraftTree(self.tokens[start:stop], tuple([p - start if p >= 0 else -1 for p in inside]))
 
 
+Chain = tuple[Sequence[int], Sequence[float], int]
+"""A draft for `TreeBuilder.grow`: its tokens, each token's chance of being right when the
+tokens before it are, and the label of its first node (token i's node: label + i)."""
+
+
 def node_depths(parents: Sequence[int]) -> np.ndarray:
     """Each node's depth below x0 (1 for x0's children), given parent pointers that precede
     their children (-1: x0)."""
@@ -81,8 +86,8 @@ def chain_parents(G: int, L: int) -> tuple[int, ...]:
 
 
 class TreeBuilder:
-    """Grows a tree within `budget` nodes: drafts (`add`), then the likeliest paths through a
-    successor table, node by node (`grow`). Shared prefixes cost nothing; without sharing
+    """Grows a tree within `budget` nodes: drafts (`add`), then the likeliest nodes of drafts
+    and of a successor table's paths, best first (`grow`). Shared prefixes cost nothing; without sharing
     (`share=False`) every draft is a chain of its own."""
 
     def __init__(self, budget: int, share: bool = True) -> None:
@@ -91,6 +96,7 @@ class TreeBuilder:
         self.parents: list[int] = []
         self._roots: list[int] = []  # each node's root ancestor
         self._index: dict[tuple[int, int], int] = {}  # (parent, token) -> node, when sharing
+        self.labels: list[int] = []  # each node's chain label (`grow`), -1 where it has none
         self._grown = False  # `grow` has run: `add` would miss the nodes it made
 
     @property
@@ -103,7 +109,7 @@ class TreeBuilder:
 
     def _new(self, parent: int, token: int) -> int | None:
         """A new node of `token` under `parent`, or None when the budget is spent (`grow` has
-        these lines inlined, without the index: keep the two alike)."""
+        these lines inlined: keep the two alike)."""
         node = len(self.tokens)
         if node >= self.budget:
             return None
@@ -112,7 +118,18 @@ class TreeBuilder:
         self.tokens.append(token)
         self.parents.append(parent)
         self._roots.append(node if parent < 0 else self._roots[parent])
+        self.labels.append(-1)
         return node
+
+    def path_nodes(self, path: Sequence[int]) -> list[int]:
+        """The nodes along a token path from x0, as far as the tree has it. Sharing only."""
+        nodes, node, find = [], -1, self._index.get
+        for token in path:
+            node = find((node, token))
+            if node is None:
+                break
+            nodes.append(node)
+        return nodes
 
     def add(self, draft: Sequence[int]) -> None:
         """Insert a draft below x0, truncated where the budget runs out."""
@@ -126,67 +143,111 @@ class TreeBuilder:
             if node is None:
                 return
 
-    def grow(self, x0: int, successors: Mapping[int, list[int]], rates: Sequence[float], depth: int) -> None:
-        """Graft the likeliest paths below x0 until the budget is spent, most likely first:
-        `successors[t]` lists the k distinct tokens expected after token t, best first (absent
-        where unknown), the rank-r one right with chance `rates[r]` (non-increasing in r), and a
-        path's chance is the product of its steps'. At most `depth` tokens a path; nodes the tree
-        already has cost nothing and are grown on. Sharing only. The builder's last call: the
-        nodes it makes are not indexed, so `add` refuses after it."""
+    def grow(
+        self,
+        x0: int,
+        successors: Mapping[int, list[int]],
+        rates: Sequence[float],
+        depth: int,
+        chains: Sequence[Chain] = (),
+        pairs: Mapping[tuple[int, int], list[int]] | None = None,
+        before: int = -1,
+    ) -> None:
+        """Graft the likeliest nodes below x0 until the budget is spent, most likely first, from
+        two kinds of source that compete on one scale, a node's estimated chance of being right:
+          * `chains`: drafts (tokens, chances, label), `chances[i]` the chance that token i is
+            right when the tokens before it are; its nodes are labelled `label + i` (`labels`);
+          * the successor table: `successors[t]` lists the k distinct tokens expected after
+            token t, best first (absent where unknown), the rank-r one right with chance
+            `rates[r]` (non-increasing in r); it grows on every node, at most `depth` deep;
+            `pairs[a, t]`, where given, lists those expected after t when a comes before it,
+            preferred to `successors[t]` (`before`: the token before x0).
+        A node's chance is its parent's times its own rate. Nodes the tree already has cost
+        nothing and are grown on. Sharing only. The builder's last call: `add` refuses after it."""
         if self._grown:
-            raise ValueError("a tree is grown once (its grown nodes are not indexed)")
+            raise ValueError("a tree is grown once (best first over all its sources)")
         self._grown = True
-        row = successors.get(x0)
-        if not self.share or depth < 1 or not rates or row is None:
+        if not self.share:
             return
-        tokens, parents, roots, budget = self.tokens, self.parents, self._roots, self.budget
+        tokens, parents, roots, labels, budget = self.tokens, self.parents, self._roots, self.labels, self.budget
         # the loop runs for most of a real step's nodes: every name it calls is a local
-        find, row_of = self._index.get, successors.get
-        # distinct paths end in distinct nodes, so only the old nodes' children may exist already
+        index, row_of, pair_of = self._index, successors.get, (pairs or {}).get
+        find = index.get
         old = size = len(tokens)
-        k, q0 = min(len(rates), len(row)), rates[0]
-        # Best-first over entries (parent node, parent's successors, rank, depth): a taken entry
-        # offers its first child and its next sibling, so few wait. Entries of equal chance leave
-        # in the order they came, as (-chance, arrival) keys in one heap would: one FIFO per
-        # chance, the chances (a few dozen distinct ones in a real step's 350 entries) in a heap,
-        # which also orders a sibling whose rounded chance came out a hair off its predecessor's.
-        chances = [-q0]
-        waiting = {-q0: deque([(-1, row, 0, 1)])}
+        made: list[float] = []  # each grown node's chance (negated): the best estimate, it came first
+        k, q0 = len(rates), rates[0] if rates else 0.0
+        # Best-first over entries (parent node, a row or a chain, position i in it, depth, the
+        # chain's chances or None for a row, the chain's label): a taken entry offers the next
+        # token (a row's next sibling, a chain's next token) and the node's successors, so few
+        # wait. Entries of equal chance leave in the order they came, as (-chance, arrival) keys
+        # in one heap would: one FIFO per chance, the chances in a heap (a real step's entries
+        # share a few dozen distinct chances).
+        chances: list[float] = []
+        waiting: dict[float, deque] = {}
+
+        def wait(chance: float, entry: tuple) -> None:  # inlined in the loop: keep alike
+            queue = waiting.get(chance)
+            if queue is None:
+                waiting[chance] = deque([entry])
+                heappush(chances, chance)
+            else:
+                queue.append(entry)
+
+        for chain, rate, label in chains:
+            if len(chain):
+                wait(-rate[0], (-1, chain, 0, 1, rate, label))
+        row = pair_of((before, x0)) or row_of(x0)
+        if k and depth >= 1 and row is not None:
+            wait(-q0, (-1, row, 0, 1, None, -1))
         while chances:
             neg = chances[0]
             queue = waiting[neg]
-            parent, above, r, d = queue.popleft()
+            parent, seq, i, d, rate, label = queue.popleft()
             if not queue:
                 heappop(chances)
                 del waiting[neg]
-            token = above[r]
-            node = find((parent, token)) if parent < old else None
-            if node is None:  # `_new`, inlined (no index)
-                if size >= budget:
-                    return
-                node = size
-                size += 1
-                tokens.append(token)
-                parents.append(parent)
-                roots.append(node if parent < 0 else roots[parent])
-            if r + 1 < k:
-                chance = neg / rates[r] * rates[r + 1]
-                queue = waiting.get(chance)
-                if queue is None:
-                    waiting[chance] = deque([(parent, above, r + 1, d)])
-                    heappush(chances, chance)
-                else:
-                    queue.append((parent, above, r + 1, d))
-            if d < depth:
-                below = row_of(token)
-                if below is not None:
-                    chance = neg * q0
+            while True:  # a chain's next token is taken at once while nothing waiting is as likely
+                token = seq[i]
+                node = find((parent, token))
+                new = node is None
+                if new:  # `_new`, inlined
+                    if size >= budget:
+                        return
+                    node = size
+                    size += 1
+                    index[parent, token] = node
+                    tokens.append(token)
+                    parents.append(parent)
+                    roots.append(node if parent < 0 else roots[parent])
+                    labels.append(label if rate is None else label + i)
+                    made.append(neg)
+                if rate is None and i + 1 < k:  # a row's next sibling
+                    chance = neg / rates[i] * rates[i + 1]
                     queue = waiting.get(chance)
                     if queue is None:
-                        waiting[chance] = deque([(node, below, 0, d + 1)])
+                        waiting[chance] = deque([(parent, seq, i + 1, d, None, -1)])
                         heappush(chances, chance)
                     else:
-                        queue.append((node, below, 0, d + 1))
+                        queue.append((parent, seq, i + 1, d, None, -1))
+                # a node is grown on once: where it is made (or, made before `grow`, where reached)
+                if k and d < depth and (new or node < old):
+                    below = pair_of((tokens[parent] if parent >= 0 else x0, token)) or row_of(token)
+                    if below is not None:
+                        chance = neg * q0
+                        queue = waiting.get(chance)
+                        if queue is None:
+                            waiting[chance] = deque([(node, below, 0, d + 1, None, -1)])
+                            heappush(chances, chance)
+                        else:
+                            queue.append((node, below, 0, d + 1, None, -1))
+                if rate is None or i + 1 >= len(seq):
+                    break
+                # a chain goes on from its node's chance: another source's, if it made the node first
+                neg = (neg if new or node < old else made[node - old]) * rate[i + 1]
+                parent, i, d = node, i + 1, d + 1
+                if chances and chances[0] <= neg:
+                    wait(neg, (parent, seq, i, d, rate, label))
+                    break
 
     def tree(self) -> DraftTree:
         """The tree so far in subtree order: root subtrees grouped by first token, in the order
@@ -230,4 +291,4 @@ def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True)
     return builder.tree()
 
 
-__all__ = ["DraftTree", "TreeBuilder", "build_tree", "chain_parents", "node_depths"]
+__all__ = ["Chain", "DraftTree", "TreeBuilder", "build_tree", "chain_parents", "node_depths"]
