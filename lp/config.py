@@ -12,6 +12,7 @@ MODES = ("lookahead", "ar")
 AUTO_KEYS = ("W", "N", "G")  # may be "auto": lp/decode/auto.py chooses them
 DRAFTS = ("pool", "pool+text")
 ORDERS = ("recent", "frequent", "context")
+RECYCLE = 8  # successors kept per token unless `recycle` says otherwise
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class DecodeConfig:
     classic branch's size, so a shape keeps its cost). `recycle`: the model's top-k next tokens
     kept per token from every step's logits rows (lp/lookahead/successors.py); paths through
     them compete with the other drafts' tokens for the budget, the likeliest first by each
-    source's counted acceptance (0: off)."""
+    source's counted acceptance (0: off; None: RECYCLE, or the shape's where `W=auto` chose it)."""
 
     W: int = 5
     N: int = 3
@@ -55,7 +56,7 @@ class DecodeConfig:
     text_drafts: int = 4
     pool_size: int | None = None
     order: str = "context"
-    recycle: int = 8
+    recycle: int | None = None
 
     def validate(self) -> DecodeConfig:
         if self.mode not in MODES:
@@ -105,7 +106,9 @@ class DecodeConfig:
     @property
     def successors_sent(self) -> int:
         """Successors per logits row that steps send for the successor table (0: none)."""
-        return self.recycle if self.lookahead and self.verify_budget else 0
+        if not (self.lookahead and self.verify_budget):
+            return 0
+        return RECYCLE if self.recycle is None else self.recycle
 
     @property
     def lookahead(self) -> bool:

@@ -108,5 +108,5 @@ def test_a_bench_result_directory_reads_as_a_sweep(tmp_path):
         ' {"decoder": "hf-greedy", "category": "all", "S": 1.0, "step_tokens": 1.0}]'
     )
     sweep = layouts.read_sweep(tmp_path)
-    assert sweep["rows"] == [{"config": "W8N5G15-B88", "step_tokens": 120, "step_tokens_mean": 96.4, "S": 2.76}]
+    assert sweep["rows"] == [{"config": "W8N5G15-B88", "step_tokens": 130, "step_tokens_mean": 96.4, "S": 2.76}]
     assert sweep["prompts"] == 48 and sweep["date"] == "2026-11-23"

@@ -158,7 +158,7 @@ class _NoForward(Worker):
 
 def _settings(cfg: DecodeConfig) -> dict[str, int]:
     """The settings this tool decodes with (the handshake checks every other one)."""
-    return {"W": cfg.W, "N": cfg.N, "G": cfg.G, "recycle": cfg.recycle, "tokens": cfg.max_new_tokens}
+    return {"W": cfg.W, "N": cfg.N, "G": cfg.G, "recycle": cfg.successors_sent, "tokens": cfg.max_new_tokens}
 
 
 def _random_prompt() -> list[int]:
@@ -489,7 +489,7 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
         sys.exit(f"lp: error: {e}")
     ranks = [fastest(r) for r in runs]
     print(
-        f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.recycle}, P={rec.world_size}, "
+        f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.successors_sent}, P={rec.world_size}, "
         f"replaying a {rec.model} decode of {len(rec.prompts)} prompt(s) ({len(ranks[0].total)} steps; each "
         f"rank replayed alone, each step its fastest of {s['replays']} replays), {_cpu_name()}:"
     )

@@ -32,12 +32,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from lp.bench.shapes import parse_lookahead
-from lp.config import DecodeConfig
+from lp.bench.sweep import step_tokens_of
 from lp.decode.auto import CostCurve
 from lp.decode.layout import PUBLISHED_SOURCE, PUBLISHED_TP, GroupModel, fit
 from lp.errors import LPError
-from lp.partition import RankPlan
 from tools.project import causal_steps, read_costs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,12 +53,6 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
-def max_step_tokens(config: str) -> int:
-    """The most tokens a step of an lp config can feed: pending token, lookahead levels, budget."""
-    cfg = DecodeConfig(**parse_lookahead(config))
-    return RankPlan(range(cfg.W), range(0)).cost(cfg.N) + cfg.verify_budget
-
-
 def read_sweep(path: Path) -> dict:
     """The lp rows of a sweep: a sweep.json (its schema's keys), or an `lp.bench` result
     directory, whose pooled rows (category "all") of lp configs give S and the mean tokens per
@@ -71,7 +63,7 @@ def read_sweep(path: Path) -> dict:
             rows = [
                 {
                     "config": r["decoder"][3:-1],
-                    "step_tokens": max_step_tokens(r["decoder"][3:-1]),
+                    "step_tokens": step_tokens_of(r["decoder"][3:-1]),
                     "step_tokens_mean": r["step_tokens"],
                     "S": r["S"],
                 }

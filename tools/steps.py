@@ -11,7 +11,7 @@ model and real text, not on the hardware. What it measures:
 
 - step latency (median, p10, p90 over `reps`) of one lp forward of a causal block of T tokens
   after a `prompt_len`-token prefill, for every T of `tokens`, and of the lookahead step shapes
-  of `W=auto`'s ladder (lp/decode/auto.py), labelled with their (W, N, G);
+  of `W=auto`'s ladder (lp/decode/auto.py), labelled with their (W, N, G, budget);
 - decoding tokens/s of lp `mode=ar`, transformers' eager `generate(do_sample=False)` and
   `generate(cache_implementation="static")` on the same model and prompt, `new_tokens` each
   (eos never stops them), medians of `runs` runs after one warm-up of each, interleaved;
@@ -332,6 +332,12 @@ def _progress(message: str) -> None:
     print(f"tools.steps: {message}", file=sys.stderr, flush=True)
 
 
+def _shape(step: dict) -> str:
+    """A ladder step's shape as the tables print it (files of older runs have no budget)."""
+    budget = step.get("budget")
+    return f"{step['W']},{step['N']},{step['G']}" + ("" if budget is None else f",{budget}")
+
+
 def _percentiles(seconds: list[float]) -> dict:
     p10, p50, p90 = np.percentile(seconds, [10, 50, 90]).tolist()
     return {"median_ms": 1e3 * p50, "p10_ms": 1e3 * p10, "p90_ms": 1e3 * p90}
@@ -339,9 +345,17 @@ def _percentiles(seconds: list[float]) -> dict:
 
 def step_shapes(tokens: list[int]) -> list[tuple[dict, StepLayout]]:
     """(label, layout) of every timed step: causal blocks of T tokens (logits for one row, as
-    W=auto's calibration), then the real lookahead steps of the ladder (all G candidates)."""
-    shapes = [({"kind": "causal", "W": None, "N": None, "G": None}, step_layout(T, 1, 2, range(0), 0)) for T in tokens]
-    shapes += [({"kind": "ladder", "W": W, "N": N, "G": G}, step_layout(1, W, N, range(W), G)) for W, N, G in LADDER]
+    W=auto's calibration), then the largest lookahead steps of the ladder (the most pending
+    tokens, a full tree budget)."""
+    causal = {"kind": "causal", "W": None, "N": None, "G": None, "budget": None}
+    shapes = [(causal, step_layout(T, 1, 2, range(0), 0)) for T in tokens]
+    shapes += [
+        (
+            {"kind": "ladder", "W": s.W, "N": s.N, "G": s.G, "budget": s.budget},
+            step_layout(s.config.max_commit, s.W, s.N, range(s.W), (-1,) * s.budget),
+        )
+        for s in LADDER
+    ]
     return shapes
 
 
@@ -492,11 +506,11 @@ def markdown(r: dict) -> str:
         f"- steps after a {r['settings']['prompt_len']}-token prefill; median, p10, p90 of "
         f"{r['settings']['reps']} repetitions after {r['settings']['warmup']} warm-up(s)",
         "",
-        "| step | W,N,G | tokens | median ms | p10 ms | p90 ms | x 1-token step |",
+        "| step | W,N,G,budget | tokens | median ms | p10 ms | p90 ms | x 1-token step |",
         "|---|---|---|---|---|---|---|",
     ]
     for s in r["steps"]:
-        shape = f"{s['W']},{s['N']},{s['G']}" if s["kind"] == "ladder" else ""
+        shape = _shape(s) if s["kind"] == "ladder" else ""
         lines.append(
             f"| {s['kind']} | {shape} | {s['tokens']} | {s['median_ms']:.3f} | {s['p10_ms']:.3f} | "
             f"{s['p90_ms']:.3f} | {_opt(s['relative'], '.2f')} |"
@@ -549,12 +563,12 @@ def plot(r: dict, path: Path) -> Path:
         [s["median_ms"] for s in ladder],
         marker="D",
         color="C3",
-        label="W=auto ladder step (W,N,G)",
+        label="W=auto ladder step (W,N,G,budget)",
         zorder=3,
     )
     for s in ladder:
         ax.annotate(
-            f"{s['W']},{s['N']},{s['G']}",
+            _shape(s),
             (s["tokens"], s["median_ms"]),
             fontsize=7,
             xytext=(3, -9),

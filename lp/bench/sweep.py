@@ -35,19 +35,15 @@ from lp.bench.references import References
 from lp.bench.settings import PromptKeys
 from lp.bench.shapes import parse_lookahead
 from lp.config import DecodeConfig
+from lp.decode.auto import LADDER as AUTO_LADDER
+from lp.decode.auto import step_tokens
 from lp.decode.plan import largest_step
 from lp.decode.record import collector_paused
 from lp.errors import LPError
 
-# lp's config at each step size: a small window and a tree budget that fills the rest.
-LADDER = {
-    32: "W2N4G15-B16",
-    64: "W4N5G15-B38",
-    128: "W4N5G15-B102",
-    256: "W8N5G15-B214",
-    512: "W8N5G15-B470",
-    1024: "W16N5G15-B950",
-}
+# lp's config at each step size: W=auto's ladder (lp/decode/auto.py), each shape at the power of
+# two that holds its largest step.
+LADDER = {1 << (step_tokens(shape) - 1).bit_length(): shape.name for shape in AUTO_LADDER}
 BASELINES = {"token-recycling": "token-recycling", "hf-prompt-lookup": "prompt-lookup"}  # kind -> sweep name
 
 

@@ -1,4 +1,4 @@
-"""`W=auto`: choose (W, N, G) to maximise tokens/s, not S.
+"""`W=auto`: choose the step's shape (W, N, G, tree budget) to maximise tokens/s, not S.
 
 Two measured inputs: the cost of one forward against its token count on this machine (a short
 calibration, once per process) and the acceptance seen so far (S of the sequences already
@@ -14,43 +14,71 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from lp.config import DecodeConfig
+from lp.config import RECYCLE, DecodeConfig
+from lp.decode.plan import largest_step
 from lp.engine.fixed_steps import bucket
 from lp.lookahead.mask import step_layout
-from lp.partition import RankPlan
 from lp.worker import Worker
 
-# (W, N, G) shapes of growing step size; G = W as the paper recommends.
-LADDER: tuple[tuple[int, int, int], ...] = (
-    (1, 3, 1),
-    (2, 3, 2),
-    (3, 4, 3),
-    (5, 4, 5),
-    (7, 5, 7),
-    (10, 5, 10),
-    (15, 5, 15),
-    (20, 5, 20),
-    (30, 5, 30),
-    (45, 5, 45),
-    (60, 5, 60),
+
+class Shape(NamedTuple):
+    """A lookahead step's shape: W window columns, n-gram size N, G pool n-grams per first token,
+    `budget` tree tokens and `recycle` successors kept per token (DecodeConfig's keys)."""
+
+    W: int
+    N: int
+    G: int
+    budget: int
+    recycle: int = RECYCLE
+
+    @property
+    def config(self) -> DecodeConfig:
+        return DecodeConfig(**self._asdict())
+
+    @property
+    def name(self) -> str:
+        """The shape as lp.bench names configs: W3N3G15-B112, with -R16 where recycle is not the default."""
+        extra = "" if self.recycle == RECYCLE else f"-R{self.recycle}"
+        return f"W{self.W}N{self.N}G{self.G}-B{self.budget}{extra}"
+
+    def describe(self) -> str:
+        extra = "" if self.recycle == RECYCLE else f" recycle={self.recycle}"
+        return f"W={self.W} N={self.N} G={self.G} budget={self.budget}{extra}"
+
+
+# Shapes of growing step size: from 32 tokens up, the shape that gave the most S at that largest
+# step in the budget sweep (results/sweep/spec_bench_12: a small window, the rest a tree); 8 and
+# 16 tokens for machines where every token of a step costs.
+LADDER: tuple[Shape, ...] = (
+    Shape(1, 3, 15, 3),
+    Shape(2, 3, 15, 6),
+    Shape(3, 3, 15, 16),
+    Shape(3, 3, 15, 48),
+    Shape(3, 3, 15, 112),
+    Shape(3, 3, 15, 240),
+    Shape(3, 3, 15, 496, 16),
+    Shape(3, 3, 15, 1008, 16),
 )
-# S - 1 per doubling of step tokens before anything is decoded. SmolLM2 on Spec-Bench measured
-# 0.07 (W1 N3 G1) to 0.17 (W3 N3 G3) (Spec-Bench, the classic verification branch): the prior is the typical value,
-# so the first prediction is not the optimistic one that made `auto` over-promise.
-PRIOR_SLOPE = 0.12
+# S - 1 per doubling of a step's tokens before anything is decoded: the least-squares slope
+# (through the origin, against log2 of the largest step) of the ladder's S in the budget sweep
+# (results/sweep/spec_bench_12). `auto` refits it to what it decodes.
+PRIOR_SLOPE = 0.25
 # A bigger step must promise this factor more tokens/s than the cheaper choice to replace it.
 # Calibration timings on a shared machine vary by a few percent between runs; without a margin,
 # near ties between shapes flip from run to run on the same input.
 MARGIN = 1.1
 
 
-def step_tokens(W: int, N: int, G: int, P: int = 1) -> int:
-    """Tokens per rank in a step with all G candidates: input, row-0 prefix, levels, candidates."""
-    return math.ceil(RankPlan(range(W), range(G)).cost(N) / P)
+def step_tokens(shape: Shape, P: int = 1) -> int:
+    """The most tokens one of P ranks feeds in a step of `shape`: the pending tokens on every rank,
+    the window's columns and the tree split evenly (lp/partition.py balances them)."""
+    cfg = shape.config
+    return cfg.max_commit + math.ceil((largest_step(cfg) - cfg.max_commit) / P)
 
 
 @dataclass(frozen=True)
@@ -97,15 +125,15 @@ def calibrate(
             tuple(
                 sorted(
                     {
-                        bucket(step_tokens(*shape, world_size) + extra)
+                        bucket(step_tokens(shape, world_size) - fewer)
                         for shape in LADDER
-                        for extra in (0, DecodeConfig(*shape).max_commit - 1)
+                        for fewer in (0, shape.config.max_commit - 1)
                     }
                     | {1}
                 )
             )
             if padded
-            else (1, 2, 4, 8, 16, 32, 64)
+            else (1, 2, 4, 8, 16, 32, 64, 128)
         )
     sizes = tuple(T for T in sizes if worker.step_slots(T) <= worker.capacity - worker.max_seq_len) or (1, 2)
     context = min(context, worker.max_seq_len)
@@ -150,13 +178,13 @@ class AutoTuner:
         den = sum(x * x for x, _ in xs)
         return sum(x * y for x, y in xs) / den if den else PRIOR_SLOPE
 
-    def expect(self, shape: tuple[int, int, int] | None) -> tuple[float, float, float]:
+    def expect(self, shape: Shape | None) -> tuple[float, float, float]:
         """(expected S, tokens/s, tokens/s relative to plain decoding) of a shape (None: plain)."""
-        T = 1 if shape is None else step_tokens(*shape, self.world_size)
+        T = 1 if shape is None else step_tokens(shape, self.world_size)
         S = 1 + self.slope() * math.log2(T)
         return S, S / self.cost.seconds_at(T), S / self.cost.relative(T)
 
-    def choose(self, allow_plain: bool = True) -> tuple[tuple[int, int, int] | None, str]:
+    def choose(self, allow_plain: bool = True) -> tuple[Shape | None, str]:
         """The cheapest shape (or plain decoding) that no bigger one beats by `MARGIN` in
         expected tokens/s (None: plain decoding), and why, in plain words."""
         best, best_rate = None, 1.0 if allow_plain else -math.inf
@@ -174,31 +202,31 @@ class AutoTuner:
             self.plain_streak = 0
             best = LADDER[0]
             reason = (
-                f"W={best[0]} N={best[1]} G={best[2]}, to measure acceptance again after "
+                f"{best.describe()}, to measure acceptance again after "
                 f"{_plural(self.explore_every, 'plain sequence')} ({basis})"
             )
         elif best is None:
             self.plain_streak += 1
-            (W, N, G), T = LADDER[0], step_tokens(*LADDER[0], self.world_size)
+            T = step_tokens(LADDER[0], self.world_size)
             reason = (
-                f"plain decoding: even the cheapest lookahead step (W={W} N={N} G={G}, {T} tokens) "
+                f"plain decoding: even the cheapest lookahead step ({LADDER[0].describe()}, {T} tokens) "
                 f"{self._outlook(LADDER[0], 'only ')} ({basis})"
             )
         else:
-            T = step_tokens(*best, self.world_size)
-            reason = f"W={best[0]} N={best[1]} G={best[2]}: its {T}-token step {self._outlook(best)} ({basis})"
+            T = step_tokens(best, self.world_size)
+            reason = f"{best.describe()}: its {T}-token step {self._outlook(best)} ({basis})"
         return best, reason
 
-    def _outlook(self, shape: tuple[int, int, int], only: str = "") -> str:
+    def _outlook(self, shape: Shape, only: str = "") -> str:
         """What a shape's step costs and is expected to make, in words."""
         S, _, rate = self.expect(shape)
-        T = step_tokens(*shape, self.world_size)
+        T = step_tokens(shape, self.world_size)
         return (
             f"costs {self.cost.relative(T):.2f}x a one-token step here and is expected to make "
             f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding"
         )
 
-    def observe(self, shape: tuple[int, int, int] | None, compression: float) -> None:
+    def observe(self, shape: Shape | None, compression: float) -> None:
         """Record the S a sequence achieved with `shape` (plain sequences teach nothing)."""
         if shape is not None:
-            self.seen.append((step_tokens(*shape, self.world_size), compression))
+            self.seen.append((step_tokens(shape, self.world_size), compression))

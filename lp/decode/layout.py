@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lp.decode.auto import LADDER, PRIOR_SLOPE, step_tokens
+from lp.decode.auto import LADDER, PRIOR_SLOPE, Shape, step_tokens
 
 # gpt-fast README, Llama-2-7B bf16 batch 1 on 8x A100-80GB (330 W): tensor-parallel ranks -> tok/s
 PUBLISHED_TP = {1: 104.9, 2: 168.8, 4: 254.0, 8: 328.4}
@@ -84,12 +84,12 @@ class Layout:
 
     T: int
     P: int
-    shape: tuple[int, int, int] | None
+    shape: Shape | None
     S: float
     tok_s: float
 
     def describe(self) -> str:
-        shape = "plain decoding" if self.shape is None else "W={} N={} G={}".format(*self.shape)
+        shape = "plain decoding" if self.shape is None else self.shape.describe()
         return f"tp={self.T} x {self.P} replica{'s' if self.P > 1 else ''} ({shape}, {self.tok_s:.0f} tok/s)"
 
 
@@ -105,13 +105,13 @@ def price(
     tokens, cost from one rank's step at the tokens of its share, the group model and, with
     P > 1, the all-gather."""
 
-    def rate(shape: tuple[int, int, int] | None) -> tuple[float, float]:
-        total, share = (1, 1) if shape is None else (step_tokens(*shape), step_tokens(*shape, P))
+    def rate(shape: Shape | None) -> tuple[float, float]:
+        total, share = (1, 1) if shape is None else (step_tokens(shape), step_tokens(shape, P))
         S = 1 + slope * math.log2(total)
         ms = model.step_ms(1e3 * one_gpu_s(share), T, share) + (allgather_ms if P > 1 else 0.0)
         return S, S / ms * 1e3
 
-    shapes: Sequence[tuple[int, int, int] | None] = (None, *LADDER) if P == 1 else LADDER
+    shapes: Sequence[Shape | None] = (None, *LADDER) if P == 1 else LADDER
     best = max(shapes, key=lambda s: rate(s)[1])
     return Layout(T, P, best, *rate(best))
 

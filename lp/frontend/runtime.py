@@ -23,7 +23,7 @@ import torch
 from lp import mesh, models
 from lp.collective import Collective
 from lp.config import DecodeConfig, check_settings
-from lp.decode.auto import AutoTuner, CostCurve, calibrate
+from lp.decode.auto import AutoTuner, CostCurve, Shape, calibrate
 from lp.decode.loop import Decoder, StepObserver
 from lp.decode.record import Generation
 from lp.engine import tp as tensor_parallel
@@ -156,8 +156,10 @@ class LP:
         shape, reason = self._tuner.choose(allow_plain=len(auto) == 3)
         if shape is None:
             settings.update(mode="ar", W=1, N=2, G=0)
-        else:
-            settings.update({k: v for k, v in zip(("W", "N", "G"), shape) if k in auto})
+        else:  # W, N, G where they are auto; the tree budget and recycling where they are not given
+            chosen = shape._asdict()
+            settings.update({k: chosen[k] for k in auto})
+            settings.update({k: chosen[k] for k in ("budget", "recycle") if settings.get(k) is None})
         return reason
 
     def _calibrate(self) -> CostCurve:
@@ -187,7 +189,7 @@ class LP:
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
         self._same_in_replica(ids, cfg, stream)
         g: Generation = self.decoder.generate(ids, cfg, stream, observer=observer)
-        shape = (cfg.W, cfg.N, cfg.G) if cfg.lookahead else None
+        shape = Shape(cfg.W, cfg.N, cfg.G, cfg.verify_budget, cfg.successors_sent) if cfg.lookahead else None
         predicted = None
         if reason is not None:
             S, tokens_per_s, _ = self._tuner.expect(shape)  # before this sequence teaches the tuner
