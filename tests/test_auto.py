@@ -3,7 +3,9 @@ calibration noise, and what it predicts is reported next to what it achieves."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,7 @@ import lp.decode.auto
 from lp.decode.auto import LADDER, AutoTuner, CostCurve, step_tokens
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def curve(per_token: float, noise: float = 0.0, rng: random.Random | None = None) -> CostCurve:
@@ -120,3 +123,15 @@ def test_the_runtime_keeps_fixed_shape_costs_padded(tiny_model_dir):
     lm.generate([4, 5, 6, 7, 4, 5, 6, 7], W="auto", N="auto", G="auto", max_new_tokens=4)
     assert lm._tuner.cost.padded and lm._tuner.cost.tokens[-1] == 512
     lm.close()
+
+
+def test_the_prior_is_the_budget_sweeps_slope():
+    """PRIOR_SLOPE is the slope `auto` fits (S - 1 against log2 of the largest step) to the lp rows
+    of the budget sweep that the ladder comes from: rerunning the sweep means refitting the prior."""
+    doc = json.loads((ROOT / "results" / "sweep" / "spec_bench_12" / "sweep.json").read_text())
+    tuner = AutoTuner(curve(0.0))
+    for r in doc["rows"]:
+        if r["decoder"] == "lp":
+            tuner.observe(next(s for s in LADDER if s.name == r["config"]), r["S"])
+    assert len(tuner.seen) == len(LADDER)
+    assert round(tuner.slope(), 2) == lp.decode.auto.PRIOR_SLOPE
