@@ -30,6 +30,12 @@ class DraftRates:
         self.offered = np.full(sources * depth, PRIOR_OFFERED)
         self.chances: list[list[float]] = []
         self._refresh()
+        # the tree to count next (`offer`): it, and its labelled nodes' labels, parents and mask
+        self._offered: tuple[TreeBuilder, np.ndarray, np.ndarray, np.ndarray] = (
+            TreeBuilder(0),
+            *np.zeros((2, 0), dtype=np.int64),
+            np.zeros(0, dtype=bool),
+        )
 
     def label(self, source: int) -> int:
         """The label of source s's depth-1 nodes (depth d: label + d - 1)."""
@@ -38,17 +44,25 @@ class DraftRates:
     def _refresh(self) -> None:
         self.chances = (self.hits / self.offered).reshape(-1, self.depth).tolist()
 
-    def observe(self, tree: TreeBuilder, accepted: Sequence[int]) -> None:
-        """Count a step's tree against the draft tokens it accepted (the committed tokens but
-        the last): each labelled node whose parent was right is offered, and hit if right too."""
+    def offer(self, tree: TreeBuilder) -> None:
+        """Take a step's tree before its outcome (`observe` counts it): its labelled nodes and
+        their parents as arrays, work that can be done while the step's messages travel."""
         labels = np.asarray(tree.labels, dtype=np.int64)
-        right = np.zeros(len(labels) + 1, dtype=bool)
+        labelled = labels >= 0
+        self._offered = (tree, labels[labelled], np.asarray(tree.parents, dtype=np.int64)[labelled], labelled)
+
+    def observe(self, accepted: Sequence[int]) -> None:
+        """Count the offered tree (`offer`) against the draft tokens it accepted (the committed
+        tokens but the last): each labelled node whose parent was right is offered, and hit if
+        right too."""
+        tree, labels, parents, labelled = self._offered
+        right = np.zeros(len(tree.labels) + 1, dtype=bool)
         right[-1] = True  # x0, every root's parent (index -1)
         right[tree.path_nodes(accepted)] = True
-        offered = right[np.asarray(tree.parents, dtype=np.int64)] & (labels >= 0)
+        offered = right[parents]
         size = len(self.hits)
         self.offered += np.bincount(labels[offered], minlength=size)
-        self.hits += np.bincount(labels[offered & right[:-1]], minlength=size)
+        self.hits += np.bincount(labels[offered & right[:-1][labelled]], minlength=size)
         self._refresh()
 
 
