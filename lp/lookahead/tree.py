@@ -192,7 +192,7 @@ class TreeBuilder:
         chances: list[float] = []
         waiting: dict[float, deque] = {}
 
-        def wait(chance: float, entry: tuple) -> None:  # inlined in the loop: keep alike
+        def wait(chance: float, entry: tuple) -> None:
             queue = waiting.get(chance)
             if queue is None:
                 waiting[chance] = deque([entry])
@@ -213,7 +213,7 @@ class TreeBuilder:
             if not queue:
                 heappop(chances)
                 del waiting[neg]
-            while True:  # a chain's next token is taken at once while nothing waiting is as likely
+            while True:  # an entry that would leave next is taken at once (see below)
                 token = seq[i]
                 key = parent << 32 | token  # pair_key, inlined (as below)
                 node = find(key)
@@ -229,26 +229,38 @@ class TreeBuilder:
                     roots.append(node if parent < 0 else roots[parent])
                     labels.append(label if rate is None else label + i)
                     made.append(neg)
-                if rate is None and i + 1 < k:  # a row's next sibling
-                    chance = neg / rates[i] * rates[i + 1]
-                    queue = waiting.get(chance)
-                    if queue is None:
-                        waiting[chance] = deque([(parent, seq, i + 1, d, None, -1)])
-                        heappush(chances, chance)
-                    else:
-                        queue.append((parent, seq, i + 1, d, None, -1))
                 # a node is grown on once: where it is made (or, made before `grow`, where reached)
+                below = None
                 if k and d < depth and (new or node < old):
                     below = pair_of((tokens[parent] if parent >= 0 else x0) << 32 | token) or row_of(token)
-                    if below is not None:
-                        chance = neg * q0
-                        queue = waiting.get(chance)
-                        if queue is None:
-                            waiting[chance] = deque([(node, below, 0, d + 1, None, -1)])
-                            heappush(chances, chance)
-                        else:
-                            queue.append((node, below, 0, d + 1, None, -1))
-                if rate is None or i + 1 >= len(seq):
+                if rate is None:
+                    # a row offers its next sibling, then the node's successors: the likelier of the
+                    # two goes on at once when nothing waiting is as likely (it would leave next:
+                    # the sibling first at equal chances, as it comes first), the other waits
+                    sibling = neg / rates[i] * rates[i + 1] if i + 1 < k else None
+                    child = neg * q0 if below is not None else None
+                    if child is not None and (sibling is None or child < sibling):
+                        if sibling is not None:
+                            wait(sibling, (parent, seq, i + 1, d, None, -1))
+                        if chances and chances[0] <= child:
+                            wait(child, (node, below, 0, d + 1, None, -1))
+                            break
+                        parent, seq, i, d, neg = node, below, 0, d + 1, child
+                    elif sibling is not None:
+                        if chances and chances[0] <= sibling:
+                            wait(sibling, (parent, seq, i + 1, d, None, -1))
+                            if child is not None:
+                                wait(child, (node, below, 0, d + 1, None, -1))
+                            break
+                        if child is not None:
+                            wait(child, (node, below, 0, d + 1, None, -1))
+                        i, neg = i + 1, sibling
+                    else:
+                        break
+                    continue
+                if below is not None:
+                    wait(neg * q0, (node, below, 0, d + 1, None, -1))
+                if i + 1 >= len(seq):
                     break
                 # a chain goes on from its node's chance: another source's, if it made the node first
                 neg = (neg if new or node < old else made[node - old]) * rate[i + 1]
