@@ -42,7 +42,7 @@ class DraftSources:
         self._tree: TreeBuilder | None = None  # the last step's, until its outcome is counted
         self._drafted = DraftTree(np.zeros(0, dtype=np.int64), ())  # the last step's tree
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
-        self._keys: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
+        self._keys: tuple[int, list[int]] = (-1, [])
         self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
@@ -87,27 +87,23 @@ class DraftSources:
             self.window.update(outcome.new)
         if self.successors is not None:
             self.successors.observe([*out[-2:], *tokens])  # the table the drafts used
-            rows = outcome.successors
             first, nodes = self._keys
-            keys = np.full(len(rows), -1, dtype=np.int64)
-            keys[0] = first
-            keys[len(rows) - len(nodes) :] = nodes
-            self.successors.update(rows, keys)
+            self.successors.update(outcome.successors, nodes, first)
         self.text.extend(tokens)
         if self.G and self.cfg.pool_from_output:
             length = len(out)
             self.pool.add_sequence(out[max(length - len(tokens) - self.N + 1, 0) : length])
 
-    def _pair_keys(self) -> tuple[int, np.ndarray]:
-        """The pair keys (SuccessorTable.pair_keys) of the step's successor rows whose input's
+    def _pair_keys(self) -> tuple[int, list[int]]:
+        """The pair keys (`pair_key`) of the step's successor rows whose input's
         predecessor is known (lp.message: x0's row, the columns', the tree's nodes' from the
         last to the first): x0's row's (-1 without a token before x0), then the nodes', each
         node's predecessor its parent (x0 for a root)."""
         out, tree = self.text.tokens, self._drafted
-        first = int(pair_key(out[-2], out[-1])) if len(out) > 1 else -1
+        first = pair_key(out[-2], out[-1]) if len(out) > 1 else -1
         parents = tree.parent_array
         before = np.where(parents >= 0, tree.tokens[parents], out[-1])
-        return first, SuccessorTable.pair_keys(before[::-1], tree.tokens[::-1])
+        return first, pair_key(before[::-1], tree.tokens[::-1]).tolist()
 
 
 def source_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[list[tuple[int, ...]]]:

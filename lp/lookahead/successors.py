@@ -9,7 +9,6 @@ same order (lp/message.py), so every rank builds the same drafts."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import compress
 
 import numpy as np
 
@@ -37,25 +36,21 @@ class SuccessorTable:
         # of them. One pseudo-count each, so the first steps spread drafts evenly over ranks.
         self.hits = [1] * (k + 1)
 
-    def update(self, rows: np.ndarray, keys: np.ndarray | None = None) -> None:
+    def update(self, rows: np.ndarray, keys: Sequence[int] = (), first: int = -1) -> None:
         """Apply rows `[n, 1 + k]` (input token, its top-k successors) in order: a token's last
         row wins. Every row is a real one, its token >= 0 (lp.message.merge drops the messages'
-        padding). `keys[i]`: `pair_keys`' key of row i, for `pairs` (-1: its input's predecessor
-        is unknown)."""
+        padding). For `pairs`, each row's `pair_key(token before its input, input)` where known:
+        `first` row 0's (-1: unknown), `keys` the last len(keys) rows'."""
         if not len(rows):
             return
         # one list per row, shared by both dicts (no one changes a row in place): a dict's
         # update keeps each key's last row, as the table should
         lists = rows[:, 1:].tolist()
-        if keys is not None:
-            known = keys >= 0
-            self.pairs.update(zip(keys[known].tolist(), compress(lists, known.tolist())))
+        if first >= 0:
+            self.pairs[first] = lists[0]
+        if keys:
+            self.pairs.update(zip(keys, lists[len(lists) - len(keys) :]))
         self.next.update(zip(rows[:, 0].tolist(), lists))
-
-    @staticmethod
-    def pair_keys(before: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """`pair_key(before[i], tokens[i])` for `update`, -1 where `before[i]` is -1 (unknown)."""
-        return np.where(before >= 0, pair_key(before, tokens), -1)
 
     def row(self, before: int, token: int) -> list[int] | None:
         """The successors expected after `token` when `before` precedes it (None: unknown)."""
