@@ -10,7 +10,6 @@ its own chain: the classic verification branch of G n-grams.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -190,12 +189,12 @@ class TreeBuilder:
         # in one heap would: one FIFO per chance, the chances in a heap (a real step's entries
         # share a few dozen distinct chances).
         chances: list[float] = []
-        waiting: dict[float, deque] = {}
+        waiting: dict[float, list[tuple]] = {}  # lists, not deques: most hold one entry
 
         def wait(chance: float, entry: tuple) -> None:
             queue = waiting.get(chance)
             if queue is None:
-                waiting[chance] = deque([entry])
+                waiting[chance] = [entry]
                 heappush(chances, chance)
             else:
                 queue.append(entry)
@@ -209,7 +208,7 @@ class TreeBuilder:
         while chances:
             neg = chances[0]
             queue = waiting[neg]
-            parent, seq, i, d, rate, label = queue.popleft()
+            parent, seq, i, d, rate, label = queue.pop(0)
             if not queue:
                 heappop(chances)
                 del waiting[neg]
