@@ -22,14 +22,16 @@ def test_rates_count_nodes_whose_parent_was_right():
     tree.grow(0, {}, [], 3, [((1, 2, 3), [0.9, 0.8, 0.7], rates.label(0)), ((1, 4), [0.5, 0.5], rates.label(1))])
     tree_labels = dict(zip(zip(tree.parents, tree.tokens), tree.labels))
     assert tree_labels == {(-1, 1): 0, (0, 2): 1, (1, 3): 2, (0, 4): 4}
-    rates.observe(tree, [1, 2])  # 1 and 2 were right, 3 was not; 4 (parent right) was not
-    offered = rates.offered - PRIOR_OFFERED
-    hits = rates.hits - PRIOR_HITS
+    rates.offer(tree)
+    rates.observe([1, 2])  # 1 and 2 were right, 3 was not; 4 (parent right) was not
+    offered = np.asarray(rates.offered) - PRIOR_OFFERED
+    hits = np.asarray(rates.hits) - PRIOR_HITS
     assert offered.tolist() == [1, 1, 1, 0, 1, 0]
     assert hits.tolist() == [1, 1, 0, 0, 0, 0]
     assert rates.chances[0] == pytest.approx([2 / 3, 2 / 3, 1 / 3])
-    rates.observe(tree, [])  # nothing accepted: only the roots were offered (their parent is x0)
-    assert (rates.offered - PRIOR_OFFERED).tolist() == [2, 1, 1, 0, 1, 0]
+    rates.offer(tree)
+    rates.observe([])  # nothing accepted: only the roots were offered (their parent is x0)
+    assert (np.asarray(rates.offered) - PRIOR_OFFERED).tolist() == [2, 1, 1, 0, 1, 0]
 
 
 def test_growth_takes_the_likeliest_node_of_any_source():
@@ -64,8 +66,11 @@ def test_the_merged_tree_orders_sources_by_their_counted_rates():
     tree = got.tree()
     assert tree.tokens.tolist() == [1, 1, 7, 7, 8] and tree.parents == (-1, 0, 0, -1, -1)
     pool_source = 7  # the pool's rank-0 n-grams (after 4 text and 3 context ranks)
-    rates.offered[rates.label(pool_source)] += 8  # counted: 1 right of 10 offered
-    rates.observe(TreeBuilder(0), [])  # refreshes the chances
+    missed = TreeBuilder(1)  # a pool n-gram's first token, offered and wrong 8 times: 1 right of 10
+    missed.grow(0, {}, [], 1, [((1,), [0.5], rates.label(pool_source))])
+    for _ in range(8):
+        rates.offer(missed)
+        rates.observe([])
     got = step_builder(cfg, 5, pool, text, table, rates)
     # 7 (1/3), 8 (1/3), 7-9 (1/9), 7-10 (1/9), then 1 (1/10)
     assert list(zip(got.parents, got.tokens)) == [(-1, 7), (-1, 8), (0, 9), (0, 10), (-1, 1)]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lp.lookahead.successors import SuccessorTable
-from lp.lookahead.tree import TreeBuilder, build_tree
+from lp.lookahead.tree import TreeBuilder, build_tree, pair_key
 
 
 def rows(*r: tuple[int, ...]) -> np.ndarray:
@@ -49,8 +49,8 @@ def test_rows_with_the_token_before_them_are_preferred():
     """A row whose input's predecessor is known goes to `pairs` too; tree growth and the hit
     counts read it where the two tokens match, the one-token row elsewhere."""
     table = SuccessorTable(2)
-    table.update(rows((3, 1, 2), (3, 4, 5)), before=np.asarray([7, -1]))
-    assert table.next == {3: [4, 5]} and table.pairs == {(7, 3): [1, 2]}
+    table.update(rows((3, 1, 2), (3, 4, 5)), first=pair_key(7, 3))
+    assert table.next == {3: [4, 5]} and table.pairs == {pair_key(7, 3): [1, 2]}
     assert table.row(7, 3) == [1, 2] and table.row(6, 3) == [4, 5] and table.row(7, 1) is None
     table.observe([7, 3, 2, 6, 3, 4])  # 2: rank 1 after (7, 3); 4: rank 0 after 3
     assert table.hits == [2, 2, 1]

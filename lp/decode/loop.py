@@ -168,7 +168,7 @@ class Decoder:
             mine = message(state, step, decision, W=W, successors=top, rows=rows)
 
             # all-gather and merge: the step's one device sync
-            sources.pool.flush()  # the last step's n-grams that this step's drafts did not read, meanwhile
+            sources.prepare()  # what the step's outcome does not decide, meanwhile
             gathered = self.comm.all_gather(mine).cpu().numpy()
             observe.message_read()
             outcome = merge(gathered, step.plans, cfg.max_commit, k)

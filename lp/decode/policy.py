@@ -12,7 +12,7 @@ from lp.lookahead import JacobiWindow, NGramPool
 from lp.lookahead.drafts import TextIndex
 from lp.lookahead.rates import DraftRates
 from lp.lookahead.successors import SuccessorTable
-from lp.lookahead.tree import Chain, DraftTree, TreeBuilder
+from lp.lookahead.tree import Chain, DraftTree, TreeBuilder, pair_key
 from lp.message import Outcome
 
 # the draft sources whose acceptance rates are counted apart (DraftRates): the text drafts, the
@@ -41,6 +41,8 @@ class DraftSources:
         self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
         self._tree: TreeBuilder | None = None  # the last step's, until its outcome is counted
         self._drafted = DraftTree(np.zeros(0, dtype=np.int64), ())  # the last step's tree
+        # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
+        self._keys: tuple[int, list[int]] = (-1, [])
         self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
@@ -61,13 +63,23 @@ class DraftSources:
         self._drafted = builder.tree()
         return self._drafted
 
+    def prepare(self) -> None:
+        """The part of `observe` that needs no outcome, done while the step's messages travel
+        (lp/decode/loop.py): the pool's queued n-grams land, the tree to count is offered to
+        the rates, and the successor rows' pair keys are made (`_pair_keys`)."""
+        self.pool.flush()
+        if self._tree is not None:
+            self.rates.offer(self._tree)
+        if self.successors is not None:
+            self._keys = self._pair_keys()
+
     def observe(self, outcome: Outcome, tokens: list[int]) -> None:
-        """Feed a step's merged outcome: the window's new level and its n-grams, the successor
-        rows, then the committed `tokens` (and, with `pool_from_output`, the n-grams ending in
-        them: free candidates, as in prompt lookup)."""
+        """Feed a step's merged outcome (after `prepare`): the window's new level and its
+        n-grams, the successor rows, then the committed `tokens` (and, with `pool_from_output`,
+        the n-grams ending in them: free candidates, as in prompt lookup)."""
         out = self.text.tokens
         if self._tree is not None:
-            self.rates.observe(self._tree, outcome.tokens[: outcome.accepted])
+            self.rates.observe(outcome.tokens[: outcome.accepted])
             self._tree = None
         if self.window is not None:
             if self.G and self.window.ready:
@@ -75,23 +87,23 @@ class DraftSources:
             self.window.update(outcome.new)
         if self.successors is not None:
             self.successors.observe([*out[-2:], *tokens])  # the table the drafts used
-            self.successors.update(outcome.successors, self._before(outcome.successors))
+            first, nodes = self._keys
+            self.successors.update(outcome.successors, nodes, first)
         self.text.extend(tokens)
         if self.G and self.cfg.pool_from_output:
             length = len(out)
             self.pool.add_sequence(out[max(length - len(tokens) - self.N + 1, 0) : length])
 
-    def _before(self, rows: np.ndarray) -> np.ndarray:
-        """The token before each successor row's input (lp.message: x0's row, the columns', the
-        tree's nodes' from the last to the first): x0's predecessor, a node's parent (x0 for
-        a root); -1 for the columns'."""
+    def _pair_keys(self) -> tuple[int, list[int]]:
+        """The pair keys (`pair_key`) of the step's successor rows whose input's
+        predecessor is known (lp.message: x0's row, the columns', the tree's nodes' from the
+        last to the first): x0's row's (-1 without a token before x0), then the nodes', each
+        node's predecessor its parent (x0 for a root)."""
         out, tree = self.text.tokens, self._drafted
-        before = np.full(len(rows), -1, dtype=np.int64)
-        before[0] = out[-2] if len(out) > 1 else -1
-        if tree.size:
-            parents = tree.parent_array
-            before[len(rows) - tree.size :] = np.where(parents >= 0, tree.tokens[parents], out[-1])[::-1]
-        return before
+        first = pair_key(out[-2], out[-1]) if len(out) > 1 else -1
+        parents = tree.parent_array
+        before = np.where(parents >= 0, tree.tokens[parents], out[-1])
+        return first, pair_key(before[::-1], tree.tokens[::-1]).tolist()
 
 
 def source_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[list[tuple[int, ...]]]:

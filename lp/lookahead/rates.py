@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from lp.lookahead.tree import TreeBuilder
 
 PRIOR_HITS, PRIOR_OFFERED = 1.0, 2.0  # a rate of 1/2 until the decode has counted some
@@ -20,36 +18,45 @@ PRIOR_HITS, PRIOR_OFFERED = 1.0, 2.0  # a rate of 1/2 until the decode has count
 
 class DraftRates:
     """Rates of `sources` draft sources at depths 1..`depth` (`chances[s][d - 1]`). Source s's
-    nodes carry the labels s*depth + d - 1 in a TreeBuilder (`label`)."""
+    nodes carry the labels s*depth + d - 1 in a TreeBuilder (`label`). Python lists: a step
+    counts a few dozen nodes, fewer than array ops would pay for."""
 
     def __init__(self, sources: int, depth: int) -> None:
         if sources < 1 or depth < 1:
             raise ValueError(f"draft rates need sources and depth >= 1, got {sources} and {depth}")
         self.depth = depth
-        self.hits = np.full(sources * depth, PRIOR_HITS)
-        self.offered = np.full(sources * depth, PRIOR_OFFERED)
-        self.chances: list[list[float]] = []
-        self._refresh()
+        self.hits = [PRIOR_HITS] * (sources * depth)
+        self.offered = [PRIOR_OFFERED] * (sources * depth)
+        self.chances = [[PRIOR_HITS / PRIOR_OFFERED] * depth for _ in range(sources)]
+        # the tree to count next (`offer`): it, and its labelled nodes (node, label) by parent
+        self._offered: tuple[TreeBuilder, dict[int, list[tuple[int, int]]]] = (TreeBuilder(0), {})
 
     def label(self, source: int) -> int:
         """The label of source s's depth-1 nodes (depth d: label + d - 1)."""
         return source * self.depth
 
-    def _refresh(self) -> None:
-        self.chances = (self.hits / self.offered).reshape(-1, self.depth).tolist()
+    def offer(self, tree: TreeBuilder) -> None:
+        """Take a step's tree before its outcome (`observe` counts it): its labelled nodes by
+        parent, work that can be done while the step's messages travel."""
+        children: dict[int, list[tuple[int, int]]] = {}
+        for node, (parent, label) in enumerate(zip(tree.parents, tree.labels)):
+            if label >= 0:
+                children.setdefault(parent, []).append((node, label))
+        self._offered = (tree, children)
 
-    def observe(self, tree: TreeBuilder, accepted: Sequence[int]) -> None:
-        """Count a step's tree against the draft tokens it accepted (the committed tokens but
-        the last): each labelled node whose parent was right is offered, and hit if right too."""
-        labels = np.asarray(tree.labels, dtype=np.int64)
-        right = np.zeros(len(labels) + 1, dtype=bool)
-        right[-1] = True  # x0, every root's parent (index -1)
-        right[tree.path_nodes(accepted)] = True
-        offered = right[np.asarray(tree.parents, dtype=np.int64)] & (labels >= 0)
-        size = len(self.hits)
-        self.offered += np.bincount(labels[offered], minlength=size)
-        self.hits += np.bincount(labels[offered & right[:-1]], minlength=size)
-        self._refresh()
+    def observe(self, accepted: Sequence[int]) -> None:
+        """Count the offered tree (`offer`) against the draft tokens it accepted (the committed
+        tokens but the last): each labelled node whose parent was right (on the accepted path,
+        or x0) is offered, and hit if right too."""
+        tree, children = self._offered
+        path = tree.path_nodes(accepted)
+        hits, offered, depth = self.hits, self.offered, self.depth
+        for parent, right in zip([-1, *path], [*path, None]):
+            for node, label in children.get(parent, ()):
+                offered[label] += 1
+                if node == right:
+                    hits[label] += 1
+                self.chances[label // depth][label % depth] = hits[label] / offered[label]
 
 
 __all__ = ["DraftRates"]

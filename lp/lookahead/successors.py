@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lp.lookahead.tree import Chain, TreeBuilder
+from lp.lookahead.tree import Chain, TreeBuilder, pair_key
 
 
 class SuccessorTable:
@@ -31,36 +31,30 @@ class SuccessorTable:
         self.next: dict[int, list[int]] = {}
         # the same, per (token before, token): the rows whose input's predecessor is known (the
         # tree's nodes, x0), preferred where they exist (more context predicts better)
-        self.pairs: dict[tuple[int, int], list[int]] = {}
-        self._last = np.full(0, -1, dtype=np.int64)  # scratch for `update`, grown to the tokens seen
+        self.pairs: dict[int, list[int]] = {}  # keyed by pair_key(token before, token)
         # hits[r]: committed tokens that were their predecessor's rank-r successor; hits[k]: none
         # of them. One pseudo-count each, so the first steps spread drafts evenly over ranks.
         self.hits = [1] * (k + 1)
 
-    def update(self, rows: np.ndarray, before: np.ndarray | None = None) -> None:
+    def update(self, rows: np.ndarray, keys: Sequence[int] = (), first: int = -1) -> None:
         """Apply rows `[n, 1 + k]` (input token, its top-k successors) in order: a token's last
         row wins. Every row is a real one, its token >= 0 (lp.message.merge drops the messages'
-        padding). `before[i]`: the token before row i's input (-1: unknown), for `pairs`."""
-        # only each token's last row becomes Python lists: a real step's 300 rows or so repeat
-        # their tokens (about 110 distinct). `_last[t]`, -1 between calls, finds each token's
-        # last row without a sort.
+        padding). For `pairs`, each row's `pair_key(token before its input, input)` where known:
+        `first` row 0's (-1: unknown), `keys` the last len(keys) rows'."""
         if not len(rows):
             return
-        if before is not None:
-            known = before >= 0
-            pairs = zip(before[known].tolist(), rows[known, 0].tolist())
-            self.pairs.update(zip(pairs, rows[known, 1:].tolist()))
-        tokens, order = rows[:, 0], np.arange(len(rows))
-        if tokens.max() >= len(self._last):
-            self._last = np.full(2 * int(tokens.max()) + 1, -1, dtype=np.int64)
-        np.maximum.at(self._last, tokens, order)
-        rows = rows[self._last[tokens] == order]
-        self._last[tokens] = -1
-        self.next.update(zip(rows[:, 0].tolist(), rows[:, 1:].tolist()))
+        # one list per row, shared by both dicts (no one changes a row in place): a dict's
+        # update keeps each key's last row, as the table should
+        lists = rows[:, 1:].tolist()
+        if first >= 0:
+            self.pairs[first] = lists[0]
+        if keys:
+            self.pairs.update(zip(keys, lists[len(lists) - len(keys) :]))
+        self.next.update(zip(rows[:, 0].tolist(), lists))
 
     def row(self, before: int, token: int) -> list[int] | None:
         """The successors expected after `token` when `before` precedes it (None: unknown)."""
-        return self.pairs.get((before, token)) or self.next.get(token)
+        return self.pairs.get(pair_key(before, token)) or self.next.get(token)
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Count, for each token of `tokens` after the first two, which rank of its

@@ -10,7 +10,6 @@ its own chain: the classic verification branch of G n-grams.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -71,6 +70,13 @@ Chain = tuple[Sequence[int], Sequence[float], int]
 tokens before it are, and the label of its first node (token i's node: label + i)."""
 
 
+def pair_key(first: int | np.ndarray, second: int | np.ndarray) -> int | np.ndarray:
+    """One int for a pair of tokens (or of a node index >= -1 and a token): `first << 32 | second`,
+    distinct for every pair with 0 <= second < 2**32. Ints or int64 arrays: a dict keyed by one int
+    is read faster than one keyed by tuples (which each lookup would build)."""
+    return first << 32 | second
+
+
 def node_depths(parents: Sequence[int]) -> np.ndarray:
     """Each node's depth below x0 (1 for x0's children), given parent pointers that precede
     their children (-1: x0)."""
@@ -95,7 +101,7 @@ class TreeBuilder:
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self._roots: list[int] = []  # each node's root ancestor
-        self._index: dict[tuple[int, int], int] = {}  # (parent, token) -> node, when sharing
+        self._index: dict[int, int] = {}  # pair_key(parent, token) -> node, when sharing
         self.labels: list[int] = []  # each node's chain label (`grow`), -1 where it has none
         self._grown = False  # `grow` has run: `add` would miss the nodes it made
 
@@ -114,7 +120,7 @@ class TreeBuilder:
         if node >= self.budget:
             return None
         if self.share:
-            self._index[parent, token] = node
+            self._index[parent << 32 | token] = node  # pair_key, inlined
         self.tokens.append(token)
         self.parents.append(parent)
         self._roots.append(node if parent < 0 else self._roots[parent])
@@ -125,7 +131,7 @@ class TreeBuilder:
         """The nodes along a token path from x0, as far as the tree has it. Sharing only."""
         nodes, node, find = [], -1, self._index.get
         for token in path:
-            node = find((node, token))
+            node = find(node << 32 | token)  # pair_key, inlined
             if node is None:
                 break
             nodes.append(node)
@@ -138,7 +144,7 @@ class TreeBuilder:
         index, new = self._index if self.share else {}, self._new
         node: int | None = -1
         for token in draft:  # runs for every draft token of every step
-            found = index.get((node, token))
+            found = index.get(node << 32 | token)  # pair_key, inlined
             node = new(node, int(token)) if found is None else found
             if node is None:
                 return
@@ -150,7 +156,7 @@ class TreeBuilder:
         rates: Sequence[float],
         depth: int,
         chains: Sequence[Chain] = (),
-        pairs: Mapping[tuple[int, int], list[int]] | None = None,
+        pairs: Mapping[int, list[int]] | None = None,
         before: int = -1,
     ) -> None:
         """Graft the likeliest nodes below x0 until the budget is spent, most likely first, from
@@ -160,7 +166,7 @@ class TreeBuilder:
           * the successor table: `successors[t]` lists the k distinct tokens expected after
             token t, best first (absent where unknown), the rank-r one right with chance
             `rates[r]` (non-increasing in r); it grows on every node, at most `depth` deep;
-            `pairs[a, t]`, where given, lists those expected after t when a comes before it,
+            `pairs[pair_key(a, t)]`, where given, lists those expected after t when a comes before it,
             preferred to `successors[t]` (`before`: the token before x0).
         A node's chance is its parent's times its own rate. Nodes the tree already has cost
         nothing and are grown on. Sharing only. The builder's last call: `add` refuses after it."""
@@ -183,12 +189,12 @@ class TreeBuilder:
         # in one heap would: one FIFO per chance, the chances in a heap (a real step's entries
         # share a few dozen distinct chances).
         chances: list[float] = []
-        waiting: dict[float, deque] = {}
+        waiting: dict[float, list[tuple]] = {}  # lists, not deques: most hold one entry
 
-        def wait(chance: float, entry: tuple) -> None:  # inlined in the loop: keep alike
+        def wait(chance: float, entry: tuple) -> None:
             queue = waiting.get(chance)
             if queue is None:
-                waiting[chance] = deque([entry])
+                waiting[chance] = [entry]
                 heappush(chances, chance)
             else:
                 queue.append(entry)
@@ -196,51 +202,64 @@ class TreeBuilder:
         for chain, rate, label in chains:
             if len(chain):
                 wait(-rate[0], (-1, chain, 0, 1, rate, label))
-        row = pair_of((before, x0)) or row_of(x0)
+        row = pair_of(pair_key(before, x0)) or row_of(x0)
         if k and depth >= 1 and row is not None:
             wait(-q0, (-1, row, 0, 1, None, -1))
         while chances:
             neg = chances[0]
             queue = waiting[neg]
-            parent, seq, i, d, rate, label = queue.popleft()
+            parent, seq, i, d, rate, label = queue.pop(0)
             if not queue:
                 heappop(chances)
                 del waiting[neg]
-            while True:  # a chain's next token is taken at once while nothing waiting is as likely
+            while True:  # an entry that would leave next is taken at once (see below)
                 token = seq[i]
-                node = find((parent, token))
+                key = parent << 32 | token  # pair_key, inlined (as below)
+                node = find(key)
                 new = node is None
                 if new:  # `_new`, inlined
                     if size >= budget:
                         return
                     node = size
                     size += 1
-                    index[parent, token] = node
+                    index[key] = node
                     tokens.append(token)
                     parents.append(parent)
                     roots.append(node if parent < 0 else roots[parent])
                     labels.append(label if rate is None else label + i)
                     made.append(neg)
-                if rate is None and i + 1 < k:  # a row's next sibling
-                    chance = neg / rates[i] * rates[i + 1]
-                    queue = waiting.get(chance)
-                    if queue is None:
-                        waiting[chance] = deque([(parent, seq, i + 1, d, None, -1)])
-                        heappush(chances, chance)
-                    else:
-                        queue.append((parent, seq, i + 1, d, None, -1))
                 # a node is grown on once: where it is made (or, made before `grow`, where reached)
+                below = None
                 if k and d < depth and (new or node < old):
-                    below = pair_of((tokens[parent] if parent >= 0 else x0, token)) or row_of(token)
-                    if below is not None:
-                        chance = neg * q0
-                        queue = waiting.get(chance)
-                        if queue is None:
-                            waiting[chance] = deque([(node, below, 0, d + 1, None, -1)])
-                            heappush(chances, chance)
-                        else:
-                            queue.append((node, below, 0, d + 1, None, -1))
-                if rate is None or i + 1 >= len(seq):
+                    below = pair_of((tokens[parent] if parent >= 0 else x0) << 32 | token) or row_of(token)
+                if rate is None:
+                    # a row offers its next sibling, then the node's successors: the likelier of the
+                    # two goes on at once when nothing waiting is as likely (it would leave next:
+                    # the sibling first at equal chances, as it comes first), the other waits
+                    sibling = neg / rates[i] * rates[i + 1] if i + 1 < k else None
+                    child = neg * q0 if below is not None else None
+                    if child is not None and (sibling is None or child < sibling):
+                        if sibling is not None:
+                            wait(sibling, (parent, seq, i + 1, d, None, -1))
+                        if chances and chances[0] <= child:
+                            wait(child, (node, below, 0, d + 1, None, -1))
+                            break
+                        parent, seq, i, d, neg = node, below, 0, d + 1, child
+                    elif sibling is not None:
+                        if chances and chances[0] <= sibling:
+                            wait(sibling, (parent, seq, i + 1, d, None, -1))
+                            if child is not None:
+                                wait(child, (node, below, 0, d + 1, None, -1))
+                            break
+                        if child is not None:
+                            wait(child, (node, below, 0, d + 1, None, -1))
+                        i, neg = i + 1, sibling
+                    else:
+                        break
+                    continue
+                if below is not None:
+                    wait(neg * q0, (node, below, 0, d + 1, None, -1))
+                if i + 1 >= len(seq):
                     break
                 # a chain goes on from its node's chance: another source's, if it made the node first
                 neg = (neg if new or node < old else made[node - old]) * rate[i + 1]
@@ -291,4 +310,4 @@ def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True)
     return builder.tree()
 
 
-__all__ = ["Chain", "DraftTree", "TreeBuilder", "build_tree", "chain_parents", "node_depths"]
+__all__ = ["Chain", "DraftTree", "TreeBuilder", "build_tree", "chain_parents", "node_depths", "pair_key"]
