@@ -110,3 +110,11 @@ def test_a_bench_result_directory_reads_as_a_sweep(tmp_path):
     sweep = layouts.read_sweep(tmp_path)
     assert sweep["rows"] == [{"config": "W8N5G15-B88", "step_tokens": 130, "step_tokens_mean": 96.4, "S": 2.76}]
     assert sweep["prompts"] == 48 and sweep["date"] == "2026-11-23"
+
+
+def test_a_sweep_row_longer_than_the_measured_steps_is_not_priced():
+    sweep = layouts.read_sweep(SWEEP)
+    longest = max(sweep["rows"], key=lambda r: r["step_tokens"])
+    short = CostCurve((1, longest["step_tokens"] - 1), (0.0065, 0.0070))
+    assert longest["config"] not in [x["config"] for x in layouts.price_shapes(sweep, short, fit(), 8)]
+    assert len(layouts.price_shapes(sweep, ONE_GPU, fit(), 8)) == len(sweep["rows"])

@@ -96,9 +96,12 @@ def tp_sizes(gpus: int, node: int) -> list[int]:
 
 
 def price_shapes(sweep: dict, curve: CostCurve, model: GroupModel, T: int) -> list[dict]:
-    """One replica of T GPUs at every lp row of the sweep."""
+    """One replica of T GPUs at every lp row of the sweep whose steps the measured costs cover
+    (a longer step's cost would be extrapolated: it is not priced)."""
     out = []
     for r in sweep["rows"]:
+        if r["step_tokens"] > curve.tokens[-1]:
+            continue
         one_gpu_ms = 1e3 * curve.seconds_at(r["step_tokens_mean"])
         step = model.step_ms(one_gpu_ms, T, r["step_tokens_mean"])
         out.append({**r, "T": T, "one_gpu_ms": one_gpu_ms, "step_ms": step, "tok_s": r["S"] / step * 1e3})
@@ -166,8 +169,8 @@ def run(args: argparse.Namespace) -> dict:
     model = fit(gbps=args.allreduce_gbps)
     sweep = read_sweep(args.sweep) if args.sweep else None
     shapes: dict[int, list[dict]] = {}
-    if sweep and args.gpus <= args.node:  # one replica (P = 1) only fits in a node
-        curve = cost_curve(args.costs)
+    curve = cost_curve(args.costs) if sweep else None
+    if curve and args.gpus <= args.node:  # one replica (P = 1) only fits in a node
         shapes = {T: price_shapes(sweep, curve, model, T) for T in tp_sizes(args.gpus, args.node)}
     best = {T: best_shape(s) for T, s in shapes.items()}
     latencies = args.cross_node_ms if args.gpus > args.node else [args.allgather_ms]
@@ -193,6 +196,7 @@ def run(args: argparse.Namespace) -> dict:
         "projection": _rel(args.projection),
         "projection_source": {k: source.get(k) for k in ("device_name", "arch", "dataset", "model", "started")},
         "costs": _rel(args.costs) if sweep else None,
+        "costs_max_tokens": curve.tokens[-1] if curve else None,
         "sweep": None if sweep is None else {k: v for k, v in sweep.items() if k != "rows"},
         "shapes": [x for T in sorted(shapes) for x in shapes[T]],
         "scenarios": scenarios,
@@ -215,8 +219,9 @@ def markdown(doc: dict) -> str:
         "the slowest rank's mean share)"
         + (
             f"; P = 1: every lp row of the sweep {doc['sweep']['path']} ({doc['sweep']['prompts']} prompts; "
-            f"S and mean tokens per step), one GPU's step at those tokens from {doc['costs']}; the two S "
-            "come from different prompt sets"
+            f"S and mean tokens per step), one GPU's step at those tokens from {doc['costs']} (rows whose "
+            f"steps exceed its {doc['costs_max_tokens']} tokens not priced); the two S come from different "
+            "prompt sets"
             if doc["sweep"]
             else "; P = 1: the projection's row"
         ),

@@ -166,7 +166,7 @@ def _row(p: datasets.BenchPrompt, ids: list[int], e: Entry, o, ref: list[int]) -
         "status": "ok",
         "output_ids": o.output_ids,
     }
-    if o.forward_seconds is not None:  # lp: the host's share of the decode, per step
+    if o.forward_seconds is not None:  # lp: decode time outside its forwards, per step (lp.bench's `_ForwardTimer`)
         row["host_ms_per_step"] = 1e3 * max(0.0, o.seconds - o.forward_seconds) / max(o.steps, 1)
     return row
 
@@ -205,7 +205,9 @@ def _pooled(rs: list[dict]) -> float:
 
 def markdown(head: dict, summary: list[dict], rows: list[dict]) -> str:
     """sweep.md: one line per decoder and step size: S pooled and per category, identical
-    outputs, lp's host work per step and the group's seconds (prefills and decodes)."""
+    outputs, lp's time per step outside its forwards (host work, the all-gather and, on a CPU, the
+    acceptance's tensor ops, which a GPU runs; `python -m tools.host` measures the host's part alone) and
+    the group's seconds (prefills and decodes)."""
     cats = list(dict.fromkeys(r["category"] for r in rows if r["status"] == "ok"))
     lines = [
         f"# {head['label']}",
@@ -215,7 +217,9 @@ def markdown(head: dict, summary: list[dict], rows: list[dict]) -> str:
         f"{head['device']}, {head['date']}; model {head['model']}, {head['dataset']}, {head['prompts']} prompts, "
         f"{head['max_new_tokens']} new tokens at most, greedy. S = all new tokens / all decoding steps.",
         "",
-        "| decoder | config | step tokens | mean | S | " + " | ".join(cats) + " | identical | host ms/step | seconds |",
+        "| decoder | config | step tokens | mean | S | "
+        + " | ".join(cats)
+        + " | identical | ms/step outside the forward | seconds |",
         "|" + "---|" * (8 + len(cats)),
     ]
     for x in summary:
