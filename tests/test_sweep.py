@@ -116,3 +116,9 @@ def test_sweep_writes_the_schema(tiny_model_dir, tmp_path):
     # resume: nothing left to do, the rows stay as they were
     again = sweep.run({**settings, "resume": True})
     assert again["rows"] == json.loads(json.dumps(res["rows"]))
+
+
+def test_token_recycling_builds_without_a_model_off_rank_0():
+    """Under torchrun only rank 0 holds the baselines' model: the decoder is built empty elsewhere."""
+    d = TokenRecycling(None, [2])
+    assert d.successors.shape == (0, d.k) and d.max_step_tokens == 87

@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> dict:
     curve = cost_curve(args.costs) if sweep else None
     if curve and args.gpus <= args.node:  # one replica (P = 1) only fits in a node
         shapes = {T: price_shapes(sweep, curve, model, T) for T in tp_sizes(args.gpus, args.node)}
-    best = {T: best_shape(s) for T, s in shapes.items()}
+    best = {T: best_shape(s) for T, s in shapes.items() if s}
     latencies = args.cross_node_ms if args.gpus > args.node else [args.allgather_ms]
     scenarios = []
     for cross in latencies:

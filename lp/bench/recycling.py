@@ -104,8 +104,9 @@ class TokenRecycling(BenchDecoder):
         self.model = model
         self.k = k
         self.eos_ids = frozenset(eos_ids)
-        vocab = model.get_output_embeddings().weight.shape[0]
-        self.successors = np.zeros((vocab, k), dtype=np.int64)  # hot start: kept across prompts
+        # hot start: kept across prompts; no model (and no table) off rank 0, where it never decodes
+        vocab = 0 if model is None else model.get_output_embeddings().weight.shape[0]
+        self.successors = np.zeros((vocab, k), dtype=np.int64)
         t = self.template
         self._anc = torch.from_numpy(t.ancestors)
         self._depth = torch.from_numpy(t.depth)

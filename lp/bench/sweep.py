@@ -273,6 +273,9 @@ def run(cfg: Mapping | SweepSettings) -> dict:
         raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
     options = dict(dtype=s.dtype, device=s.device)
     lm = LP(s.model, **options)
+    if lm.comm.world_size > 1:
+        lm.close()
+        raise LPError("lp.bench.sweep runs on one rank (its baselines and references run where lp does)")
     try:
         ctx = Context(lm, models.resolve(s.model), DTYPES[s.dtype], options)
         reference, entries = _entries(s, ctx)

@@ -51,9 +51,10 @@ class Shape(NamedTuple):
         return f"W={self.W} N={self.N} G={self.G} budget={self.budget}{extra}"
 
 
-# Shapes of growing step size: from 32 tokens up, the shape that gave the most S at that largest
-# step in the budget sweep (results/sweep/spec_bench_12: a small window, the rest a tree); 8 and
-# 16 tokens for machines where every token of a step costs.
+# Shapes of growing step size (largest steps of 8 to 1,024 tokens): a small window (W3 N3, which
+# gave the most S at 128 tokens in results/tree, W1-W2 below 32 tokens) and a tree of the rest,
+# with more recycled successors above 256 tokens. The budget sweep measures them
+# (results/sweep/spec_bench_12); 8 and 16 tokens for machines where every token of a step costs.
 LADDER: tuple[Shape, ...] = (
     Shape(1, 3, 15, 3),
     Shape(2, 3, 15, 6),
@@ -179,16 +180,18 @@ class AutoTuner:
         return sum(x * y for x, y in xs) / den if den else PRIOR_SLOPE
 
     def expect(self, shape: Shape | None) -> tuple[float, float, float]:
-        """(expected S, tokens/s, tokens/s relative to plain decoding) of a shape (None: plain)."""
-        T = 1 if shape is None else step_tokens(shape, self.world_size)
-        S = 1 + self.slope() * math.log2(T)
-        return S, S / self.cost.seconds_at(T), S / self.cost.relative(T)
+        """(expected S, tokens/s, tokens/s relative to plain decoding) of a shape (None: plain): S
+        from the whole step's tokens, the cost from a rank's share of them."""
+        whole, share = (1, 1) if shape is None else (step_tokens(shape), step_tokens(shape, self.world_size))
+        S = 1 + self.slope() * math.log2(whole)
+        return S, S / self.cost.seconds_at(share), S / self.cost.relative(share)
 
     def choose(self, allow_plain: bool = True) -> tuple[Shape | None, str]:
         """The cheapest shape (or plain decoding) that no bigger one beats by `MARGIN` in
         expected tokens/s (None: plain decoding), and why, in plain words."""
         best, best_rate = None, 1.0 if allow_plain else -math.inf
-        for shape in LADDER:
+        # shapes whose steps the calibration timed (a longer one's cost would be extrapolated)
+        for shape in (s for s in LADDER if step_tokens(s, self.world_size) <= self.cost.tokens[-1]):
             rate = self.expect(shape)[2]
             if rate > best_rate * MARGIN:
                 best, best_rate = shape, rate
@@ -229,4 +232,4 @@ class AutoTuner:
     def observe(self, shape: Shape | None, compression: float) -> None:
         """Record the S a sequence achieved with `shape` (plain sequences teach nothing)."""
         if shape is not None:
-            self.seen.append((step_tokens(shape, self.world_size), compression))
+            self.seen.append((step_tokens(shape), compression))

@@ -64,9 +64,10 @@ class DraftSources:
         return self._drafted
 
     def prepare(self) -> None:
-        """The part of `observe` that needs no outcome, done while the step's messages travel
-        (lp/decode/loop.py): the pool's queued n-grams land, the tree to count is offered to
-        the rates, and the successor rows' pair keys are made (`_pair_keys`)."""
+        """The part of `observe` that needs no outcome, done while the device computes the step's
+        forward (lp/decode/loop.py: before the all-gather): the pool's queued n-grams land, the
+        tree to count is offered to the rates, and the successor rows' pair keys are made
+        (`_pair_keys`)."""
         self.pool.flush()
         if self._tree is not None:
             self.rates.offer(self._tree)

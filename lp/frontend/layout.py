@@ -5,7 +5,8 @@ A group size T divides the ranks, the ranks of a node (a group never spans nodes
 heads, KV heads and MLP width. Measured (a few calls, the slowest rank's): the step costs of the
 largest such group, loaded as its shard (the least memory per rank, so it fits wherever any
 layout does) and calibrated as `W=auto` calibrates (lp/decode/auto.py); one all-reduce of a
-hidden-state row inside that group; one step's all-gather over the world. Modelled: one rank's
+hidden-state row inside that group; one all-gather over the world of the largest ladder shape's
+message (the most a step sends). Modelled: one rank's
 step at other T through the fitted unsplit share; the same all-reduce latency for every T;
 lookahead's S from the prior of lp/decode/auto.py. Rank 0's choice is every rank's (one
 all-gather), so no rank can build different process groups than the others and hang.
@@ -24,8 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lp import models
-from lp.config import DecodeConfig
-from lp.decode.auto import PRIOR_SLOPE, AutoTuner
+from lp.decode.auto import LADDER, PRIOR_SLOPE, AutoTuner
 from lp.decode.layout import PUBLISHED_SOURCE, choose, fit, group_sizes
 from lp.engine.llama import FAMILY
 from lp.errors import LPError
@@ -78,7 +78,7 @@ def auto_layout(lm: LP, load: Callable[[int], None], model: str) -> str:
     load(largest)
     curve = lm._calibrate()
     row = torch.zeros(cfg.hidden_size, dtype=lm.model.dtype, device=comm.device)
-    message = torch.zeros(step_message_size(DecodeConfig()), dtype=torch.long, device=comm.device)
+    message = torch.zeros(step_message_size(LADDER[-1].config), dtype=torch.long, device=comm.device)
     mine = [
         _latency_ms(lambda: lm.tp.all_reduce(row), comm.device),
         _latency_ms(lambda: comm.all_gather(message), comm.device),

@@ -156,10 +156,11 @@ class LP:
         shape, reason = self._tuner.choose(allow_plain=len(auto) == 3)
         if shape is None:
             settings.update(mode="ar", W=1, N=2, G=0)
-        else:  # W, N, G where they are auto; the tree budget and recycling where they are not given
+        else:  # W, N, G where they are auto; with all three auto, the budget and recycling where not given
             chosen = shape._asdict()
             settings.update({k: chosen[k] for k in auto})
-            settings.update({k: chosen[k] for k in ("budget", "recycle") if settings.get(k) is None})
+            if len(auto) == 3:
+                settings.update({k: chosen[k] for k in ("budget", "recycle") if settings.get(k) is None})
         return reason
 
     def _calibrate(self) -> CostCurve:

@@ -37,7 +37,7 @@ class DraftRates:
 
     def offer(self, tree: TreeBuilder) -> None:
         """Take a step's tree before its outcome (`observe` counts it): its labelled nodes by
-        parent, work that can be done while the step's messages travel."""
+        parent, work that can be done while the device computes the forward."""
         children: dict[int, list[tuple[int, int]]] = {}
         for node, (parent, label) in enumerate(zip(tree.parents, tree.labels)):
             if label >= 0:
