@@ -24,6 +24,7 @@ import torch
 
 from lp.bench.interface import BenchDecoder, DecodeOutput, sync
 from lp.decode.state import DecodeState
+from lp.verify.greedy import greedy_accept
 
 TOP_K = 8
 # The paper's tree template ("2.2.2"), level by level: a node is the string of successor ranks on
@@ -80,11 +81,18 @@ class Template:
         """The longest path (node indices, root's child first) on which every node's token is the
         model's greedy choice after its parent: `choice[i]` the model's next token after node i,
         `root_choice` after the root."""
-        after_parent = np.where(self.parents < 0, root_choice, choice[np.maximum(self.parents, 0)])
-        ok = ~(self.ancestors & (tokens != after_parent)[None, :]).any(axis=1)
-        if not ok.any():
+        acc = greedy_accept(  # lp's own tree verification (paper Algorithm 3), on the host
+            torch.tensor(root_choice),
+            torch.from_numpy(tokens),
+            torch.from_numpy(self.parents),
+            torch.from_numpy(self.depth),
+            torch.from_numpy(self.ancestors),
+            torch.from_numpy(choice),
+            max_commit=self.max_depth + 1,
+        )
+        best = int(acc.best)
+        if best < 0:
             return np.empty(0, dtype=np.int64)
-        best = int(np.argmax(np.where(ok, self.depth, 0)))
         path = np.flatnonzero(self.ancestors[best])
         return path[np.argsort(self.depth[path])]
 

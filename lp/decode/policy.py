@@ -49,7 +49,7 @@ class DraftSources:
             self.pool.flush()
 
     def tree(self) -> DraftTree:
-        """The next step's verification tree (`step_tree`)."""
+        """The next step's verification tree (`step_builder`)."""
         builder = step_builder(
             self.cfg,
             self.budget,
