@@ -108,11 +108,10 @@ def test_text_index_extended_step_by_step_equals_a_scan(seed):
         assert index.drafts(length, count) == scanned_drafts(tokens[:end], length, count)
 
 
-def test_builder_leaf_paths_and_insertion_order_within_subtrees():
+def test_builder_insertion_order_within_subtrees():
     builder = TreeBuilder(100)
     for draft in [(1, 2, 3), (4,), (1, 5), (4, 6)]:
         builder.add(draft)
-    assert builder.leaf_paths() == [(1, 2, 3), (1, 5), (4, 6)]
     tree = builder.tree()
     # root 1's subtree first (its nodes in insertion order: 1, 2, 3, 5), then root 4's
     assert tree.tokens.tolist() == [1, 2, 3, 5, 4, 6] and tree.parents == (-1, 0, 1, 0, -1, 4)

@@ -10,9 +10,10 @@ from lp.config import DecodeConfig
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool
 from lp.lookahead.drafts import TextIndex
+from lp.lookahead.grow import Chains, Grown, grow
 from lp.lookahead.rates import DraftRates
 from lp.lookahead.successors import SuccessorTable
-from lp.lookahead.tree import Chain, DraftTree, TreeBuilder, pair_key
+from lp.lookahead.tree import DraftTree, TreeBuilder, pair_key
 from lp.message import Outcome
 
 # the draft sources whose acceptance rates are counted apart (DraftRates): the text drafts, the
@@ -33,24 +34,24 @@ class DraftSources:
         if k > vocab_size:
             raise LPError(f"recycle={k} is more than the model's {vocab_size} tokens")
         self.cfg, self.N, self.G, self.budget = cfg, N, G, budget
-        self.successors = SuccessorTable(k) if k else None
+        self.successors = SuccessorTable(k, vocab_size) if k else None
         self.window = JacobiWindow(W, N, prompt_ids, cfg.seed) if W else None
         # the prompt's n-grams and text index: host work on the prompt's length, which the caller
         # times with the prefill (a GPU prefills meanwhile)
         self.pool = NGramPool(N, cfg.pool_capacity)
         self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
-        self._tree: TreeBuilder | None = None  # the last step's, until its outcome is counted
+        self._grown: Grown | None = None  # the last step's growth, until its outcome is counted
         self._drafted = DraftTree(np.zeros(0, dtype=np.int64), ())  # the last step's tree
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
-        self._keys: tuple[int, list[int]] = (-1, [])
+        self._keys: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
         self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
             self.pool.flush()
 
     def tree(self) -> DraftTree:
-        """The next step's verification tree (`step_builder`)."""
-        builder = step_builder(
+        """The next step's verification tree (`step_tree`)."""
+        self._drafted, self._grown = step_tree(
             self.cfg,
             self.budget,
             self.pool,
@@ -59,18 +60,13 @@ class DraftSources:
             rates=self.rates,
             window=self.window,
         )
-        self._tree = builder if self.cfg.tree else None
-        self._drafted = builder.tree()
         return self._drafted
 
     def prepare(self) -> None:
         """The part of `observe` that needs no outcome, done while the device computes the step's
-        forward (lp/decode/loop.py: before the all-gather): the pool's queued n-grams land, the
-        tree to count is offered to the rates, and the successor rows' pair keys are made
-        (`_pair_keys`)."""
+        forward (lp/decode/loop.py: before the all-gather): the pool's queued n-grams land, and
+        the successor rows' pair keys are made (`_pair_keys`)."""
         self.pool.flush()
-        if self._tree is not None:
-            self.rates.offer(self._tree)
         if self.successors is not None:
             self._keys = self._pair_keys()
 
@@ -79,9 +75,9 @@ class DraftSources:
         n-grams, the successor rows, then the committed `tokens` (and, with `pool_from_output`,
         the n-grams ending in them: free candidates, as in prompt lookup)."""
         out = self.text.tokens
-        if self._tree is not None:
-            self.rates.observe(outcome.tokens[: outcome.accepted])
-            self._tree = None
+        if self._grown is not None:
+            self.rates.observe(self._grown, outcome.tokens[: outcome.accepted])
+            self._grown = None
         if self.window is not None:
             if self.G and self.window.ready:
                 self.pool.add_rows(self.window.ngrams(out[-1], outcome.new))
@@ -95,7 +91,7 @@ class DraftSources:
             length = len(out)
             self.pool.add_sequence(out[max(length - len(tokens) - self.N + 1, 0) : length])
 
-    def _pair_keys(self) -> tuple[int, list[int]]:
+    def _pair_keys(self) -> tuple[int, np.ndarray]:
         """The pair keys (`pair_key`) of the step's successor rows whose input's
         predecessor is known (lp.message: x0's row, the columns', the tree's nodes' from the
         last to the first): x0's row's (-1 without a token before x0), then the nodes', each
@@ -104,7 +100,7 @@ class DraftSources:
         first = pair_key(out[-2], out[-1]) if len(out) > 1 else -1
         parents = tree.parent_array
         before = np.where(parents >= 0, tree.tokens[parents], out[-1])
-        return first, pair_key(before[::-1], tree.tokens[::-1]).tolist()
+        return first, pair_key(before[::-1], tree.tokens[::-1])
 
 
 def source_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[list[tuple[int, ...]]]:
@@ -130,26 +126,23 @@ def ranked_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[t
     return list(dict.fromkeys(d for drafts in source_drafts(cfg, pool, text) for d in drafts))
 
 
-def draft_chains(
-    cfg: DecodeConfig, pool: NGramPool, text: TextIndex, rates: DraftRates, window: JacobiWindow | None
-) -> list[Chain]:
-    """Every draft as a chain for TreeBuilder.grow, its tokens' chances its source's rates
-    (`source_drafts`, then the window's row 0: its guesses of the next W-1 tokens)."""
-    chains: list[Chain] = []
+def draft_chains(cfg: DecodeConfig, pool: NGramPool, text: TextIndex, window: JacobiWindow | None) -> Chains:
+    """Every draft as a chain for `grow`, its source (`source_drafts`, ranked, then the window's
+    row 0: its guesses of the next W-1 tokens) naming its row of `DraftRates.chances`."""
+    drafts: list = []
+    sources: list[int] = []
     source = 0
-    for ranks, drafts in zip(KINDS, source_drafts(cfg, pool, text)):
-        for r, draft in enumerate(drafts):
-            s = source + min(r, ranks - 1)
-            chains.append((draft, rates.chances[s], rates.label(s)))
+    for ranks, found in zip(KINDS, source_drafts(cfg, pool, text)):
+        drafts += found
+        sources += [source + min(r, ranks - 1) for r in range(len(found))]
         source += ranks
     if window is not None and window.ready and window.W > 1:
-        chains.append(
-            (window.rows[0, 1 : cfg.max_draft + 1].tolist(), rates.chances[WINDOW_SOURCE], rates.label(WINDOW_SOURCE))
-        )
-    return chains
+        drafts.append(window.rows[0, 1 : cfg.max_draft + 1].tolist())
+        sources.append(WINDOW_SOURCE)
+    return Chains.of(drafts, sources)
 
 
-def step_builder(
+def step_tree(
     cfg: DecodeConfig,
     budget: int,
     pool: NGramPool,
@@ -157,30 +150,26 @@ def step_builder(
     successors: SuccessorTable | None,
     rates: DraftRates | None = None,
     window: JacobiWindow | None = None,
-) -> TreeBuilder:
-    """The step's verification tree as built (its `tree()`), within `budget` nodes. As a
-    token tree (`cfg.tree`): the likeliest nodes of all drafts (`draft_chains`) and of the successor table's paths, by
-    their estimated chances (`rates`: the drafts' counted acceptance; default: fresh ones).
-    Without sharing: `ranked_drafts` in order, then the paths to the leaves of the budget's
-    likeliest recycled nodes."""
-    x0 = text.tokens[-1]
-    builder = TreeBuilder(budget, cfg.tree)
+) -> tuple[DraftTree, Grown | None]:
+    """The step's verification tree within `budget` nodes, and its growth where grown. As a
+    token tree (`cfg.tree`): the likeliest nodes of all drafts (`draft_chains`) and of the
+    successor table's paths, by their estimated chances (`rates`: the drafts' counted
+    acceptance; default: fresh ones; lp/lookahead/grow.py). Without sharing: `ranked_drafts` in
+    order, then the paths to the leaves of the budget's likeliest recycled nodes."""
     if not budget:
-        return builder
+        return DraftTree(np.zeros(0, dtype=np.int64), ()), None
+    x0 = text.tokens[-1]
     if cfg.tree:
-        chains = draft_chains(cfg, pool, text, rates or DraftRates(WINDOW_SOURCE + 1, cfg.max_draft), window)
-        if successors is not None:
-            successors.grow(builder, x0, cfg.max_draft, chains, text.tokens[-2] if len(text.tokens) > 1 else -1)
-        else:
-            builder.grow(x0, {}, [], cfg.max_draft, chains)
-        return builder
+        rates = rates or DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
+        before = text.tokens[-2] if len(text.tokens) > 1 else -1
+        grown = grow(budget, x0, cfg.max_draft, draft_chains(cfg, pool, text, window), rates.chances, successors, before)
+        return grown.tree, grown
+    builder = TreeBuilder(budget, share=False)
     for draft in ranked_drafts(cfg, pool, text):
-        builder.add(draft)
         if builder.full:
             break
+        builder.add(draft)
     if successors is not None and not builder.full:
-        recycled = TreeBuilder(budget)
-        successors.grow(recycled, x0, cfg.max_draft)
-        for path in recycled.leaf_paths():  # each path to a leaf is a chain of its own
-            builder.add(path)
-    return builder
+        for path in grow(budget, x0, cfg.max_draft, table=successors).leaf_paths():
+            builder.add(path)  # each path to a leaf is a chain of its own
+    return builder.tree(), None

@@ -1,10 +1,15 @@
 """Drafts recycled from the model's own predictions (as in Token Recycling, Luo et al. 2024):
 every step's forward computes logits for many rows, and each row's top-k tokens say what the
 model expects after that row's input token. A table keeps, per token, the top-k of the last
-row it was the input of; a step's drafts are the likeliest paths through the table from x0.
+row it was the input of; a step's drafts are the likeliest paths through the table from x0
+(lp/lookahead/grow.py).
 
 The table is replicated state like the pool: every rank applies the same gathered rows in the
-same order (lp/message.py), so every rank builds the same drafts."""
+same order (lp/message.py), so every rank builds the same drafts.
+
+The table is arrays, written and read by compiled loops (numba): a step writes about a hundred
+rows and the tree's growth reads a few hundred, one by one, which Python dicts cost tens of
+microseconds for and array ops (a call per row) more."""
 
 from __future__ import annotations
 
@@ -12,73 +17,73 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lp.lookahead.tree import Chain, TreeBuilder, pair_key
+from lp.lookahead.loops import NO_ROW, count_ranks, find_row, rehash, successor_rates, update_rows
+from lp.lookahead.tree import pair_key
+
+_NO_KEYS = np.zeros(0, dtype=np.int64)
 
 
 class SuccessorTable:
-    """`next[t]`: the k tokens the model ranked highest after token t (best first), the last
-    time t was the input of a logits row (tokens never seen have none). A dict of lists: a step
-    reads a few hundred rows one by one (the search below) and writes about a hundred, which
-    numpy rows would cost more for.
+    """`next_rows[t]`: the k tokens the model ranked highest after token t (best first), the last
+    time t was the input of a logits row (-1 for a token never seen); for `vocab` tokens.
+
+    The same per (token before, token), for the rows whose input's predecessor is known (the
+    tree's nodes, x0), preferred where they exist (more context predicts better): `pair_rows`,
+    found by `pair_key` in a hash table (`keys`, `slots`).
 
     How often the rank-r successor turned out to be the next committed token is counted as the
     decode goes (`observe`), so the drafts' order follows this decode's own hit rates."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, vocab: int) -> None:
         if k < 1:
             raise ValueError(f"successors per token must be >= 1, got {k}")
         self.k = k
-        self.next: dict[int, list[int]] = {}
-        # the same, per (token before, token): the rows whose input's predecessor is known (the
-        # tree's nodes, x0), preferred where they exist (more context predicts better)
-        self.pairs: dict[int, list[int]] = {}  # keyed by pair_key(token before, token)
+        self.next_rows = np.full((vocab, k), -1, dtype=np.int32)  # token ids fit: half the memory
+        self.keys = np.full(1024, -1, dtype=np.int64)  # pair keys (-1: empty slot), a power of two
+        self.slots = np.zeros(1024, dtype=np.int64)  # each key's row in pair_rows
+        self.pair_rows = np.zeros((512, k), dtype=np.int32)
+        self.n_pairs = 0
         # hits[r]: committed tokens that were their predecessor's rank-r successor; hits[k]: none
         # of them. One pseudo-count each, so the first steps spread drafts evenly over ranks.
-        self.hits = [1] * (k + 1)
+        self.hits = np.ones(k + 1, dtype=np.int64)
 
-    def update(self, rows: np.ndarray, keys: Sequence[int] = (), first: int = -1) -> None:
+    def update(self, rows: np.ndarray, keys: np.ndarray = _NO_KEYS, first: int = -1) -> None:
         """Apply rows `[n, 1 + k]` (input token, its top-k successors) in order: a token's last
         row wins. Every row is a real one, its token >= 0 (lp.message.merge drops the messages'
-        padding). For `pairs`, each row's `pair_key(token before its input, input)` where known:
-        `first` row 0's (-1: unknown), `keys` the last len(keys) rows'."""
+        padding). For the pair rows, each row's `pair_key(token before its input, input)` where
+        known: `first` row 0's (-1: unknown), `keys` (int64) the last len(keys) rows'."""
         if not len(rows):
             return
-        # one list per row, shared by both dicts (no one changes a row in place): a dict's
-        # update keeps each key's last row, as the table should
-        lists = rows[:, 1:].tolist()
-        if first >= 0:
-            self.pairs[first] = lists[0]
-        if keys:
-            self.pairs.update(zip(keys, lists[len(lists) - len(keys) :]))
-        self.next.update(zip(rows[:, 0].tolist(), lists))
+        need = self.n_pairs + len(rows) + 1
+        if 2 * need > len(self.keys):  # at most half full: short probes
+            self.keys, self.slots = rehash(self.keys, self.slots, 1 << (2 * need).bit_length())
+        if need > len(self.pair_rows):
+            grown = np.zeros((2 * need, self.k), dtype=np.int32)
+            grown[: self.n_pairs] = self.pair_rows[: self.n_pairs]
+            self.pair_rows = grown
+        self.n_pairs = update_rows(
+            self.next_rows, self.keys, self.slots, self.pair_rows, self.n_pairs, rows, keys, first
+        )
 
     def row(self, before: int, token: int) -> list[int] | None:
         """The successors expected after `token` when `before` precedes it (None: unknown)."""
-        return self.pairs.get(pair_key(before, token)) or self.next.get(token)
+        where = find_row(self.next_rows, self.keys, self.slots, before, token)
+        if where == NO_ROW:
+            return None
+        return (self.pair_rows[-where - 1] if where < 0 else self.next_rows[where]).tolist()
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Count, for each token of `tokens` after the first two, which rank of its
         predecessor's successors (`row`) it was (call with the committed sequence's tail
         before `update`)."""
-        for before, last, token in zip(tokens, tokens[1:], tokens[2:]):
-            row = self.row(before, last)
-            if row is not None:
-                self.hits[row.index(token) if token in row else self.k] += 1
+        if len(tokens) > 2:
+            count_ranks(
+                self.next_rows, self.keys, self.slots, self.pair_rows, np.asarray(tokens, dtype=np.int64), self.hits
+            )
 
-    def rates(self) -> list[float]:
-        """The estimated chance that the rank-r successor is the next token, for r < k, made
-        non-increasing in r (what the best-first search relies on)."""
-        total = sum(self.hits)
-        rates = [h / total for h in self.hits[: self.k]]
-        for r in range(1, self.k):
-            rates[r] = min(rates[r], rates[r - 1])
-        return rates
-
-    def grow(self, tree: TreeBuilder, x0: int, depth: int, chains: Sequence[Chain] = (), before: int = -1) -> None:
-        """Graft onto `tree` the likeliest paths from x0 (`before`: the token before it) through
-        the table and `chains`, at most `depth` tokens each, most likely first (a path's
-        chance: the product of its steps' rates), until its budget is spent (TreeBuilder.grow)."""
-        tree.grow(x0, self.next, self.rates(), depth, chains, self.pairs, before)
+    def rates(self) -> np.ndarray:
+        """`successor_rates` of this decode's counts."""
+        return successor_rates(self.hits)
 
 
-__all__ = ["SuccessorTable"]
+__all__ = ["SuccessorTable", "pair_key"]

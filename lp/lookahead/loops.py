@@ -1,0 +1,346 @@
+"""The compiled loops of the host's drafting state (numba): the successor table's hash of pair
+rows and its updates (lp/lookahead/successors.py), the best-first growth of a step's tree
+(lp/lookahead/grow.py) and the counting of the drafts' rates (lp/lookahead/rates.py).
+
+A step runs them after its message is read, over a few hundred rows and nodes each: in Python
+they cost about a microsecond per row or node, and whole-array ops cannot express a best-first
+search. They live in one module because numba's on-disk cache of a function does not notice a
+change in another module's function it calls: one file, one cache that goes stale together.
+numba installs as wheels (no toolchain); each loop compiles once, at first use, into
+__pycache__."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+NO_ROW = -(1 << 62)  # `find_row`'s answer where neither table has a row
+ROW, CHAIN = 0, 1  # a growth entry's kind: a successor row, or a chain
+
+
+@njit(cache=True)
+def slot(keys: np.ndarray, key: int) -> int:
+    """The slot of `key` in an open-addressing table of non-negative int64 keys (-1: empty) whose
+    size is a power of two, or the empty slot where it would go."""
+    mask = len(keys) - 1
+    # Fibonacci hashing of the key's bits, then linear probing
+    s = ((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)) & np.uint64(mask)
+    i = np.int64(s)
+    while keys[i] != key and keys[i] != -1:
+        i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True)
+def find_row(next_rows: np.ndarray, keys: np.ndarray, slots: np.ndarray, before: int, token: int) -> int:
+    """Where the successors of `token` after `before` are: a pair row p as -p - 1, else `token`'s
+    own row (its index), else NO_ROW."""
+    if before >= 0:
+        i = slot(keys, (before << 32) | token)  # pair_key
+        if keys[i] >= 0:
+            return -slots[i] - 1
+    return token if token < len(next_rows) and next_rows[token, 0] >= 0 else NO_ROW
+
+
+@njit(cache=True)
+def successor_rates(hits: np.ndarray) -> np.ndarray:
+    """The estimated chance that the rank-r successor is the next token, for r < k, from the
+    counts `hits` (`SuccessorTable.hits`), made non-increasing in r (what the best-first search
+    relies on)."""
+    k = len(hits) - 1
+    total = hits.sum()
+    rates = np.empty(k, np.float64)
+    for r in range(k):
+        rates[r] = hits[r] / total
+        if r and rates[r] > rates[r - 1]:
+            rates[r] = rates[r - 1]
+    return rates
+
+
+@njit(cache=True)
+def set_pair(
+    keys: np.ndarray, slots: np.ndarray, pair_rows: np.ndarray, n_pairs: int, key: int, row: np.ndarray
+) -> int:
+    i = slot(keys, key)
+    if keys[i] < 0:
+        keys[i], slots[i] = key, n_pairs
+        n_pairs += 1
+    pair_rows[slots[i], :] = row
+    return n_pairs
+
+
+@njit(cache=True)
+def update_rows(
+    next_rows: np.ndarray,
+    keys: np.ndarray,
+    slots: np.ndarray,
+    pair_rows: np.ndarray,
+    n_pairs: int,
+    rows: np.ndarray,
+    row_keys: np.ndarray,
+    first: int,
+) -> int:
+    """`SuccessorTable.update`'s writes, in its order; the number of pair rows after them."""
+    n, m = rows.shape[0], len(row_keys)
+    if first >= 0:
+        n_pairs = set_pair(keys, slots, pair_rows, n_pairs, first, rows[0, 1:])
+    for j in range(m):
+        n_pairs = set_pair(keys, slots, pair_rows, n_pairs, row_keys[j], rows[n - m + j, 1:])
+    for j in range(n):
+        next_rows[rows[j, 0], :] = rows[j, 1:]
+    return n_pairs
+
+
+@njit(cache=True)
+def rehash(keys: np.ndarray, slots: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    new_keys, new_slots = np.full(size, -1, np.int64), np.zeros(size, np.int64)
+    for i in range(len(keys)):
+        if keys[i] >= 0:
+            j = slot(new_keys, keys[i])
+            new_keys[j], new_slots[j] = keys[i], slots[i]
+    return new_keys, new_slots
+
+
+@njit(cache=True)
+def count_ranks(
+    next_rows: np.ndarray,
+    keys: np.ndarray,
+    slots: np.ndarray,
+    pair_rows: np.ndarray,
+    tokens: np.ndarray,
+    hits: np.ndarray,
+) -> None:
+    k = next_rows.shape[1]
+    for j in range(2, len(tokens)):
+        where = find_row(next_rows, keys, slots, tokens[j - 2], tokens[j - 1])
+        if where == NO_ROW:
+            continue
+        row = pair_rows[-where - 1] if where < 0 else next_rows[where]
+        r = 0
+        while r < k and row[r] != tokens[j]:
+            r += 1
+        hits[r] += 1
+
+
+@njit(cache=True)
+def _less(neg: np.ndarray, a: int, b: int) -> bool:
+    """Entry a leaves before entry b: likelier, or as likely and offered first."""
+    return neg[a] < neg[b] or (neg[a] == neg[b] and a < b)
+
+
+@njit(cache=True)
+def _push(heap: np.ndarray, h: int, neg: np.ndarray, e: int) -> int:
+    i = h
+    heap[i] = e
+    while i > 0:
+        p = (i - 1) >> 1
+        if not _less(neg, heap[i], heap[p]):
+            break
+        heap[i], heap[p] = heap[p], heap[i]
+        i = p
+    return h + 1
+
+
+@njit(cache=True)
+def _pop(heap: np.ndarray, h: int, neg: np.ndarray) -> int:
+    """Remove the first entry of a heap of h entries (h - 1 remain)."""
+    top = heap[0]
+    h -= 1
+    heap[0] = heap[h]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= h:
+            break
+        if c + 1 < h and _less(neg, heap[c + 1], heap[c]):
+            c += 1
+        if not _less(neg, heap[c], heap[i]):
+            break
+        heap[i], heap[c] = heap[c], heap[i]
+        i = c
+    return top
+
+
+@njit(cache=True)
+def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, next_rows, keys, slots, pair_rows):  # noqa: C901
+    rates = successor_rates(hits)
+    k, n_chains, D = len(rates), len(starts) - 1, chances.shape[1]
+    q0 = rates[0] if k else 0.0
+    tokens = np.empty(budget, np.int64)
+    parents = np.empty(budget, np.int64)
+    roots = np.empty(budget, np.int64)
+    labels = np.empty(budget, np.int64)
+    made = np.empty(budget, np.float64)  # each node's chance (negated): the best estimate, it came first
+    first_child = np.full(budget + 1, -1, np.int64)  # of node p at p + 1 (x0 at 0)
+    sibling_of = np.full(budget, -1, np.int64)
+    for c in range(n_chains):
+        if not (0 <= sources[c] < chances.shape[0] and starts[c + 1] - starts[c] <= D):
+            raise ValueError("a chain's source has no row of chances, or is longer than that row")
+    # entries (parent, kind, row or chain, position i in it, depth), kept in arrival order; a heap
+    # of their indices by (negated chance, arrival). A chain offers each of its tokens once at
+    # most, a row (x0's, a new node's) each of its k
+    cap = len(flat) + (budget + 1) * k + 1
+    neg_of = np.empty(cap, np.float64)
+    entry = np.empty((cap, 5), np.int64)
+    heap = np.empty(cap, np.int64)
+    h = n = size = 0
+
+    for c in range(n_chains):
+        if starts[c + 1] > starts[c]:
+            neg_of[n] = -chances[sources[c], 0]
+            entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = -1, CHAIN, c, 0, 1
+            h = _push(heap, h, neg_of, n)
+            n += 1
+    if k and depth >= 1:
+        row = find_row(next_rows, keys, slots, before, x0)
+        if row != NO_ROW:
+            neg_of[n] = -q0
+            entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = -1, ROW, row, 0, 1
+            h = _push(heap, h, neg_of, n)
+            n += 1
+
+    while h:
+        e = _pop(heap, h, neg_of)
+        h -= 1
+        neg = neg_of[e]
+        parent, kind, seq, i, d = entry[e, 0], entry[e, 1], entry[e, 2], entry[e, 3], entry[e, 4]
+        while True:  # an entry that would leave next is taken at once, without waiting
+            if kind == ROW:
+                token = np.int64(pair_rows[-seq - 1, i] if seq < 0 else next_rows[seq, i])
+            else:
+                token = flat[starts[seq] + i]
+            node = first_child[parent + 1]
+            while node >= 0 and tokens[node] != token:
+                node = sibling_of[node]
+            new = node < 0
+            if new:
+                if size >= budget:
+                    h = 0
+                    break
+                node = size
+                size += 1
+                tokens[node], parents[node] = token, parent
+                roots[node] = node if parent < 0 else roots[parent]
+                labels[node] = -1 if kind == ROW else sources[seq] * D + i
+                made[node] = neg
+                sibling_of[node] = first_child[parent + 1]
+                first_child[parent + 1] = node
+            # a node is grown on once, where it is made
+            below = NO_ROW
+            if k and d < depth and new:
+                below = find_row(next_rows, keys, slots, tokens[parent] if parent >= 0 else x0, token)
+            child = neg * q0
+            if kind == ROW:
+                # a row offers its next sibling, then the node's successors: the likelier of the
+                # two goes on at once when nothing waiting is as likely (the sibling first at equal
+                # chances, as it came first), the other waits
+                has_sibling = i + 1 < k
+                sibling = neg / rates[i] * rates[i + 1] if has_sibling else 0.0
+                if below != NO_ROW and (not has_sibling or child < sibling):
+                    if has_sibling:
+                        neg_of[n] = sibling
+                        entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = parent, ROW, seq, i + 1, d
+                        h = _push(heap, h, neg_of, n)
+                        n += 1
+                    if h and neg_of[heap[0]] <= child:
+                        neg_of[n] = child
+                        entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = node, ROW, below, 0, d + 1
+                        h = _push(heap, h, neg_of, n)
+                        n += 1
+                        break
+                    parent, seq, i, d, neg = node, below, 0, d + 1, child
+                elif has_sibling:
+                    if h and neg_of[heap[0]] <= sibling:
+                        neg_of[n] = sibling
+                        entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = parent, ROW, seq, i + 1, d
+                        h = _push(heap, h, neg_of, n)
+                        n += 1
+                        if below != NO_ROW:
+                            neg_of[n] = child
+                            entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = node, ROW, below, 0, d + 1
+                            h = _push(heap, h, neg_of, n)
+                            n += 1
+                        break
+                    if below != NO_ROW:
+                        neg_of[n] = child
+                        entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = node, ROW, below, 0, d + 1
+                        h = _push(heap, h, neg_of, n)
+                        n += 1
+                    i, neg = i + 1, sibling
+                else:
+                    break
+                continue
+            if below != NO_ROW:
+                neg_of[n] = child
+                entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = node, ROW, below, 0, d + 1
+                h = _push(heap, h, neg_of, n)
+                n += 1
+            if starts[seq] + i + 1 >= starts[seq + 1]:
+                break
+            # a chain goes on from its node's chance: another source's, if it made the node first
+            neg = (neg if new else made[node]) * chances[sources[seq], i + 1]
+            parent, i, d = node, i + 1, d + 1
+            if h and neg_of[heap[0]] <= neg:
+                neg_of[n] = neg
+                entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = parent, CHAIN, seq, i, d
+                h = _push(heap, h, neg_of, n)
+                n += 1
+                break
+
+    # subtree order: nodes grouped by their root (roots by index), each group in growth order
+    count = np.zeros(size, np.int64)
+    for v in range(size):
+        count[roots[v]] += 1
+    offset = np.zeros(size, np.int64)
+    total = 0
+    groups = 0
+    for r in range(size):
+        offset[r] = total
+        total += count[r]
+        groups += count[r] > 0
+    order = np.empty(size, np.int64)
+    for v in range(size):
+        order[offset[roots[v]]] = v
+        offset[roots[v]] += 1
+    where = np.empty(size, np.int64)
+    for j in range(size):
+        where[order[j]] = j
+    out_tokens = np.empty(size, np.int64)
+    out_parents = np.empty(size, np.int64)
+    out_labels = np.empty(size, np.int64)
+    for j in range(size):
+        v = order[j]
+        out_tokens[j], out_labels[j] = tokens[v], labels[v]
+        out_parents[j] = where[parents[v]] if parents[v] >= 0 else -1
+    out_groups = np.empty(groups, np.int64)
+    g = 0
+    for r in range(size):
+        if count[r]:
+            out_groups[g] = count[r]
+            g += 1
+    return out_tokens, out_parents, out_labels, order, out_groups
+
+
+@njit(cache=True)
+def count_rates(tokens, parents, labels, accepted, hits, offered, chances):
+    n = len(tokens)
+    right = np.zeros(n + 1, np.bool_)  # node v's at v + 1; x0's at 0
+    right[0] = True
+    node = -1
+    for token in accepted:  # the accepted path: the child of the last node with the next token
+        child = -1
+        for v in range(n):
+            if parents[v] == node and tokens[v] == token:
+                child = v
+                break
+        if child < 0:
+            break
+        right[child + 1] = True
+        node = child
+    for v in range(n):
+        label = labels[v]
+        if label >= 0 and right[parents[v] + 1]:
+            offered[label] += 1
+            if right[v + 1]:
+                hits[label] += 1
+            chances[label] = hits[label] / offered[label]

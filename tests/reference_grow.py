@@ -1,0 +1,124 @@
+"""A plain reference of the best-first tree growth (lp/lookahead/grow.py) and of the successor
+table's update, for randomized equality tests: Python dicts and one heap of entries keyed
+(-chance, arrival), a taken entry making (or finding) one node and offering what follows it."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+
+from lp.lookahead.tree import DraftTree, TreeBuilder
+
+
+class DictTable:
+    """The successor table as dicts: `next[t]` and `pairs[(before, t)]` -> the k successors."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.next, self.pairs = k, {}, {}
+        self.hits = [1] * (k + 1)
+
+    def update(self, rows: np.ndarray, keys: Sequence[int] = (), first: int = -1) -> None:
+        lists = [tuple(r) for r in rows[:, 1:].tolist()]
+        if not lists:
+            return
+        if first >= 0:
+            self.pairs[first] = lists[0]
+        for key, row in zip(keys, lists[len(lists) - len(keys) :]):
+            self.pairs[key] = row
+        self.next.update(zip(rows[:, 0].tolist(), lists))
+
+    def row(self, before: int, token: int) -> tuple[int, ...] | None:
+        return self.pairs.get(before << 32 | token) or self.next.get(token) if before >= 0 else self.next.get(token)
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        for before, last, token in zip(tokens, tokens[1:], tokens[2:]):
+            row = self.row(before, last)
+            if row is not None:
+                self.hits[row.index(token) if token in row else self.k] += 1
+
+    def rates(self) -> list[float]:
+        total = sum(self.hits)
+        rates = [h / total for h in self.hits[: self.k]]
+        for r in range(1, self.k):
+            rates[r] = min(rates[r], rates[r - 1])
+        return rates
+
+
+def reference_grow(
+    budget: int,
+    x0: int,
+    depth: int,
+    drafts: Sequence[Sequence[int]] = (),
+    sources: Sequence[int] = (),
+    chances: np.ndarray | None = None,
+    table: DictTable | None = None,
+    before: int = -1,
+) -> tuple[list[int], list[int], list[int]]:
+    """The grown nodes in the order they were made: (tokens, parents, labels)."""
+    rates = table.rates() if table is not None else []
+    k, D = len(rates), chances.shape[1] if chances is not None else 1
+    tokens: list[int] = []
+    parents: list[int] = []
+    labels: list[int] = []
+    chance: list[float] = []
+    index: dict[tuple[int, int], int] = {}
+    heap: list = []
+    arrival = 0
+
+    def offer(neg: float, parent: int, kind: str, seq, i: int, d: int) -> None:
+        nonlocal arrival
+        heapq.heappush(heap, (neg, arrival, parent, kind, seq, i, d))
+        arrival += 1
+
+    for c, draft in enumerate(drafts):
+        if len(draft):
+            offer(-float(chances[sources[c], 0]), -1, "chain", c, 0, 1)
+    root_row = table.row(before, x0) if table is not None else None
+    if k and depth >= 1 and root_row is not None:
+        offer(-rates[0], -1, "row", root_row, 0, 1)
+    while heap:
+        neg, _, parent, kind, seq, i, d = heapq.heappop(heap)
+        token = seq[i] if kind == "row" else int(drafts[seq][i])
+        node = index.get((parent, token))
+        new = node is None
+        if new:
+            if len(tokens) >= budget:
+                break
+            node = index[(parent, token)] = len(tokens)
+            tokens.append(token)
+            parents.append(parent)
+            labels.append(-1 if kind == "row" else sources[seq] * D + i)
+            chance.append(neg)
+        below = None
+        if k and d < depth and new:
+            below = table.row(tokens[parent] if parent >= 0 else x0, token)
+        if kind == "row":
+            if i + 1 < k:
+                offer(neg / rates[i] * rates[i + 1], parent, "row", seq, i + 1, d)
+            if below is not None:
+                offer(neg * rates[0], node, "row", below, 0, d + 1)
+        else:
+            if below is not None:
+                offer(neg * rates[0], node, "row", below, 0, d + 1)
+            if i + 1 < len(drafts[seq]):
+                offer(
+                    (neg if new else chance[node]) * float(chances[sources[seq], i + 1]),
+                    node,
+                    "chain",
+                    seq,
+                    i + 1,
+                    d + 1,
+                )
+    return tokens, parents, labels
+
+
+def subtree_order(tokens: Sequence[int], parents: Sequence[int]) -> DraftTree:
+    """Nodes made in this order, as TreeBuilder lays them out (its `tree()`)."""
+    paths: list[tuple[int, ...]] = []
+    builder = TreeBuilder(len(tokens))
+    for p, token in zip(parents, tokens):
+        paths.append((paths[p] if p >= 0 else ()) + (token,))
+        builder.add(paths[-1])
+    return builder.tree()

@@ -1,0 +1,91 @@
+"""The tree grown best first across drafts and recycled successors (lp/lookahead/grow.py), against
+a plain heap-and-dicts reference (tests/reference_grow.py) on random sources with tied chances."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lp.lookahead.grow import Chains, grow
+from lp.lookahead.successors import SuccessorTable
+from tests.reference_grow import DictTable, reference_grow, subtree_order
+
+
+def random_sources(rng: np.random.Generator, vocab: int, k: int):
+    """A successor table (and its dict twin) from random updates with pair keys, random
+    observed tokens, and random drafts with chances of a few distinct values (ties)."""
+    table, twin = SuccessorTable(k, vocab), DictTable(k)
+    for _ in range(int(rng.integers(0, 4))):
+        n = int(rng.integers(1, 25))
+        tokens = rng.integers(0, vocab, n)
+        rows = np.concatenate([tokens[:, None], np.stack([rng.permutation(vocab)[:k] for _ in range(n)])], axis=1)
+        m = int(rng.integers(0, n))
+        keys = (rng.integers(0, vocab, m) << 32 | tokens[n - m :]).astype(np.int64)
+        first = int(rng.integers(0, vocab)) << 32 | int(tokens[0]) if rng.random() < 0.5 else -1
+        table.update(rows, keys, first)
+        twin.update(rows, keys.tolist(), first)
+        seen = rng.integers(0, vocab, int(rng.integers(0, 12))).tolist()
+        table.observe(seen)
+        twin.observe(seen)
+    drafts = [rng.integers(0, vocab, int(rng.integers(0, 6))).tolist() for _ in range(int(rng.integers(0, 8)))]
+    n_sources, D = 3, 6
+    sources = rng.integers(0, n_sources, len(drafts)).tolist()
+    chances = rng.choice([0.25, 0.5, 0.5, 0.75, 1.0], size=(n_sources, D))
+    return table, twin, drafts, sources, chances
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_growth_equals_the_reference(seed):
+    """Same nodes in the same order and labels, same subtree layout, same tables."""
+    rng = np.random.default_rng(seed)
+    vocab, k = int(rng.integers(4, 40)), int(rng.integers(1, 5))
+    table, twin, drafts, sources, chances = random_sources(rng, vocab, k)
+    for t in range(vocab):
+        assert table.row(-1, t) == (list(twin.next[t]) if t in twin.next else None)
+    assert table.hits.tolist() == twin.hits and table.rates().tolist() == twin.rates()
+    budget, depth = int(rng.integers(0, 60)), int(rng.integers(1, 6))
+    x0, before = int(rng.integers(vocab)), int(rng.integers(-1, vocab))
+    with_table = rng.random() < 0.8
+    got = grow(budget, x0, depth, Chains.of(drafts, sources), chances, table if with_table else None, before)
+    tokens, parents, labels = reference_grow(
+        budget, x0, depth, drafts, sources, chances, twin if with_table else None, before
+    )
+    want = subtree_order(tokens, parents)
+    assert got.tree.tokens.tolist() == want.tokens.tolist() and got.tree.parents == want.parents
+    assert got.tree.groups() == want.groups()
+    # the growth order (`order`: each node's place in it) gives back the reference's nodes in order
+    made = np.argsort(got.order)  # the nodes in the order they were made
+    assert got.tree.tokens[made].tolist() == tokens
+    assert [got.order[p] if p >= 0 else -1 for p in got.parents[made].tolist()] == parents
+    assert got.labels[made].tolist() == labels
+
+
+def test_a_chain_beats_a_less_likely_successor():
+    """A chain's deep token with a high rate comes before a successor path's first token with a
+    lower one, and each node's chance is its parent's times its own rate."""
+    table = SuccessorTable(2, 16)
+    table.update(np.asarray([[0, 7, 8], [7, 9, 10]]))
+    table.hits[:] = [4, 2, 4]  # rates 0.4, 0.2
+    chances = np.asarray([[0.9, 0.9, 0.3]])
+    got = grow(4, 0, 3, Chains.of([(1, 2, 3)], [0]), chances, table)
+    # 1 (0.9), 1-2 (0.81), 7 (0.4), 1-2-3 (0.243); not 8 (0.2) nor 7-9 (0.16)
+    made = np.argsort(got.order)
+    assert got.tree.tokens[made].tolist() == [1, 2, 7, 3]
+    assert got.labels[made].tolist() == [0, 1, -1, 2]
+    assert got.tree.tokens.tolist() == [1, 2, 3, 7] and got.tree.parents == (-1, 0, 1, -1)  # subtree order
+
+
+def test_leaf_paths_come_in_growth_order():
+    table = SuccessorTable(2, 16)
+    table.update(np.asarray([[1, 2, 3], [2, 4, 5]]))
+    table.hits[:] = [6, 3, 1]  # rates 0.6, 0.3
+    got = grow(4, 1, 3, table=table)
+    # made: 2 (.6), 2-4 (.36), 3 (.3), 2-5 (.18)
+    assert got.leaf_paths() == [(2, 4), (3,), (2, 5)]
+
+
+def test_chains_need_their_rows_of_chances():
+    with pytest.raises(ValueError, match="row of chances"):
+        grow(4, 1, 3, Chains.of([(1, 2, 3)], [2]), np.full((2, 3), 0.5))
+    with pytest.raises(ValueError, match="longer"):
+        grow(4, 1, 3, Chains.of([(1, 2, 3, 4)], [0]), np.full((1, 3), 0.5))
