@@ -162,7 +162,8 @@ def step_tree(
     if cfg.tree:
         rates = rates or DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
         before = text.tokens[-2] if len(text.tokens) > 1 else -1
-        grown = grow(budget, x0, cfg.max_draft, draft_chains(cfg, pool, text, window), rates.chances, successors, before)
+        chains = draft_chains(cfg, pool, text, window)
+        grown = grow(budget, x0, cfg.max_draft, chains, rates.chances, successors, before)
         return grown.tree, grown
     builder = TreeBuilder(budget, share=False)
     for draft in ranked_drafts(cfg, pool, text):
