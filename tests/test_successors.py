@@ -16,7 +16,7 @@ def rows(*r: tuple[int, ...]) -> np.ndarray:
 
 def known(table: SuccessorTable) -> dict[int, list[int]]:
     """The one-token rows the table has."""
-    return {t: table.row(-1, t) for t in range(len(table.next_rows)) if table.row(-1, t) is not None}
+    return {t: table.row(-1, t) for t in range(table.vocab) if table.row(-1, t) is not None}
 
 
 def test_update_keeps_each_tokens_last_row():

@@ -86,18 +86,18 @@ def grow(
     if chances is None:
         chances = np.zeros((0, 1))
     if table is None:
-        hits, next_rows, keys, slots, pair_rows = _NO_HITS, _NO_ROWS, _NO_KEYS, _NO_KEYS, _NO_ROWS
+        hits, rows, vocab, index = _NO_HITS, _NO_ROWS, 0, _NO_INDEX
     else:
-        hits, next_rows, keys, slots, pair_rows = table.hits, table.next_rows, table.keys, table.slots, table.pair_rows
+        hits, rows, vocab, index = table.hits, table.table, table.vocab, table.index
     tokens, parents, labels, order, groups = grow_tree(
         budget, x0, before, depth, chains.tokens, chains.starts, chains.sources, chances,
-        hits, next_rows, keys, slots, pair_rows,
+        hits, rows, vocab, index,
     )  # fmt: skip
     return Grown(DraftTree(tokens, tuple(parents.tolist()), tuple(groups.tolist())), labels, parents, order)
 
 
 # no successor table: no counts past the "none of them" one (k = 0), one empty row and slot
-_NO_HITS, _NO_ROWS, _NO_KEYS = np.ones(1, np.int64), np.zeros((1, 1), np.int32), np.full(1, -1, np.int64)
+_NO_HITS, _NO_ROWS, _NO_INDEX = np.ones(1, np.int64), np.zeros((1, 1), np.int32), np.full((1, 2), -1, np.int64)
 
 
 __all__ = ["NO_CHAINS", "Chains", "Grown", "grow"]

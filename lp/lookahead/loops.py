@@ -14,32 +14,33 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-NO_ROW = -(1 << 62)  # `find_row`'s answer where neither table has a row
+NO_ROW = -1  # `find_row`'s answer where the table has no row
 ROW, CHAIN = 0, 1  # a growth entry's kind: a successor row, or a chain
 
 
 @njit(cache=True)
-def slot(keys: np.ndarray, key: int) -> int:
-    """The slot of `key` in an open-addressing table of non-negative int64 keys (-1: empty) whose
-    size is a power of two, or the empty slot where it would go."""
-    mask = len(keys) - 1
+def slot(index: np.ndarray, key: int) -> int:
+    """The slot of `key` in an open-addressing hash `index` `[size, 2]` of (non-negative int64
+    key (-1: empty), value), size a power of two, or the empty slot where it would go. A slot's
+    key and value share a cache line: a step probes a few hundred slots at random."""
+    mask = len(index) - 1
     # Fibonacci hashing of the key's bits, then linear probing
     s = ((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)) & np.uint64(mask)
     i = np.int64(s)
-    while keys[i] != key and keys[i] != -1:
+    while index[i, 0] != key and index[i, 0] != -1:
         i = (i + 1) & mask
     return i
 
 
 @njit(cache=True)
-def find_row(next_rows: np.ndarray, keys: np.ndarray, slots: np.ndarray, before: int, token: int) -> int:
-    """Where the successors of `token` after `before` are: a pair row p as -p - 1, else `token`'s
-    own row (its index), else NO_ROW."""
+def find_row(table: np.ndarray, vocab: int, index: np.ndarray, before: int, token: int) -> int:
+    """The row of `table` (lp/lookahead/successors.py) with the successors of `token` after
+    `before`: the pair's row (`index`: pair key -> row), else `token`'s own, else NO_ROW."""
     if before >= 0:
-        i = slot(keys, (before << 32) | token)  # pair_key
-        if keys[i] >= 0:
-            return -slots[i] - 1
-    return token if token < len(next_rows) and next_rows[token, 0] >= 0 else NO_ROW
+        i = slot(index, (before << 32) | token)  # pair_key
+        if index[i, 0] >= 0:
+            return index[i, 1]
+    return token if token < vocab and table[token, 0] >= 0 else NO_ROW
 
 
 @njit(cache=True)
@@ -58,66 +59,60 @@ def successor_rates(hits: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
-def set_pair(
-    keys: np.ndarray, slots: np.ndarray, pair_rows: np.ndarray, n_pairs: int, key: int, row: np.ndarray
-) -> int:
-    i = slot(keys, key)
-    if keys[i] < 0:
-        keys[i], slots[i] = key, n_pairs
+def set_pair(table: np.ndarray, vocab: int, index: np.ndarray, n_pairs: int, key: int, rows, j: int) -> int:
+    """Key `key`'s pair row is now row j's successors (a new key takes the next pair row)."""
+    i = slot(index, key)
+    if index[i, 0] < 0:
+        index[i, 0], index[i, 1] = key, vocab + n_pairs
         n_pairs += 1
-    pair_rows[slots[i], :] = row
+    copy_row(table, index[i, 1], rows, j)
     return n_pairs
+
+
+@njit(cache=True)
+def copy_row(to: np.ndarray, i: int, rows: np.ndarray, j: int) -> None:
+    """`to[i] = rows[j, 1:]` (an input token's successors), element by element: numba's row views
+    and slice assignment cost about a hundred nanoseconds a row, twenty times the copy."""
+    for c in range(to.shape[1]):
+        to[i, c] = rows[j, 1 + c]
 
 
 @njit(cache=True)
 def update_rows(
-    next_rows: np.ndarray,
-    keys: np.ndarray,
-    slots: np.ndarray,
-    pair_rows: np.ndarray,
-    n_pairs: int,
-    rows: np.ndarray,
-    row_keys: np.ndarray,
-    first: int,
+    table: np.ndarray, vocab: int, index: np.ndarray, n_pairs: int, rows: np.ndarray, row_keys: np.ndarray, first: int
 ) -> int:
     """`SuccessorTable.update`'s writes, in its order; the number of pair rows after them."""
     n, m = rows.shape[0], len(row_keys)
     if first >= 0:
-        n_pairs = set_pair(keys, slots, pair_rows, n_pairs, first, rows[0, 1:])
+        n_pairs = set_pair(table, vocab, index, n_pairs, first, rows, 0)
     for j in range(m):
-        n_pairs = set_pair(keys, slots, pair_rows, n_pairs, row_keys[j], rows[n - m + j, 1:])
+        n_pairs = set_pair(table, vocab, index, n_pairs, row_keys[j], rows, n - m + j)
     for j in range(n):
-        next_rows[rows[j, 0], :] = rows[j, 1:]
+        copy_row(table, rows[j, 0], rows, j)
     return n_pairs
 
 
 @njit(cache=True)
-def rehash(keys: np.ndarray, slots: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    new_keys, new_slots = np.full(size, -1, np.int64), np.zeros(size, np.int64)
-    for i in range(len(keys)):
-        if keys[i] >= 0:
-            j = slot(new_keys, keys[i])
-            new_keys[j], new_slots[j] = keys[i], slots[i]
-    return new_keys, new_slots
+def rehash(index: np.ndarray, size: int) -> np.ndarray:
+    """The same keys and values in a hash index (`slot`) of `size` slots."""
+    new = np.full((size, 2), -1, np.int64)
+    for i in range(len(index)):
+        if index[i, 0] >= 0:
+            j = slot(new, index[i, 0])
+            new[j, 0], new[j, 1] = index[i, 0], index[i, 1]
+    return new
 
 
 @njit(cache=True)
-def count_ranks(
-    next_rows: np.ndarray,
-    keys: np.ndarray,
-    slots: np.ndarray,
-    pair_rows: np.ndarray,
-    tokens: np.ndarray,
-    hits: np.ndarray,
-) -> None:
-    k = next_rows.shape[1]
+def count_ranks(table: np.ndarray, vocab: int, index: np.ndarray, tokens: np.ndarray, hits: np.ndarray) -> None:
+    """`SuccessorTable.observe`: each token's rank in its predecessor's row (k: none), counted."""
+    k = table.shape[1]
     for j in range(2, len(tokens)):
-        where = find_row(next_rows, keys, slots, tokens[j - 2], tokens[j - 1])
-        if where == NO_ROW:
+        row = find_row(table, vocab, index, tokens[j - 2], tokens[j - 1])
+        if row == NO_ROW:
             continue
-        row = pair_rows[-where - 1] if where < 0 else next_rows[where]
         r = 0
-        while r < k and row[r] != tokens[j]:
+        while r < k and table[row, r] != tokens[j]:
             r += 1
         hits[r] += 1
 
@@ -162,7 +157,7 @@ def _pop(heap: np.ndarray, h: int, neg: np.ndarray) -> int:
 
 
 @njit(cache=True)
-def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, next_rows, keys, slots, pair_rows):  # noqa: C901
+def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, table, vocab, index):  # noqa: C901
     rates = successor_rates(hits)
     k, n_chains, D = len(rates), len(starts) - 1, chances.shape[1]
     q0 = rates[0] if k else 0.0
@@ -192,7 +187,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, n
             h = _push(heap, h, neg_of, n)
             n += 1
     if k and depth >= 1:
-        row = find_row(next_rows, keys, slots, before, x0)
+        row = find_row(table, vocab, index, before, x0)
         if row != NO_ROW:
             neg_of[n] = -q0
             entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = -1, ROW, row, 0, 1
@@ -206,7 +201,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, n
         parent, kind, seq, i, d = entry[e, 0], entry[e, 1], entry[e, 2], entry[e, 3], entry[e, 4]
         while True:  # an entry that would leave next is taken at once, without waiting
             if kind == ROW:
-                token = np.int64(pair_rows[-seq - 1, i] if seq < 0 else next_rows[seq, i])
+                token = np.int64(table[seq, i])
             else:
                 token = flat[starts[seq] + i]
             node = first_child[parent + 1]
@@ -228,7 +223,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, n
             # a node is grown on once, where it is made
             below = NO_ROW
             if k and d < depth and new:
-                below = find_row(next_rows, keys, slots, tokens[parent] if parent >= 0 else x0, token)
+                below = find_row(table, vocab, index, tokens[parent] if parent >= 0 else x0, token)
             child = neg * q0
             if kind == ROW:
                 # a row offers its next sibling, then the node's successors: the likelier of the

@@ -24,12 +24,12 @@ _NO_KEYS = np.zeros(0, dtype=np.int64)
 
 
 class SuccessorTable:
-    """`next_rows[t]`: the k tokens the model ranked highest after token t (best first), the last
-    time t was the input of a logits row (-1 for a token never seen); for `vocab` tokens.
+    """Row t of `table` (t < `vocab`): the k tokens the model ranked highest after token t (best
+    first), the last time t was the input of a logits row (-1 for a token never seen).
 
     The same per (token before, token), for the rows whose input's predecessor is known (the
-    tree's nodes, x0), preferred where they exist (more context predicts better): `pair_rows`,
-    found by `pair_key` in a hash table (`keys`, `slots`).
+    tree's nodes, x0), preferred where they exist (more context predicts better): rows from
+    `vocab` on, found by `pair_key` in a hash `index` (lp/lookahead/loops.py `slot`).
 
     How often the rank-r successor turned out to be the next committed token is counted as the
     decode goes (`observe`), so the drafts' order follows this decode's own hit rates."""
@@ -37,11 +37,9 @@ class SuccessorTable:
     def __init__(self, k: int, vocab: int) -> None:
         if k < 1:
             raise ValueError(f"successors per token must be >= 1, got {k}")
-        self.k = k
-        self.next_rows = np.full((vocab, k), -1, dtype=np.int32)  # token ids fit: half the memory
-        self.keys = np.full(1024, -1, dtype=np.int64)  # pair keys (-1: empty slot), a power of two
-        self.slots = np.zeros(1024, dtype=np.int64)  # each key's row in pair_rows
-        self.pair_rows = np.zeros((512, k), dtype=np.int32)
+        self.k, self.vocab = k, vocab
+        self.table = np.full((vocab + 512, k), -1, dtype=np.int32)  # token ids fit: half the memory
+        self.index = np.full((1024, 2), -1, dtype=np.int64)  # (pair key, its row); size a power of two
         self.n_pairs = 0
         # hits[r]: committed tokens that were their predecessor's rank-r successor; hits[k]: none
         # of them. One pseudo-count each, so the first steps spread drafts evenly over ranks.
@@ -55,31 +53,25 @@ class SuccessorTable:
         if not len(rows):
             return
         need = self.n_pairs + len(rows) + 1
-        if 2 * need > len(self.keys):  # at most half full: short probes
-            self.keys, self.slots = rehash(self.keys, self.slots, 1 << (2 * need).bit_length())
-        if need > len(self.pair_rows):
-            grown = np.zeros((2 * need, self.k), dtype=np.int32)
-            grown[: self.n_pairs] = self.pair_rows[: self.n_pairs]
-            self.pair_rows = grown
-        self.n_pairs = update_rows(
-            self.next_rows, self.keys, self.slots, self.pair_rows, self.n_pairs, rows, keys, first
-        )
+        if 2 * need > len(self.index):  # at most half full: short probes
+            self.index = rehash(self.index, 1 << (2 * need).bit_length())
+        if self.vocab + need > len(self.table):
+            grown = np.full((self.vocab + 2 * need, self.k), -1, dtype=np.int32)
+            grown[: self.vocab + self.n_pairs] = self.table[: self.vocab + self.n_pairs]
+            self.table = grown
+        self.n_pairs = update_rows(self.table, self.vocab, self.index, self.n_pairs, rows, keys, first)
 
     def row(self, before: int, token: int) -> list[int] | None:
         """The successors expected after `token` when `before` precedes it (None: unknown)."""
-        where = find_row(self.next_rows, self.keys, self.slots, before, token)
-        if where == NO_ROW:
-            return None
-        return (self.pair_rows[-where - 1] if where < 0 else self.next_rows[where]).tolist()
+        row = find_row(self.table, self.vocab, self.index, before, token)
+        return None if row == NO_ROW else self.table[row].tolist()
 
     def observe(self, tokens: Sequence[int]) -> None:
         """Count, for each token of `tokens` after the first two, which rank of its
         predecessor's successors (`row`) it was (call with the committed sequence's tail
         before `update`)."""
         if len(tokens) > 2:
-            count_ranks(
-                self.next_rows, self.keys, self.slots, self.pair_rows, np.asarray(tokens, dtype=np.int64), self.hits
-            )
+            count_ranks(self.table, self.vocab, self.index, np.asarray(tokens, dtype=np.int64), self.hits)
 
     def rates(self) -> np.ndarray:
         """`successor_rates` of this decode's counts."""
