@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
+
+from lp.lookahead.draft_loops import pool_insert, pool_rows, rehash_keys
 
 
 class NGramPool:
@@ -13,93 +14,70 @@ class NGramPool:
     inserted tail is evicted first, and inserting a tail that is already there refreshes it
     and counts it once more (an n-gram the window or the text keeps producing is likelier).
 
-    Inserts are queued and land lazily: a read of a key first inserts that key's queued
-    n-grams, in order, and `flush` inserts all of them. Every read therefore sees what eager
-    inserts would have made (each key's n-grams arrive in the same order), while most of a
-    step's inserts can wait until the next forward is queued (`flush`, lp/decode/loop.py): a step
-    reads two keys of the sixty or so it inserts. `len` flushes."""
+    Arrays (lp/lookahead/draft_loops.py), written by every insert at once: a hash table of the
+    first tokens, `keys` and `blocks` (each key's block, -1: an empty slot); per block a ring of
+    `capacity` tails, oldest first from `begins[b]`, `sizes[b]` of them: `tails[b]` and
+    `counts[b]` (times inserted)."""
 
     def __init__(self, n: int, capacity: int) -> None:
         if n < 2:
             raise ValueError(f"n-gram size must be >= 2, got {n}")
         self.n = n
         self.capacity = capacity
-        self._table: dict[int, OrderedDict[tuple[int, ...], int]] = {}  # tail -> times inserted
-        # queued batches: each n-gram's key (None once a read of it inserted it) and its tails, as
-        # rows of an int array [k, N-1] or as tuples
-        self._queue: list[tuple[list[int | None], np.ndarray | list[tuple[int, ...]]]] = []
+        self.keys, self.blocks = np.zeros(0, np.int64), np.full(0, -1, np.int64)
+        self.tails = np.zeros((0, capacity, n - 1), np.int64)
+        self.counts = np.zeros((0, capacity), np.int64)
+        self.begins, self.sizes = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self._made = np.zeros(1, np.int64)  # blocks in use
 
     def add(self, key: int, tail: tuple[int, ...]) -> None:
         """Insert one n-gram `(key, *tail)`."""
-        self._enqueue([int(key)], [tuple(map(int, tail))])
+        self._insert(np.array([key, *tail], np.int64), self.n, 1)
 
     def add_rows(self, grams: np.ndarray) -> None:
-        """Insert each row of an int array `[k, N]` as one n-gram, in row order (the pool keeps
-        `grams` until the n-grams land: do not change it)."""
-        if len(grams):
-            self._enqueue(grams[:, 0].tolist(), grams[:, 1:])
+        """Insert each row of an int array `[k, N]` as one n-gram, in row order."""
+        self._insert(np.ascontiguousarray(grams, np.int64).reshape(-1), self.n, len(grams))
 
     def add_sequence(self, tokens: Sequence[int]) -> None:
         """Insert every n-gram of a token sequence (the prompt, or the output's newest tokens)."""
-        n = len(tokens) - self.n + 1
-        if n < 1:
+        tokens = np.asarray(tokens, np.int64)
+        self._insert(tokens, 1, len(tokens) - self.n + 1)
+
+    def _insert(self, flat: np.ndarray, stride: int, k: int) -> None:
+        """Insert n-grams i < k, `flat[i * stride : i * stride + N]`, in order."""
+        if k < 1 or not self.capacity:
             return
-        tokens = tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
-        self._enqueue(tokens[:n], [tuple(tokens[i + 1 : i + self.n]) for i in range(n)])
+        need = int(self._made[0]) + k
+        if need > len(self.sizes):
+            self._grow(2 * need)
+        if 2 * need > len(self.keys):  # at most half full: short probes
+            self.keys, self.blocks = rehash_keys(self.keys, self.blocks, 1 << (2 * need).bit_length())
+        pool_insert(
+            self.keys, self.blocks, self.tails, self.counts, self.begins, self.sizes, self._made, flat, stride, k
+        )
 
-    def _enqueue(self, keys: list[int | None], tails: np.ndarray | list[tuple[int, ...]]) -> None:
-        if self.capacity:
-            self._queue.append((keys, tails))
-
-    def flush(self) -> None:
-        """Insert every queued n-gram."""
-        for keys, tails in self._queue:
-            self._insert(keys, tails.tolist() if isinstance(tails, np.ndarray) else tails)
-        self._queue.clear()
-
-    def _land(self, key: int) -> None:
-        """Insert the queued n-grams of `key` (before a read of it)."""
-        for keys, tails in self._queue:
-            if key in keys:  # a step's new n-grams often start with the next step's x0
-                mine = [i for i, k in enumerate(keys) if k == key]
-                self._insert(
-                    [key] * len(mine),
-                    tails[mine].tolist() if isinstance(tails, np.ndarray) else [tails[i] for i in mine],
-                )
-                for i in mine:
-                    keys[i] = None
-
-    def _insert(self, keys: Sequence[int | None], tails: Sequence[Sequence[int]]) -> None:
-        """Insert n-grams `(key, *tail)` in order, skipping keys of None (inserted already);
-        this runs for every window column and every committed token of every step."""
-        table, capacity = self._table, self.capacity
-        for key, tail in zip(keys, tails):
-            if key is None:
-                continue
-            tail = tuple(tail)
-            entries = table.get(key)
-            if entries is None:
-                entries = table[key] = OrderedDict()
-            if tail in entries:
-                entries[tail] += 1
-                entries.move_to_end(tail)
-            else:
-                entries[tail] = 1
-                if len(entries) > capacity:
-                    entries.popitem(last=False)
+    def _grow(self, size: int) -> None:
+        """Room for `size` blocks."""
+        more = size - len(self.sizes)
+        self.tails = np.concatenate([self.tails, np.zeros((more, *self.tails.shape[1:]), np.int64)])
+        self.counts = np.concatenate([self.counts, np.zeros((more, self.capacity), np.int64)])
+        self.begins = np.concatenate([self.begins, np.zeros(more, np.int64)])
+        self.sizes = np.concatenate([self.sizes, np.zeros(more, np.int64)])
 
     def lookup(self, key: int) -> list[tuple[int, ...]]:
         """The tails stored under `key`, oldest first (at most `capacity`)."""
-        self._land(key)
-        entries = self._table.get(key)
-        return list(entries) if entries else []
+        return self._read(key, False, True)
 
     def best(self, key: int, frequent: bool = False) -> list[tuple[int, ...]]:
         """The tails stored under `key` as candidates, best first: the newest, or with
         `frequent` the most often inserted (ties: the newest)."""
-        newest = self.lookup(key)[::-1]
-        return sorted(newest, key=self._table[key].__getitem__, reverse=True) if frequent and newest else newest
+        return self._read(key, frequent, False)
+
+    def _read(self, key: int, frequent: bool, oldest: bool) -> list[tuple[int, ...]]:
+        rows = pool_rows(
+            self.keys, self.blocks, self.tails, self.counts, self.begins, self.sizes, key, frequent, oldest
+        )
+        return list(map(tuple, rows.tolist()))
 
     def __len__(self) -> int:
-        self.flush()
-        return sum(len(e) for e in self._table.values())
+        return int(self.sizes.sum())
