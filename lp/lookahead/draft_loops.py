@@ -10,12 +10,15 @@ into __pycache__.
 The text index interns every L-gram (MIN_MATCH <= L <= MAX_MATCH) as an id: the L-gram ending
 at position e is the (L-1)-gram ending at e - 1 followed by the token at e, so its hash key is
 (L, that (L-1)-gram's id, token), the token before it for L = MIN_MATCH: exact, with no tokens
-compared. Per id the newest position ending it, per position and L the previous one ending the
-same L-gram: a suffix's occurrences are a walk, newest first.
+compared. Per id the newest position ending it, per position and L the id and the previous
+position ending the same L-gram: a suffix's occurrences are a walk, newest first.
 
-The pool keeps each first token's tails in a block, a ring of `capacity` rows oldest first: a
-new tail goes in at the end (over the oldest one when full), a tail inserted again moves to the
-end, its count one more."""
+The pool keeps each first token's tails in a block, a ring of `capacity` rows oldest first (a
+tail and its count): a new tail goes in at the end (over the oldest one when full), a tail
+inserted again moves to the end, its count one more.
+
+The loops take few arrays (each argument adds to a call's cost) and make room for nothing: the
+classes size the arrays before a write."""
 
 from __future__ import annotations
 
@@ -40,50 +43,46 @@ def _spread(h: np.uint64, mask: int) -> int:
 
 
 @njit(cache=True)
-def _gram_slot(gram_keys: np.ndarray, gram_ids: np.ndarray, L: int, before: int, token: int) -> int:
-    """The slot of key (L, before, token) in the L-gram table (gram_ids[i] < 0: empty), or the
-    empty slot where it would go."""
-    mask = len(gram_ids) - 1
+def _gram_slot(table: np.ndarray, L: int, before: int, token: int) -> int:
+    """The slot of key (L, before, token) in the L-gram table (rows: L, before, token, id; id
+    -1: empty), or the empty slot where it would go."""
+    mask = len(table) - 1
     i = _spread(np.uint64(before) * _MIX + np.uint64(token) + np.uint64(L), mask)
-    while gram_ids[i] >= 0 and not (gram_keys[i, 0] == L and gram_keys[i, 1] == before and gram_keys[i, 2] == token):
+    while table[i, 3] >= 0 and not (table[i, 0] == L and table[i, 1] == before and table[i, 2] == token):
         i = (i + 1) & mask
     return i
 
 
 @njit(cache=True)
-def index_tokens(seq, ids, prev, head, gram_keys, gram_ids, state, new, longest):
-    """Append `new` to `seq` (state[0] tokens so far) and index the L-grams (L <= `longest`)
-    ending at each new token; state[1]: the ids made so far. The caller made room."""
-    n, n_ids = state[0], state[1]
+def index_tokens(seq, grams, head, table, n, made, new, longest):
+    """Append `new` to `seq[:n]` and index the L-grams (L <= `longest`) ending at each new
+    token: `grams[e, L - MIN_MATCH]` (id, previous position ending it), `head[id]` (the newest).
+    `made`: the ids so far; the ids after. The caller made room."""
     for t in range(len(new)):
         token = new[t]
-        e = n
+        e = n + t
         seq[e] = token
-        n += 1
         for L in range(MIN_MATCH, min(longest, e + 1) + 1):
-            before = seq[e - 1] if L == MIN_MATCH else ids[e - 1, L - MIN_MATCH - 1]
-            i = _gram_slot(gram_keys, gram_ids, L, before, token)
-            if gram_ids[i] < 0:
-                gram_keys[i, 0], gram_keys[i, 1], gram_keys[i, 2] = L, before, token
-                gram_ids[i] = n_ids
-                head[n_ids] = -1
-                n_ids += 1
-            g = gram_ids[i]
-            ids[e, L - MIN_MATCH] = g
-            prev[e, L - MIN_MATCH] = head[g]
+            col = L - MIN_MATCH
+            before = seq[e - 1] if L == MIN_MATCH else grams[e - 1, col - 1, 0]
+            i = _gram_slot(table, L, before, token)
+            if table[i, 3] < 0:
+                table[i, 0], table[i, 1], table[i, 2], table[i, 3] = L, before, token, made
+                head[made] = -1
+                made += 1
+            g = table[i, 3]
+            grams[e, col, 0], grams[e, col, 1] = g, head[g]
             head[g] = e
-    state[0], state[1] = n, n_ids
+    return made
 
 
 @njit(cache=True)
-def rehash_grams(gram_keys: np.ndarray, gram_ids: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    new_keys, new_ids = np.zeros((size, 3), np.int64), np.full(size, -1, np.int64)
-    for i in range(len(gram_ids)):
-        if gram_ids[i] >= 0:
-            j = _gram_slot(new_keys, new_ids, gram_keys[i, 0], gram_keys[i, 1], gram_keys[i, 2])
-            new_keys[j, :] = gram_keys[i, :]
-            new_ids[j] = gram_ids[i]
-    return new_keys, new_ids
+def rehash_grams(table: np.ndarray, size: int) -> np.ndarray:
+    new = np.full((size, 4), -1, np.int64)
+    for i in range(len(table)):
+        if table[i, 3] >= 0:
+            new[_gram_slot(new, table[i, 0], table[i, 1], table[i, 2]), :] = table[i, :]
+    return new
 
 
 @njit(cache=True)
@@ -103,7 +102,7 @@ def _known(tokens: np.ndarray, starts: np.ndarray, first: int, c: int, seq: np.n
 
 
 @njit(cache=True)
-def _text_drafts(seq, n, ids, prev, head, longest, length, count, tokens, starts, sources, c, source, ranks):
+def _text_drafts(seq, n, grams, head, longest, length, count, tokens, starts, sources, c, source, ranks):
     """Append the text's drafts as chains c, c + 1, ... (`TextIndex.drafts`), the r-th from
     source `source + min(r, ranks - 1)`; the chains' count after them."""
     if length < 1 or count < 1:
@@ -112,10 +111,10 @@ def _text_drafts(seq, n, ids, prev, head, longest, length, count, tokens, starts
     top = min(longest, n)
     for L in range(top, MIN_MATCH - 1, -1):
         col = L - MIN_MATCH
-        e = head[ids[last, col]]
+        e = head[grams[last, col, 0]]
         while e >= 0:
             # an occurrence that matches L + 1 tokens was taken at L + 1
-            if e != last and not (L < top and ids[e, col + 1] == ids[last, col + 1]):
+            if e != last and not (L < top and grams[e, col + 1, 0] == grams[last, col + 1, 0]):
                 m = min(length, last - e)
                 if not _known(tokens, starts, first, c, seq, e + 1, m):
                     s = starts[c]
@@ -125,19 +124,17 @@ def _text_drafts(seq, n, ids, prev, head, longest, length, count, tokens, starts
                     c += 1
                     if c - first == count:
                         return c
-            e = prev[e, col]
+            e = grams[e, col, 1]
     return c
 
 
 @njit(cache=True)
-def text_drafts(seq, n, ids, prev, head, longest, length, count):
+def text_drafts(seq, n, grams, head, longest, length, count):
     """`TextIndex.drafts` as chains: their tokens and starts."""
     count = max(count, 0)
     tokens = np.empty(count * max(length, 0), np.int64)
     starts = np.zeros(count + 1, np.int64)
-    c = _text_drafts(
-        seq, n, ids, prev, head, longest, length, count, tokens, starts, np.empty(count, np.int64), 0, 0, 1
-    )
+    c = _text_drafts(seq, n, grams, head, longest, length, count, tokens, starts, np.empty(count, np.int64), 0, 0, 1)
     return tokens[: starts[c]], starts[: c + 1]
 
 
@@ -145,87 +142,88 @@ def text_drafts(seq, n, ids, prev, head, longest, length, count):
 
 
 @njit(cache=True)
-def _key_slot(keys: np.ndarray, blocks: np.ndarray, key: int) -> int:
-    """The slot of `key` in the pool's table (blocks[i] < 0: empty), or the empty slot where
-    it would go."""
-    mask = len(keys) - 1
+def _key_slot(table: np.ndarray, key: int) -> int:
+    """The slot of `key` in the pool's table (rows: key, block; block -1: empty), or the empty
+    slot where it would go."""
+    mask = len(table) - 1
     i = _spread(np.uint64(key), mask)
-    while blocks[i] >= 0 and keys[i] != key:
+    while table[i, 1] >= 0 and table[i, 0] != key:
         i = (i + 1) & mask
     return i
 
 
 @njit(cache=True)
-def _block(keys: np.ndarray, blocks: np.ndarray, key: int) -> int:
+def _block(table: np.ndarray, key: int) -> int:
     """The block of `key`'s tails, or -1."""
-    return blocks[_key_slot(keys, blocks, key)]
+    return table[_key_slot(table, key), 1] if len(table) else -1
 
 
 @njit(cache=True)
-def pool_insert(keys, blocks, tails, counts, begins, sizes, state, flat, stride, k):
-    """Insert n-grams i < k, `flat[i * stride : i * stride + n]`, in order; state[0]: the
-    blocks made so far. The caller made room for k more."""
-    capacity, tail = tails.shape[1], tails.shape[2]
-    nb = state[0]
+def pool_insert(table, rows, rings, made, flat, stride, k):
+    """Insert n-grams i < k, `flat[i * stride : i * stride + n]`, in order, into blocks of
+    `rows[b]` (tail, count) rings (`rings[b]`: the oldest's row, the rows in use); `made`: the
+    blocks so far. The blocks after, or -1 (and nothing inserted) without room for k more."""
+    capacity, tail = rows.shape[1], rows.shape[2] - 1
+    if made + k > len(rings) or 2 * (made + k) > len(table):
+        return -1
     for g in range(k):
         at = g * stride
-        i = _key_slot(keys, blocks, flat[at])
-        if blocks[i] < 0:
-            keys[i], blocks[i] = flat[at], nb
-            begins[nb], sizes[nb] = 0, 0
-            nb += 1
-        b, size, begin = blocks[i], sizes[blocks[i]], begins[blocks[i]]
+        i = _key_slot(table, flat[at])
+        if table[i, 1] < 0:
+            table[i, 0], table[i, 1] = flat[at], made
+            rings[made, 0], rings[made, 1] = 0, 0
+            made += 1
+        b = table[i, 1]
+        begin, size = rings[b, 0], rings[b, 1]
         found = -1
         for j in range(size - 1, -1, -1):  # newest first: a tail comes back soon, if at all
             p = (begin + j) % capacity
             same = True
             for t in range(tail):
-                if tails[b, p, t] != flat[at + 1 + t]:
+                if rows[b, p, t] != flat[at + 1 + t]:
                     same = False
                     break
             if same:
                 found = j
                 break
         if found >= 0:  # to the end, counted once more
-            times = counts[b, (begin + found) % capacity] + 1
+            times = rows[b, (begin + found) % capacity, tail] + 1
             for j in range(found, size - 1):
-                p, q = (begin + j) % capacity, (begin + j + 1) % capacity
-                tails[b, p, :] = tails[b, q, :]
-                counts[b, p] = counts[b, q]
+                rows[b, (begin + j) % capacity, :] = rows[b, (begin + j + 1) % capacity, :]
             p = (begin + size - 1) % capacity
         elif size < capacity:
             times, p = 1, (begin + size) % capacity
-            sizes[b] = size + 1
+            rings[b, 1] = size + 1
         else:  # over the oldest
             times, p = 1, begin
-            begins[b] = (begin + 1) % capacity
-        tails[b, p, :] = flat[at + 1 : at + 1 + tail]
-        counts[b, p] = times
-    state[0] = nb
+            rings[b, 0] = (begin + 1) % capacity
+        rows[b, p, :tail] = flat[at + 1 : at + 1 + tail]
+        rows[b, p, tail] = times
+    return made
 
 
 @njit(cache=True)
-def rehash_keys(keys: np.ndarray, blocks: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    new_keys, new_blocks = np.zeros(size, np.int64), np.full(size, -1, np.int64)
-    for i in range(len(keys)):
-        if blocks[i] >= 0:
-            j = _key_slot(new_keys, new_blocks, keys[i])
-            new_keys[j], new_blocks[j] = keys[i], blocks[i]
-    return new_keys, new_blocks
+def rehash_keys(table: np.ndarray, size: int) -> np.ndarray:
+    new = np.full((size, 2), -1, np.int64)
+    for i in range(len(table)):
+        if table[i, 1] >= 0:
+            new[_key_slot(new, table[i, 0]), :] = table[i, :]
+    return new
 
 
 @njit(cache=True)
-def _ranked(counts: np.ndarray, begins: np.ndarray, sizes: np.ndarray, b: int, frequent: bool) -> np.ndarray:
+def _ranked(rows: np.ndarray, rings: np.ndarray, b: int, frequent: bool) -> np.ndarray:
     """Block b's rows, newest first, or with `frequent` most often inserted first (ties: newest)."""
-    size, capacity = sizes[b], counts.shape[1]
+    capacity, tail = rows.shape[1], rows.shape[2] - 1
+    begin, size = rings[b, 0], rings[b, 1]
     order = np.empty(size, np.int64)
     for j in range(size):
-        order[j] = (begins[b] + size - 1 - j) % capacity
+        order[j] = (begin + size - 1 - j) % capacity
     if frequent:  # a stable insertion sort: a block holds tens of rows at most
         for j in range(1, size):
             p = order[j]
             i = j
-            while i > 0 and counts[b, order[i - 1]] < counts[b, p]:
+            while i > 0 and rows[b, order[i - 1], tail] < rows[b, p, tail]:
                 order[i] = order[i - 1]
                 i -= 1
             order[i] = p
@@ -233,40 +231,39 @@ def _ranked(counts: np.ndarray, begins: np.ndarray, sizes: np.ndarray, b: int, f
 
 
 @njit(cache=True)
-def pool_rows(keys, blocks, tails, counts, begins, sizes, key, frequent, oldest):
+def pool_rows(table, rows, rings, key, frequent, oldest):
     """The tails under `key` as rows `[m, n - 1]`: best first (`NGramPool.best`), or with `oldest`
     oldest first."""
-    b = _block(keys, blocks, key) if len(keys) else -1
+    tail = rows.shape[2] - 1
+    b = _block(table, key)
     if b < 0:
-        return np.zeros((0, tails.shape[2]), np.int64)
-    order = _ranked(counts, begins, sizes, b, frequent)
+        return np.zeros((0, tail), np.int64)
+    order = _ranked(rows, rings, b, frequent)
     if oldest:
         order = order[::-1]
-    out = np.empty((len(order), tails.shape[2]), np.int64)
+    out = np.empty((len(order), tail), np.int64)
     for j in range(len(order)):
-        out[j, :] = tails[b, order[j], :]
+        out[j, :] = rows[b, order[j], :tail]
     return out
 
 
 @njit(cache=True)
-def _pool_drafts(
-    keys, blocks, tails, counts, begins, sizes, key, frequent, skip, after, tokens, starts, sources, c, source, ranks
-):
+def _pool_drafts(table, rows, rings, key, frequent, skip, after, tokens, starts, sources, c, source, ranks):
     """Append the tails under `key`, best first, as chains c, c + 1, ... (the r-th from source
     `source + min(r, ranks - 1)`); with `skip`, only the tails that start with `after`, less
     that token. The chains' count after them."""
-    b = _block(keys, blocks, key) if len(keys) else -1
+    b = _block(table, key)
     if b < 0:
         return c
-    order = _ranked(counts, begins, sizes, b, frequent)
-    first = c
-    m = tails.shape[2] - skip
+    order = _ranked(rows, rings, b, frequent)
+    first, tail = c, rows.shape[2] - 1
+    m = tail - skip
     for j in range(len(order)):
         p = order[j]
-        if skip and tails[b, p, 0] != after:
+        if skip and rows[b, p, 0] != after:
             continue
         s = starts[c]
-        tokens[s : s + m] = tails[b, p, skip:]
+        tokens[s : s + m] = rows[b, p, skip:tail]
         starts[c + 1] = s + m
         sources[c] = source + min(c - first, ranks - 1)
         c += 1
@@ -278,48 +275,28 @@ def _pool_drafts(
 
 @njit(cache=True)
 def step_chains(
-    seq,
-    n,
-    ids,
-    prev,
-    head,
-    longest,
-    length,
-    count,
-    keys,
-    blocks,
-    tails,
-    counts,
-    begins,
-    sizes,
-    context,
-    frequent,
-    ranks,
-    row,
-    row_source,
-):
+    seq, n, grams, head, longest, length, count, table, rows, rings, context, frequent, ranks, row, row_source
+):  # noqa: E501
     """A step's drafts as chains (tokens, starts, sources), best first by kind: the text's
     (`count` of them, at most `length` tokens each), the sources from 0; with `context`, the
     pool's tails under the token before x0 that continue with x0, the sources after the text's
     `ranks[0]`; the pool's tails under x0 (by `frequent`), the sources after those `ranks[1]`;
     then `row` (if not empty) from `row_source`."""
-    capacity, tail = tails.shape[1], tails.shape[2]
-    bound = max(count, 0) * max(length, 0) + 2 * capacity * tail + len(row)
-    tokens = np.empty(bound, np.int64)
-    starts = np.zeros(max(count, 0) + 2 * capacity + 2, np.int64)
+    capacity, tail = rows.shape[1], rows.shape[2] - 1
+    count = max(count, 0)
+    tokens = np.empty(count * max(length, 0) + 2 * capacity * tail + len(row), np.int64)
+    starts = np.zeros(count + 2 * capacity + 2, np.int64)
     sources = np.empty(len(starts) - 1, np.int64)
-    c = _text_drafts(seq, n, ids, prev, head, longest, length, count, tokens, starts, sources, 0, 0, ranks[0])
+    c = _text_drafts(seq, n, grams, head, longest, length, count, tokens, starts, sources, 0, 0, ranks[0])
     if n:
         x0 = seq[n - 1]
         if context and n > 1:
             c = _pool_drafts(
-                keys, blocks, tails, counts, begins, sizes, seq[n - 2], False, 1, x0, tokens, starts, sources, c,
-                ranks[0], ranks[1],
-            )  # fmt: skip
+                table, rows, rings, seq[n - 2], False, 1, x0, tokens, starts, sources, c, ranks[0], ranks[1]
+            )
         c = _pool_drafts(
-            keys, blocks, tails, counts, begins, sizes, x0, frequent, 0, 0, tokens, starts, sources, c,
-            ranks[0] + ranks[1], ranks[2],
-        )  # fmt: skip
+            table, rows, rings, x0, frequent, 0, 0, tokens, starts, sources, c, ranks[0] + ranks[1], ranks[2]
+        )
     if len(row):
         s = starts[c]
         tokens[s : s + len(row)] = row

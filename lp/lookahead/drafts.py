@@ -21,20 +21,19 @@ class TextIndex:
     takes no text drafts).
 
     Arrays (lp/lookahead/draft_loops.py): the sequence `seq[:n]`; per position e and L-gram
-    column L - MIN_MATCH, `ids` (the L-gram ending at e, -1 where none does) and `prev` (the
-    previous position ending it, -1: none); per L-gram id, `head` (the newest position ending
-    it); the ids' hash table `gram_keys` (L, the (L-1)-gram's id or the token before, token)
-    and `gram_ids` (-1: an empty slot)."""
+    column L - MIN_MATCH, `grams[e, col]`: the L-gram's id (-1 where none ends at e) and the
+    previous position ending it (-1: none); per id, `head` (the newest position ending it); the
+    ids' hash table `table`, rows (L, the (L-1)-gram's id or the token before, token, id; id -1:
+    an empty slot)."""
 
     def __init__(self, tokens: Iterable[int] = (), indexed: bool = True) -> None:
         self.longest = MAX_MATCH if indexed else 0
-        self.seq = np.zeros(64, np.int64)
-        self.ids = np.full((64, GRAMS), -1, np.int64)
-        self.prev = np.full((64, GRAMS), -1, np.int64)
-        self.head = np.zeros(64 * GRAMS, np.int64)
-        self.gram_keys, self.gram_ids = np.zeros((256, 3), np.int64), np.full(256, -1, np.int64)
-        self._state = np.zeros(2, np.int64)  # tokens, L-gram ids
+        self.seq = np.zeros(0, np.int64)
+        self.grams = np.zeros((0, GRAMS, 2), np.int64)
+        self.head = np.zeros(0, np.int64)
+        self.table = np.full((256, 4), -1, np.int64)
         self.n = 0
+        self._ids = 0  # L-gram ids made
         self.extend(tokens)
 
     @property
@@ -44,28 +43,27 @@ class TextIndex:
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Append committed tokens."""
-        new = np.fromiter(tokens, np.int64) if not isinstance(tokens, np.ndarray) else tokens.astype(np.int64)
+        new = np.fromiter(tokens, np.int64)
         need = self.n + len(new)
         if need > len(self.seq):
-            size = 2 * need
-            self.seq = np.concatenate([self.seq, np.zeros(size - len(self.seq), np.int64)])
-            more = np.full((size - len(self.ids), GRAMS), -1, np.int64)
-            self.ids, self.prev = np.concatenate([self.ids, more]), np.concatenate([self.prev, more])
-            self.head = np.concatenate([self.head, np.zeros(size * GRAMS - len(self.head), np.int64)])
-        if 2 * (self._state[1] + len(new) * GRAMS) > len(self.gram_ids):  # at most half full
-            size = 1 << int(4 * (self._state[1] + len(new) * GRAMS)).bit_length()
-            self.gram_keys, self.gram_ids = rehash_grams(self.gram_keys, self.gram_ids, size)
-        index_tokens(
-            self.seq, self.ids, self.prev, self.head, self.gram_keys, self.gram_ids, self._state, new, self.longest
-        )
+            self._grow(2 * need)
+        if 2 * (self._ids + GRAMS * len(new)) > len(self.table):  # at most half full: short probes
+            self.table = rehash_grams(self.table, 1 << (4 * (self._ids + GRAMS * len(new))).bit_length())
+        self._ids = index_tokens(self.seq, self.grams, self.head, self.table, self.n, self._ids, new, self.longest)
         self.n = need
+
+    def _grow(self, size: int) -> None:
+        """Room for `size` tokens."""
+        more = size - len(self.seq)
+        self.seq = np.concatenate([self.seq, np.zeros(more, np.int64)])
+        self.grams = np.concatenate([self.grams, np.full((more, GRAMS, 2), -1, np.int64)])
+        self.head = np.concatenate([self.head, np.zeros(more * GRAMS, np.int64)])
 
     def drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
         """Up to `count` distinct continuations (at most `length` tokens each) of earlier
         occurrences of the sequence's suffix, best first: the longest matched suffix (at least
         MIN_MATCH tokens, counted up to MAX_MATCH), then the most recent occurrence."""
-        tokens, starts = text_drafts(self.seq, self.n, self.ids, self.prev, self.head, self.longest, length, count)
-        return as_tuples(tokens, starts)
+        return as_tuples(*text_drafts(self.seq, self.n, self.grams, self.head, self.longest, length, count))
 
 
 def step_drafts(
@@ -88,9 +86,8 @@ def step_drafts(
     tails under the last token (`NGramPool.best(x0, frequent)`), from ranks[0] + ranks[1] +
     min(r, ranks[2] - 1); then `row`, if not empty, from `row_source`."""
     return step_chains(
-        text.seq, text.n, text.ids, text.prev, text.head, text.longest, length, count,
-        pool.keys, pool.blocks, pool.tails, pool.counts, pool.begins, pool.sizes,
-        context, frequent, ranks, row, row_source,
+        text.seq, text.n, text.grams, text.head, text.longest, length, count,
+        pool.table, pool.rows, pool.rings, context, frequent, ranks, row, row_source,
     )  # fmt: skip
 
 

@@ -15,20 +15,19 @@ class NGramPool:
     and counts it once more (an n-gram the window or the text keeps producing is likelier).
 
     Arrays (lp/lookahead/draft_loops.py), written by every insert at once: a hash table of the
-    first tokens, `keys` and `blocks` (each key's block, -1: an empty slot); per block a ring of
-    `capacity` tails, oldest first from `begins[b]`, `sizes[b]` of them: `tails[b]` and
-    `counts[b]` (times inserted)."""
+    first tokens, `table` (rows: key, its block; block -1: an empty slot); per block b a ring of
+    `capacity` rows `rows[b]` (a tail, then the times it was inserted), oldest first from row
+    `rings[b, 0]`, `rings[b, 1]` of them in use."""
 
     def __init__(self, n: int, capacity: int) -> None:
         if n < 2:
             raise ValueError(f"n-gram size must be >= 2, got {n}")
         self.n = n
         self.capacity = capacity
-        self.keys, self.blocks = np.zeros(0, np.int64), np.full(0, -1, np.int64)
-        self.tails = np.zeros((0, capacity, n - 1), np.int64)
-        self.counts = np.zeros((0, capacity), np.int64)
-        self.begins, self.sizes = np.zeros(0, np.int64), np.zeros(0, np.int64)
-        self._made = np.zeros(1, np.int64)  # blocks in use
+        self.table = np.full((0, 2), -1, np.int64)
+        self.rows = np.zeros((0, capacity, n), np.int64)
+        self.rings = np.zeros((0, 2), np.int64)
+        self._made = 0  # blocks in use
 
     def add(self, key: int, tail: tuple[int, ...]) -> None:
         """Insert one n-gram `(key, *tail)`."""
@@ -47,22 +46,15 @@ class NGramPool:
         """Insert n-grams i < k, `flat[i * stride : i * stride + N]`, in order."""
         if k < 1 or not self.capacity:
             return
-        need = int(self._made[0]) + k
-        if need > len(self.sizes):
-            self._grow(2 * need)
-        if 2 * need > len(self.keys):  # at most half full: short probes
-            self.keys, self.blocks = rehash_keys(self.keys, self.blocks, 1 << (2 * need).bit_length())
-        pool_insert(
-            self.keys, self.blocks, self.tails, self.counts, self.begins, self.sizes, self._made, flat, stride, k
-        )
-
-    def _grow(self, size: int) -> None:
-        """Room for `size` blocks."""
-        more = size - len(self.sizes)
-        self.tails = np.concatenate([self.tails, np.zeros((more, *self.tails.shape[1:]), np.int64)])
-        self.counts = np.concatenate([self.counts, np.zeros((more, self.capacity), np.int64)])
-        self.begins = np.concatenate([self.begins, np.zeros(more, np.int64)])
-        self.sizes = np.concatenate([self.sizes, np.zeros(more, np.int64)])
+        made = pool_insert(self.table, self.rows, self.rings, self._made, flat, stride, k)
+        if made < 0:  # no room: twice what these need, the table at most half full
+            size = 2 * (self._made + k)
+            more = size - len(self.rings)
+            self.rows = np.concatenate([self.rows, np.zeros((more, *self.rows.shape[1:]), np.int64)])
+            self.rings = np.concatenate([self.rings, np.zeros((more, 2), np.int64)])
+            self.table = rehash_keys(self.table, 1 << (2 * size).bit_length())
+            made = pool_insert(self.table, self.rows, self.rings, self._made, flat, stride, k)
+        self._made = made
 
     def lookup(self, key: int) -> list[tuple[int, ...]]:
         """The tails stored under `key`, oldest first (at most `capacity`)."""
@@ -74,10 +66,7 @@ class NGramPool:
         return self._read(key, frequent, False)
 
     def _read(self, key: int, frequent: bool, oldest: bool) -> list[tuple[int, ...]]:
-        rows = pool_rows(
-            self.keys, self.blocks, self.tails, self.counts, self.begins, self.sizes, key, frequent, oldest
-        )
-        return list(map(tuple, rows.tolist()))
+        return list(map(tuple, pool_rows(self.table, self.rows, self.rings, key, frequent, oldest).tolist()))
 
     def __len__(self) -> int:
-        return int(self.sizes.sum())
+        return int(self.rings[:, 1].sum())
