@@ -159,10 +159,21 @@ def _block(table: np.ndarray, key: int) -> int:
 
 
 @njit(cache=True)
+def _fingerprint(flat: np.ndarray, at: int, m: int) -> int:
+    """A 64-bit hash of `flat[at : at + m]`."""
+    h = np.uint64(m)
+    for t in range(m):
+        h = (h ^ np.uint64(flat[at + t])) * _FIB
+    return np.int64(h)
+
+
+@njit(cache=True)
 def pool_insert(table, rows, rings, made, flat, stride, k):
-    """Insert n-grams i < k, `flat[i * stride : i * stride + n]`, in order, into blocks of
-    `rows[b]` (tail, count) rings (`rings[b]`: the oldest's row, the rows in use); `made`: the
-    blocks so far. The blocks after, or -1 (and nothing inserted) without room for k more."""
+    """Insert n-grams i < k, `flat[i * stride : i * stride + n]`, in order: block b's rows
+    `rows[b]` (a tail, its count) form a ring, `rings[b]` its oldest row, the rows in use, then
+    each row's fingerprint (a row's tokens are compared only where the fingerprint matches:
+    a block's rows span several cache lines, their fingerprints two). `made`: the blocks so
+    far. The blocks after, or -1 (and nothing inserted) without room for k more."""
     capacity, tail = rows.shape[1], rows.shape[2] - 1
     if made + k > len(rings) or 2 * (made + k) > len(table):
         return -1
@@ -175,30 +186,35 @@ def pool_insert(table, rows, rings, made, flat, stride, k):
             made += 1
         b = table[i, 1]
         begin, size = rings[b, 0], rings[b, 1]
+        mark = _fingerprint(flat, at + 1, tail)
         found = -1
-        for j in range(size - 1, -1, -1):  # newest first: a tail comes back soon, if at all
-            p = (begin + j) % capacity
-            same = True
-            for t in range(tail):
-                if rows[b, p, t] != flat[at + 1 + t]:
-                    same = False
+        for p in range(size):  # rows 0..size-1: a ring turns only once full
+            if rings[b, 2 + p] == mark:
+                same = True
+                for t in range(tail):
+                    if rows[b, p, t] != flat[at + 1 + t]:
+                        same = False
+                        break
+                if same:
+                    found = p
                     break
-            if same:
-                found = j
-                break
-        if found >= 0:  # to the end, counted once more
-            times = rows[b, (begin + found) % capacity, tail] + 1
-            for j in range(found, size - 1):
-                rows[b, (begin + j) % capacity, :] = rows[b, (begin + j + 1) % capacity, :]
-            p = (begin + size - 1) % capacity
-        elif size < capacity:
-            times, p = 1, (begin + size) % capacity
+        if found >= 0:  # to the newest row, counted once more: the rows after it move back one
+            times, p = rows[b, found, tail] + 1, found
+            newest = begin + size - 1 - (capacity if begin + size > capacity else 0)
+            while p != newest:
+                q = p + 1 if p + 1 < capacity else 0
+                rows[b, p, :] = rows[b, q, :]
+                rings[b, 2 + p] = rings[b, 2 + q]
+                p = q
+        elif size < capacity:  # begin is 0
+            times, p = 1, size
             rings[b, 1] = size + 1
         else:  # over the oldest
             times, p = 1, begin
-            rings[b, 0] = (begin + 1) % capacity
+            rings[b, 0] = begin + 1 if begin + 1 < capacity else 0
         rows[b, p, :tail] = flat[at + 1 : at + 1 + tail]
         rows[b, p, tail] = times
+        rings[b, 2 + p] = mark
     return made
 
 
@@ -218,7 +234,8 @@ def _ranked(rows: np.ndarray, rings: np.ndarray, b: int, frequent: bool) -> np.n
     begin, size = rings[b, 0], rings[b, 1]
     order = np.empty(size, np.int64)
     for j in range(size):
-        order[j] = (begin + size - 1 - j) % capacity
+        p = begin + size - 1 - j
+        order[j] = p - capacity if p >= capacity else p
     if frequent:  # a stable insertion sort: a block holds tens of rows at most
         for j in range(1, size):
             p = order[j]

@@ -17,7 +17,7 @@ class NGramPool:
     Arrays (lp/lookahead/draft_loops.py), written by every insert at once: a hash table of the
     first tokens, `table` (rows: key, its block; block -1: an empty slot); per block b a ring of
     `capacity` rows `rows[b]` (a tail, then the times it was inserted), oldest first from row
-    `rings[b, 0]`, `rings[b, 1]` of them in use."""
+    `rings[b, 0]`, `rings[b, 1]` of them in use, `rings[b, 2:]` their fingerprints."""
 
     def __init__(self, n: int, capacity: int) -> None:
         if n < 2:
@@ -26,7 +26,7 @@ class NGramPool:
         self.capacity = capacity
         self.table = np.full((0, 2), -1, np.int64)
         self.rows = np.zeros((0, capacity, n), np.int64)
-        self.rings = np.zeros((0, 2), np.int64)
+        self.rings = np.zeros((0, 2 + capacity), np.int64)
         self._made = 0  # blocks in use
 
     def add(self, key: int, tail: tuple[int, ...]) -> None:
@@ -51,7 +51,7 @@ class NGramPool:
             size = 2 * (self._made + k)
             more = size - len(self.rings)
             self.rows = np.concatenate([self.rows, np.zeros((more, *self.rows.shape[1:]), np.int64)])
-            self.rings = np.concatenate([self.rings, np.zeros((more, 2), np.int64)])
+            self.rings = np.concatenate([self.rings, np.zeros((more, 2 + self.capacity), np.int64)])
             self.table = rehash_keys(self.table, 1 << (2 * size).bit_length())
             made = pool_insert(self.table, self.rows, self.rings, self._made, flat, stride, k)
         self._made = made
