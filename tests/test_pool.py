@@ -143,14 +143,14 @@ def test_bad_n():
 
 @pytest.mark.parametrize("seed", range(12))
 def test_matches_the_dict_pool_on_random_inserts(seed):
-    """Rows, sequences and single n-grams in any interleaving with reads and sizes: every read
-    (newest, most frequent or oldest first) equals the plain dict pool's, through evictions,
-    refreshes and the tables' growth (many keys)."""
+    """Rows, sequences and single n-grams in any interleaving with reads, flushes and sizes:
+    every read (newest, most frequent or oldest first) sees what the plain dict pool's eager
+    inserts make, through evictions, refreshes and the tables' growth (many keys)."""
     rng = np.random.default_rng(seed)
     n, capacity, keys = int(rng.integers(2, 6)), int(rng.choice([0, 1, 2, 3, 5, 15])), int(rng.choice([3, 40, 300]))
     pool, ref = NGramPool(n, capacity), DictPool(n, capacity)
     for _ in range(500):
-        op = rng.integers(5)
+        op = rng.integers(6)
         if op == 0:  # a window's n-grams: keys repeat within a batch
             grams = rng.integers(0, keys, size=(int(rng.integers(0, 20)), n))
             grams[:, 1:] %= 3  # few tails: refreshes and ties of counts
@@ -166,9 +166,20 @@ def test_matches_the_dict_pool_on_random_inserts(seed):
             ref.add(key, tail)
         elif op == 3:
             assert len(pool) == len(ref)
+        elif op == 4:
+            pool.flush()
         else:
             key, frequent = int(rng.integers(keys)), bool(rng.integers(2))
             assert pool.best(key, frequent) == ref.best(key, frequent)
             assert pool.lookup(key) == ref.lookup(key)
     for key in range(keys):
         assert pool.lookup(key) == ref.lookup(key)
+
+
+def test_a_read_lands_only_its_key():
+    pool = NGramPool(2, 4)
+    pool.add_rows(np.array([[1, 5], [2, 6], [1, 7]]))
+    assert pool.lookup(1) == [(5,), (7,)]
+    assert pool.queue[:, : pool.state[1]].T.tolist() == [[2, 6]]  # 2's n-gram still waits
+    pool.flush()
+    assert pool.state[1] == 0 and pool.lookup(2) == [(6,)]

@@ -47,6 +47,7 @@ class DraftSources:
         self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
+            self.pool.flush()
 
     def tree(self) -> DraftTree:
         """The next step's verification tree (`step_tree`)."""
@@ -63,8 +64,9 @@ class DraftSources:
 
     def prepare(self) -> None:
         """The part of `observe` that needs no outcome, done while the device computes the step's
-        forward (lp/decode/loop.py: before the all-gather): the successor rows' pair keys
-        (`_pair_keys`)."""
+        forward (lp/decode/loop.py: before the all-gather): the pool's queued n-grams land, and
+        the successor rows' pair keys are made (`_pair_keys`)."""
+        self.pool.flush()
         if self.successors is not None:
             self._keys = self._pair_keys()
 

@@ -15,7 +15,8 @@ position ending the same L-gram: a suffix's occurrences are a walk, newest first
 
 The pool keeps each first token's tails in a block, a ring of `capacity` rows oldest first (a
 tail and its count): a new tail goes in at the end (over the oldest one when full), a tail
-inserted again moves to the end, its count one more.
+inserted again moves to the end, its count one more. N-grams are queued, and inserted when a
+read of their key or a flush comes (lp/lookahead/pool.py says why).
 
 The loops take few arrays (each argument adds to a call's cost) and make room for nothing: the
 classes size the arrays before a write."""
@@ -159,63 +160,91 @@ def _block(table: np.ndarray, key: int) -> int:
 
 
 @njit(cache=True)
-def _fingerprint(flat: np.ndarray, at: int, m: int) -> int:
-    """A 64-bit hash of `flat[at : at + m]`."""
-    h = np.uint64(m)
-    for t in range(m):
-        h = (h ^ np.uint64(flat[at + t])) * _FIB
-    return np.int64(h)
+def _insert(table, rows, rings, made, queue, r):
+    """Insert n-gram `queue[:, r]` (its key, then its tail): block b's rows `rows[b]` (a tail,
+    its count) form a ring, `rings[b]` its oldest row, the rows in use, then each row's
+    fingerprint (a row's tokens are compared only where the fingerprint matches: a block's rows
+    span several cache lines, their fingerprints two). `made`: the blocks so far; the blocks
+    after. The caller made room for one more."""
+    capacity, tail = rows.shape[1], rows.shape[2] - 1
+    i = _key_slot(table, queue[0, r])
+    if table[i, 1] < 0:
+        table[i, 0], table[i, 1] = queue[0, r], made
+        rings[made, 0], rings[made, 1] = 0, 0
+        made += 1
+    b = table[i, 1]
+    begin, size = rings[b, 0], rings[b, 1]
+    mark = np.uint64(tail)
+    for t in range(tail):
+        mark = (mark ^ np.uint64(queue[1 + t, r])) * _FIB
+    mark = np.int64(mark)
+    found = -1
+    for p in range(size):  # rows 0..size-1: a ring turns only once full
+        if rings[b, 2 + p] == mark:
+            same = True
+            for t in range(tail):
+                if rows[b, p, t] != queue[1 + t, r]:
+                    same = False
+                    break
+            if same:
+                found = p
+                break
+    if found >= 0:  # to the newest row, counted once more: the rows after it move back one
+        times, p = rows[b, found, tail] + 1, found
+        newest = begin + size - 1 - (capacity if begin + size > capacity else 0)
+        while p != newest:
+            q = p + 1 if p + 1 < capacity else 0
+            rows[b, p, :] = rows[b, q, :]
+            rings[b, 2 + p] = rings[b, 2 + q]
+            p = q
+    elif size < capacity:  # begin is 0
+        times, p = 1, size
+        rings[b, 1] = size + 1
+    else:  # over the oldest
+        times, p = 1, begin
+        rings[b, 0] = begin + 1 if begin + 1 < capacity else 0
+    rows[b, p, :tail] = queue[1:, r]
+    rows[b, p, tail] = times
+    rings[b, 2 + p] = mark
+    return made
 
 
 @njit(cache=True)
-def pool_insert(table, rows, rings, made, flat, stride, k):
-    """Insert n-grams i < k, `flat[i * stride : i * stride + n]`, in order: block b's rows
-    `rows[b]` (a tail, its count) form a ring, `rings[b]` its oldest row, the rows in use, then
-    each row's fingerprint (a row's tokens are compared only where the fingerprint matches:
-    a block's rows span several cache lines, their fingerprints two). `made`: the blocks so
-    far. The blocks after, or -1 (and nothing inserted) without room for k more."""
-    capacity, tail = rows.shape[1], rows.shape[2] - 1
-    if made + k > len(rings) or 2 * (made + k) > len(table):
-        return -1
+def pool_queue(table, rings, state, queue, flat, stride, k):
+    """Queue n-grams i < k, `flat[i * stride : i * stride + n]`, in order, as columns of `queue`
+    (row 0 the keys); `state`: the blocks made, the n-grams queued. False (and nothing queued)
+    without room for them: in the queue, and for a block each (the table at most half full)."""
+    need = state[0] + state[1] + k
+    if state[1] + k > queue.shape[1] or need > len(rings) or 2 * need > len(table):
+        return False
+    n, q = queue.shape[0], state[1]
     for g in range(k):
-        at = g * stride
-        i = _key_slot(table, flat[at])
-        if table[i, 1] < 0:
-            table[i, 0], table[i, 1] = flat[at], made
-            rings[made, 0], rings[made, 1] = 0, 0
-            made += 1
-        b = table[i, 1]
-        begin, size = rings[b, 0], rings[b, 1]
-        mark = _fingerprint(flat, at + 1, tail)
-        found = -1
-        for p in range(size):  # rows 0..size-1: a ring turns only once full
-            if rings[b, 2 + p] == mark:
-                same = True
-                for t in range(tail):
-                    if rows[b, p, t] != flat[at + 1 + t]:
-                        same = False
-                        break
-                if same:
-                    found = p
-                    break
-        if found >= 0:  # to the newest row, counted once more: the rows after it move back one
-            times, p = rows[b, found, tail] + 1, found
-            newest = begin + size - 1 - (capacity if begin + size > capacity else 0)
-            while p != newest:
-                q = p + 1 if p + 1 < capacity else 0
-                rows[b, p, :] = rows[b, q, :]
-                rings[b, 2 + p] = rings[b, 2 + q]
-                p = q
-        elif size < capacity:  # begin is 0
-            times, p = 1, size
-            rings[b, 1] = size + 1
-        else:  # over the oldest
-            times, p = 1, begin
-            rings[b, 0] = begin + 1 if begin + 1 < capacity else 0
-        rows[b, p, :tail] = flat[at + 1 : at + 1 + tail]
-        rows[b, p, tail] = times
-        rings[b, 2 + p] = mark
-    return made
+        queue[:, q + g] = flat[g * stride : g * stride + n]
+    state[1] = q + k
+    return True
+
+
+@njit(cache=True)
+def _land(table, rows, rings, state, queue, key):
+    """Insert the queued n-grams of `key`, in order; the others stay queued, in order."""
+    made, kept = state[0], 0
+    for r in range(state[1]):
+        if queue[0, r] == key:
+            made = _insert(table, rows, rings, made, queue, r)
+        else:
+            if kept != r:
+                queue[:, kept] = queue[:, r]
+            kept += 1
+    state[0], state[1] = made, kept
+
+
+@njit(cache=True)
+def pool_flush(table, rows, rings, state, queue):
+    """Insert every queued n-gram, in order."""
+    made = state[0]
+    for r in range(state[1]):
+        made = _insert(table, rows, rings, made, queue, r)
+    state[0], state[1] = made, 0
 
 
 @njit(cache=True)
@@ -248,10 +277,11 @@ def _ranked(rows: np.ndarray, rings: np.ndarray, b: int, frequent: bool) -> np.n
 
 
 @njit(cache=True)
-def pool_rows(table, rows, rings, key, frequent, oldest):
-    """The tails under `key` as rows `[m, n - 1]`: best first (`NGramPool.best`), or with `oldest`
-    oldest first."""
+def pool_rows(table, rows, rings, state, queue, key, frequent, oldest):
+    """The tails under `key` as rows `[m, n - 1]` (its queued n-grams inserted first): best first
+    (`NGramPool.best`), or with `oldest` oldest first."""
     tail = rows.shape[2] - 1
+    _land(table, rows, rings, state, queue, key)
     b = _block(table, key)
     if b < 0:
         return np.zeros((0, tail), np.int64)
@@ -292,13 +322,30 @@ def _pool_drafts(table, rows, rings, key, frequent, skip, after, tokens, starts,
 
 @njit(cache=True)
 def step_chains(
-    seq, n, grams, head, longest, length, count, table, rows, rings, context, frequent, ranks, row, row_source
+    seq,
+    n,
+    grams,
+    head,
+    longest,
+    length,
+    count,
+    table,
+    rows,
+    rings,
+    state,
+    queue,
+    context,
+    frequent,
+    ranks,
+    row,
+    row_source,
 ):  # noqa: E501
     """A step's drafts as chains (tokens, starts, sources), best first by kind: the text's
     (`count` of them, at most `length` tokens each), the sources from 0; with `context`, the
     pool's tails under the token before x0 that continue with x0, the sources after the text's
     `ranks[0]`; the pool's tails under x0 (by `frequent`), the sources after those `ranks[1]`;
-    then `row` (if not empty) from `row_source`."""
+    then `row` (if not empty) from `row_source`. The pool's queued n-grams of the two keys it
+    reads are inserted first."""
     capacity, tail = rows.shape[1], rows.shape[2] - 1
     count = max(count, 0)
     tokens = np.empty(count * max(length, 0) + 2 * capacity * tail + len(row), np.int64)
@@ -308,9 +355,11 @@ def step_chains(
     if n:
         x0 = seq[n - 1]
         if context and n > 1:
+            _land(table, rows, rings, state, queue, seq[n - 2])
             c = _pool_drafts(
                 table, rows, rings, seq[n - 2], False, 1, x0, tokens, starts, sources, c, ranks[0], ranks[1]
             )
+        _land(table, rows, rings, state, queue, x0)
         c = _pool_drafts(
             table, rows, rings, x0, frequent, 0, 0, tokens, starts, sources, c, ranks[0] + ranks[1], ranks[2]
         )

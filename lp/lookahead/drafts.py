@@ -87,7 +87,7 @@ def step_drafts(
     min(r, ranks[2] - 1); then `row`, if not empty, from `row_source`."""
     return step_chains(
         text.seq, text.n, text.grams, text.head, text.longest, length, count,
-        pool.table, pool.rows, pool.rings, context, frequent, ranks, row, row_source,
+        pool.table, pool.rows, pool.rings, pool.state, pool.queue, context, frequent, ranks, row, row_source,
     )  # fmt: skip
 
 
