@@ -114,7 +114,7 @@ def _text_drafts(seq, n, grams, head, longest, length, count, tokens, starts, so
         col = L - MIN_MATCH
         e = head[grams[last, col, 0]]
         while e >= 0:
-            # an occurrence that matches L + 1 tokens was taken at L + 1
+            # an occurrence that matches L + 1 tokens was taken at L + 1 (its continuation is there)
             if e != last and not (L < top and grams[e, col + 1, 0] == grams[last, col + 1, 0]):
                 m = min(length, last - e)
                 if not _known(tokens, starts, first, c, seq, e + 1, m):

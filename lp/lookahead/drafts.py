@@ -47,8 +47,9 @@ class TextIndex:
         need = self.n + len(new)
         if need > len(self.seq):
             self._grow(2 * need)
-        if 2 * (self._ids + GRAMS * len(new)) > len(self.table):  # at most half full: short probes
-            self.table = rehash_grams(self.table, 1 << (4 * (self._ids + GRAMS * len(new))).bit_length())
+        ids = self._ids + GRAMS * len(new) if self.longest else 0  # after these tokens, at most
+        if 2 * ids > len(self.table):  # at most half full: short probes
+            self.table = rehash_grams(self.table, 1 << (2 * ids).bit_length())
         self._ids = index_tokens(self.seq, self.grams, self.head, self.table, self.n, self._ids, new, self.longest)
         self.n = need
 
