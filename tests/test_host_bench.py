@@ -96,9 +96,10 @@ def test_replay_catches_other_trees_or_plans(recorded, monkeypatch, rank):
     rows' input tokens), even while the output length and checksum (the recorded tokens') still
     agree."""
     import lp.decode.policy
+    from lp.lookahead.grow import NO_CHAINS
 
     cfg, rec = recorded
-    monkeypatch.setattr(lp.decode.policy, "source_drafts", lambda *args: [[], [], []])  # other trees than the recorded
+    monkeypatch.setattr(lp.decode.policy, "draft_chains", lambda *args: NO_CHAINS)  # other trees than the recorded
     with pytest.raises(LPError, match="drifted"):
         replay(cfg, rec, rank)
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lp.lookahead import NGramPool
+from tests.reference_drafts import DictPool
 
 
 def test_add_and_lookup_oldest_first():
@@ -140,63 +141,45 @@ def test_bad_n():
         NGramPool(1, 3)
 
 
-class EagerPool:
-    """The pool's contract with every insert applied at once (counts included)."""
-
-    def __init__(self, n: int, capacity: int) -> None:
-        self.n, self.capacity, self.table = n, capacity, {}
-
-    def insert(self, key: int, tail: tuple[int, ...]) -> None:
-        if not self.capacity:
-            return
-        entries = self.table.setdefault(key, OrderedDict())
-        entries[tail] = entries.pop(tail, 0) + 1
-        while len(entries) > self.capacity:
-            entries.popitem(last=False)
-
-    def best(self, key: int, frequent: bool) -> list[tuple[int, ...]]:
-        entries = self.table.get(key, {})
-        newest = list(entries)[::-1]
-        return sorted(newest, key=entries.__getitem__, reverse=True) if frequent else newest
-
-
-def test_queued_inserts_read_like_eager_ones():
-    """Inserts land lazily (a read lands its key's, flush lands all): every read, in any
-    interleaving of batches, reads, flushes and sizes, sees what eager inserts would give."""
-    rng = np.random.default_rng(0)
-    for capacity in (0, 1, 2, 4):
-        pool, eager = NGramPool(3, capacity), EagerPool(3, capacity)
-        for _ in range(600):
-            op = rng.integers(6)
-            if op == 0:  # a window's n-grams: keys repeat within a batch
-                grams = rng.integers(0, 5, size=(int(rng.integers(0, 8)), 3))
-                pool.add_rows(grams)
-                for row in grams.tolist():
-                    eager.insert(row[0], tuple(row[1:]))
-            elif op == 1:  # the output's newest tokens
-                tokens = rng.integers(0, 5, size=int(rng.integers(0, 7))).tolist()
-                pool.add_sequence(tokens)
-                for i in range(len(tokens) - 2):
-                    eager.insert(tokens[i], tuple(tokens[i + 1 : i + 3]))
-            elif op == 2:
-                key, tail = int(rng.integers(5)), tuple(rng.integers(0, 5, size=2).tolist())
-                pool.add(key, tail)
-                eager.insert(key, tail)
-            elif op == 3:
-                pool.flush()
-            elif op == 4:
-                assert len(pool) == sum(len(e) for e in eager.table.values())
-            else:
-                key, frequent = int(rng.integers(5)), bool(rng.integers(2))
-                assert pool.best(key, frequent) == eager.best(key, frequent)
-        for key in range(5):
-            assert pool.lookup(key) == list(eager.table.get(key, {}))
+@pytest.mark.parametrize("seed", range(12))
+def test_matches_the_dict_pool_on_random_inserts(seed):
+    """Rows, sequences and single n-grams in any interleaving with reads, flushes and sizes:
+    every read (newest, most frequent or oldest first) sees what the plain dict pool's eager
+    inserts make, through evictions, refreshes and the tables' growth (many keys)."""
+    rng = np.random.default_rng(seed)
+    n, capacity, keys = int(rng.integers(2, 6)), int(rng.choice([0, 1, 2, 3, 5, 15])), int(rng.choice([3, 40, 300]))
+    pool, ref = NGramPool(n, capacity), DictPool(n, capacity)
+    for _ in range(500):
+        op = rng.integers(6)
+        if op == 0:  # a window's n-grams: keys repeat within a batch
+            grams = rng.integers(0, keys, size=(int(rng.integers(0, 20)), n))
+            grams[:, 1:] %= 3  # few tails: refreshes and ties of counts
+            pool.add_rows(grams)
+            ref.add_rows(grams)
+        elif op == 1:  # the output's newest tokens
+            tokens = rng.integers(0, 3, size=int(rng.integers(0, 9)))
+            pool.add_sequence(tokens)
+            ref.add_sequence(tokens.tolist())
+        elif op == 2:
+            key, tail = int(rng.integers(keys)), tuple(rng.integers(0, 3, size=n - 1).tolist())
+            pool.add(key, tail)
+            ref.add(key, tail)
+        elif op == 3:
+            assert len(pool) == len(ref)
+        elif op == 4:
+            pool.flush()
+        else:
+            key, frequent = int(rng.integers(keys)), bool(rng.integers(2))
+            assert pool.best(key, frequent) == ref.best(key, frequent)
+            assert pool.lookup(key) == ref.lookup(key)
+    for key in range(keys):
+        assert pool.lookup(key) == ref.lookup(key)
 
 
 def test_a_read_lands_only_its_key():
     pool = NGramPool(2, 4)
     pool.add_rows(np.array([[1, 5], [2, 6], [1, 7]]))
     assert pool.lookup(1) == [(5,), (7,)]
-    assert [keys for keys, _ in pool._queue] == [[None, 2, None]]  # 2's n-gram still waits
+    assert pool.queue[:, : pool.state[1]].T.tolist() == [[2, 6]]  # 2's n-gram still waits
     pool.flush()
-    assert pool._queue == [] and pool.lookup(2) == [(6,)]
+    assert pool.state[1] == 0 and pool.lookup(2) == [(6,)]

@@ -9,7 +9,7 @@ import numpy as np
 from lp.config import DecodeConfig
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool
-from lp.lookahead.drafts import TextIndex
+from lp.lookahead.drafts import TextIndex, as_tuples, step_drafts
 from lp.lookahead.grow import Chains, Grown, grow
 from lp.lookahead.rates import DraftRates
 from lp.lookahead.successors import SuccessorTable
@@ -87,9 +87,8 @@ class DraftSources:
             first, nodes = self._keys
             self.successors.update(outcome.successors, nodes, first)
         self.text.extend(tokens)
-        if self.G and self.cfg.pool_from_output:
-            length = len(out)
-            self.pool.add_sequence(out[max(length - len(tokens) - self.N + 1, 0) : length])
+        if self.G and self.cfg.pool_from_output:  # the n-grams that end in the new tokens
+            self.pool.add_sequence(self.text.tokens[-(len(tokens) + self.N - 1) :])
 
     def _pair_keys(self) -> tuple[int, np.ndarray]:
         """The pair keys (`pair_key`) of the step's successor rows whose input's
@@ -109,15 +108,12 @@ def source_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[l
     n-grams that start with the last two tokens (what follows them, N-2 tokens: two matched
     tokens predict better than one); the pool's n-grams under x0, newest (or most frequent)
     first."""
-    out = text.tokens
-    x0 = out[-1]
-    texts = text.drafts(cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
-    context = (
-        [t[1:] for t in pool.best(out[-2]) if t[0] == x0]
-        if cfg.order == "context" and len(out) > 1 and pool.n > 2
-        else []
-    )
-    return [texts, context, pool.best(x0, cfg.order == "frequent")]
+    tokens, starts, sources = _drafts(cfg, pool, text, _NO_ROW)
+    kinds = np.searchsorted(np.cumsum(KINDS), sources, side="right").tolist()
+    out: list[list[tuple[int, ...]]] = [[] for _ in KINDS]
+    for kind, draft in zip(kinds, as_tuples(tokens, starts)):
+        out[kind].append(draft)
+    return out
 
 
 def ranked_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[tuple[int, ...]]:
@@ -129,17 +125,28 @@ def ranked_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[t
 def draft_chains(cfg: DecodeConfig, pool: NGramPool, text: TextIndex, window: JacobiWindow | None) -> Chains:
     """Every draft as a chain for `grow`, its source (`source_drafts`, ranked, then the window's
     row 0: its guesses of the next W-1 tokens) naming its row of `DraftRates.chances`."""
-    drafts: list = []
-    sources: list[int] = []
-    source = 0
-    for ranks, found in zip(KINDS, source_drafts(cfg, pool, text)):
-        drafts += found
-        sources += [source + min(r, ranks - 1) for r in range(len(found))]
-        source += ranks
-    if window is not None and window.ready and window.W > 1:
-        drafts.append(window.rows[0, 1 : cfg.max_draft + 1].tolist())
-        sources.append(WINDOW_SOURCE)
-    return Chains.of(drafts, sources)
+    row = window.rows[0, 1 : cfg.max_draft + 1] if window is not None and window.ready and window.W > 1 else _NO_ROW
+    return Chains(*_drafts(cfg, pool, text, row))
+
+
+def _drafts(
+    cfg: DecodeConfig, pool: NGramPool, text: TextIndex, row: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`step_drafts` of cfg's kinds, their sources ranked as KINDS says, then `row`."""
+    return step_drafts(
+        text,
+        pool,
+        length=cfg.draft_len,
+        count=cfg.text_drafts if cfg.drafts == "pool+text" else 0,
+        context=cfg.order == "context" and pool.n > 2,
+        frequent=cfg.order == "frequent",
+        ranks=_RANKS,
+        row=row,
+        row_source=WINDOW_SOURCE,
+    )
+
+
+_RANKS, _NO_ROW = np.array(KINDS, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
 
 def step_tree(

@@ -1,62 +1,101 @@
 """Drafts from the text itself: where the sequence's last tokens occurred before (in the prompt
 or the output so far), what followed them is a candidate, as in prompt lookup and suffix
-decoding. Such drafts can be longer than the pool's (N-1)-token n-grams."""
+decoding. Such drafts can be longer than the pool's (N-1)-token n-grams. And a step's drafts of
+every kind, the text's and the pool's, read in one compiled loop (lp/lookahead/draft_loops.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-MIN_MATCH = 2  # a suffix of one token (x0 alone) is the pool's job
-MAX_MATCH = 8  # longer suffixes rank no higher than this
+import numpy as np
+
+from lp.lookahead.draft_loops import GRAMS, MAX_MATCH, MIN_MATCH, index_tokens, rehash_grams, step_chains, text_drafts
+from lp.lookahead.pool import NGramPool
 
 
 class TextIndex:
     """A sequence and, for every L-gram in it (MIN_MATCH <= L <= MAX_MATCH), the positions
-    where it ends, oldest first. A step's text drafts are then a few dict lookups, not a scan
-    of the whole sequence: extending by a token costs MAX_MATCH - 1 small inserts, once.
-    `indexed=False` keeps the sequence only (a decode that takes no text drafts)."""
+    where it ends, newest first: a step's text drafts are then a walk over the occurrences of
+    the sequence's suffixes, not a scan of the whole sequence; extending by a token costs
+    MAX_MATCH - 1 hash lookups, once. `indexed=False` keeps the sequence only (a decode that
+    takes no text drafts).
+
+    Arrays (lp/lookahead/draft_loops.py): the sequence `seq[:n]`; per position e and L-gram
+    column L - MIN_MATCH, `grams[e, col]`: the L-gram's id (-1 where none ends at e) and the
+    previous position ending it (-1: none); per id, `head` (the newest position ending it); the
+    ids' hash table `table`, rows (L, the (L-1)-gram's id or the token before, token, id; id -1:
+    an empty slot)."""
 
     def __init__(self, tokens: Iterable[int] = (), indexed: bool = True) -> None:
-        self.tokens: list[int] = []
-        self._ends: dict[tuple[int, ...], list[int]] = {}
-        self._longest = MAX_MATCH if indexed else 0
+        self.longest = MAX_MATCH if indexed else 0
+        self.seq = np.zeros(0, np.int64)
+        self.grams = np.zeros((0, GRAMS, 2), np.int64)
+        self.head = np.zeros(0, np.int64)
+        self.table = np.full((256, 4), -1, np.int64)
+        self.n = 0
+        self._ids = 0  # L-gram ids made
         self.extend(tokens)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The sequence (a view: read it before the next `extend`)."""
+        return self.seq[: self.n]
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Append committed tokens."""
-        seq, ends = self.tokens, self._ends
-        for token in tokens:
-            seq.append(int(token))
-            e = len(seq) - 1
-            for L in range(MIN_MATCH, min(self._longest, e + 1) + 1):
-                key = tuple(seq[e - L + 1 :])
-                found = ends.get(key)
-                if found is None:
-                    ends[key] = [e]
-                else:
-                    found.append(e)
+        new = np.fromiter(tokens, np.int64)
+        need = self.n + len(new)
+        if need > len(self.seq):
+            self._grow(2 * need)
+        ids = self._ids + GRAMS * len(new) if self.longest else 0  # after these tokens, at most
+        if 2 * ids > len(self.table):  # at most half full: short probes
+            self.table = rehash_grams(self.table, 1 << (2 * ids).bit_length())
+        self._ids = index_tokens(self.seq, self.grams, self.head, self.table, self.n, self._ids, new, self.longest)
+        self.n = need
+
+    def _grow(self, size: int) -> None:
+        """Room for `size` tokens."""
+        more = size - len(self.seq)
+        self.seq = np.concatenate([self.seq, np.zeros(more, np.int64)])
+        self.grams = np.concatenate([self.grams, np.full((more, GRAMS, 2), -1, np.int64)])
+        self.head = np.concatenate([self.head, np.zeros(more * GRAMS, np.int64)])
 
     def drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
         """Up to `count` distinct continuations (at most `length` tokens each) of earlier
         occurrences of the sequence's suffix, best first: the longest matched suffix (at least
         MIN_MATCH tokens, counted up to MAX_MATCH), then the most recent occurrence."""
-        seq = self.tokens
-        last = len(seq) - 1
-        out: dict[tuple[int, ...], None] = {}
-        seen: set[int] = set()
-        if length < 1 or count < 1:
-            return []
-        # an occurrence that matches L tokens also matches every shorter suffix: take it once,
-        # at its longest match
-        for L in range(min(MAX_MATCH, last + 1), MIN_MATCH - 1, -1):
-            for e in reversed(self._ends.get(tuple(seq[last - L + 1 :]), ())):
-                if e == last or e in seen:
-                    continue
-                seen.add(e)
-                out.setdefault(tuple(seq[e + 1 : e + 1 + length]))
-                if len(out) == count:
-                    return list(out)
-        return list(out)
+        return as_tuples(*text_drafts(self.seq, self.n, self.grams, self.head, self.longest, length, count))
 
 
-__all__ = ["MAX_MATCH", "MIN_MATCH", "TextIndex"]
+def step_drafts(
+    text: TextIndex,
+    pool: NGramPool,
+    *,
+    length: int,
+    count: int,
+    context: bool,
+    frequent: bool,
+    ranks: np.ndarray,
+    row: np.ndarray,
+    row_source: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A step's drafts, best first by kind, as chains: draft c is `tokens[starts[c] :
+    starts[c + 1]]` from source `sources[c]`. The text's (`TextIndex.drafts(length, count)`),
+    the r-th from source min(r, ranks[0] - 1); with `context`, the tails of the pool's n-grams
+    that start with the sequence's last two tokens (N-2 tokens each: two matched tokens predict
+    better than one), newest first, the r-th from ranks[0] + min(r, ranks[1] - 1); the pool's
+    tails under the last token (`NGramPool.best(x0, frequent)`), from ranks[0] + ranks[1] +
+    min(r, ranks[2] - 1); then `row`, if not empty, from `row_source`."""
+    return step_chains(
+        text.seq, text.n, text.grams, text.head, text.longest, length, count,
+        pool.table, pool.rows, pool.rings, pool.state, pool.queue, context, frequent, ranks, row, row_source,
+    )  # fmt: skip
+
+
+def as_tuples(tokens: np.ndarray, starts: np.ndarray) -> list[tuple[int, ...]]:
+    """Chains (draft c: `tokens[starts[c] : starts[c + 1]]`) as tuples of ints."""
+    flat, bounds = tokens.tolist(), starts.tolist()
+    return [tuple(flat[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+__all__ = ["MAX_MATCH", "MIN_MATCH", "TextIndex", "as_tuples", "step_drafts"]

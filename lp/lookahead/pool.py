@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
+
+from lp.lookahead.draft_loops import pool_flush, pool_queue, pool_rows, rehash_keys
 
 
 class NGramPool:
@@ -16,90 +17,79 @@ class NGramPool:
     Inserts are queued and land lazily: a read of a key first inserts that key's queued
     n-grams, in order, and `flush` inserts all of them. Every read therefore sees what eager
     inserts would have made (each key's n-grams arrive in the same order), while most of a
-    step's inserts can wait until the next forward is queued (`flush`, lp/decode/loop.py): a step
-    reads two keys of the sixty or so it inserts. `len` flushes."""
+    step's inserts wait until the next forward is queued (`flush`, lp/decode/loop.py): a step
+    reads two keys of the tens it inserts, each insert a few cache misses. `len` flushes.
+
+    Arrays (lp/lookahead/draft_loops.py): a hash table of the first tokens, `table` (rows: key,
+    its block; block -1: an empty slot); per block b a ring of `capacity` rows `rows[b]` (a
+    tail, then the times it was inserted), oldest first from row `rings[b, 0]`, `rings[b, 1]` of
+    them in use, `rings[b, 2:]` their fingerprints; the queue, `queue[:, :state[1]]` (an n-gram
+    a column), and `state[0]`, the blocks in use."""
 
     def __init__(self, n: int, capacity: int) -> None:
         if n < 2:
             raise ValueError(f"n-gram size must be >= 2, got {n}")
         self.n = n
         self.capacity = capacity
-        self._table: dict[int, OrderedDict[tuple[int, ...], int]] = {}  # tail -> times inserted
-        # queued batches: each n-gram's key (None once a read of it inserted it) and its tails, as
-        # rows of an int array [k, N-1] or as tuples
-        self._queue: list[tuple[list[int | None], np.ndarray | list[tuple[int, ...]]]] = []
+        self.table = np.full((0, 2), -1, np.int64)
+        self.rows = np.zeros((0, capacity, n), np.int64)
+        self.rings = np.zeros((0, 2 + capacity), np.int64)
+        self.queue = np.zeros((n, 0), np.int64)
+        self.state = np.zeros(2, np.int64)
 
     def add(self, key: int, tail: tuple[int, ...]) -> None:
         """Insert one n-gram `(key, *tail)`."""
-        self._enqueue([int(key)], [tuple(map(int, tail))])
+        self._enqueue(np.array([key, *tail], np.int64), self.n, 1)
 
     def add_rows(self, grams: np.ndarray) -> None:
-        """Insert each row of an int array `[k, N]` as one n-gram, in row order (the pool keeps
-        `grams` until the n-grams land: do not change it)."""
-        if len(grams):
-            self._enqueue(grams[:, 0].tolist(), grams[:, 1:])
+        """Insert each row of an int array `[k, N]` as one n-gram, in row order."""
+        self._enqueue(np.ascontiguousarray(grams, np.int64).reshape(-1), self.n, len(grams))
 
     def add_sequence(self, tokens: Sequence[int]) -> None:
         """Insert every n-gram of a token sequence (the prompt, or the output's newest tokens)."""
-        n = len(tokens) - self.n + 1
-        if n < 1:
-            return
-        tokens = tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
-        self._enqueue(tokens[:n], [tuple(tokens[i + 1 : i + self.n]) for i in range(n)])
+        tokens = np.asarray(tokens, np.int64)
+        self._enqueue(tokens, 1, len(tokens) - self.n + 1)
 
-    def _enqueue(self, keys: list[int | None], tails: np.ndarray | list[tuple[int, ...]]) -> None:
-        if self.capacity:
-            self._queue.append((keys, tails))
+    def _enqueue(self, flat: np.ndarray, stride: int, k: int) -> None:
+        """Queue n-grams i < k, `flat[i * stride : i * stride + N]`, in order."""
+        if k < 1 or not self.capacity:
+            return
+        if not pool_queue(self.table, self.rings, self.state, self.queue, flat, stride, k):
+            self._grow(k)
+            pool_queue(self.table, self.rings, self.state, self.queue, flat, stride, k)
+
+    def _grow(self, k: int) -> None:
+        """Room for k more queued n-grams and for a block each: twice what they need, the table
+        at most half full."""
+        made, queued = self.state.tolist()
+        size = 2 * (made + queued + k)
+        if size > len(self.rings) or size > len(self.table):
+            more = size - len(self.rings)
+            self.rows = np.concatenate([self.rows, np.zeros((more, *self.rows.shape[1:]), np.int64)])
+            self.rings = np.concatenate([self.rings, np.zeros((more, 2 + self.capacity), np.int64)])
+            self.table = rehash_keys(self.table, 1 << (2 * size).bit_length())
+        if queued + k > self.queue.shape[1]:
+            queue = np.zeros((self.n, 2 * (queued + k)), np.int64)
+            queue[:, :queued] = self.queue[:, :queued]
+            self.queue = queue
 
     def flush(self) -> None:
         """Insert every queued n-gram."""
-        for keys, tails in self._queue:
-            self._insert(keys, tails.tolist() if isinstance(tails, np.ndarray) else tails)
-        self._queue.clear()
-
-    def _land(self, key: int) -> None:
-        """Insert the queued n-grams of `key` (before a read of it)."""
-        for keys, tails in self._queue:
-            if key in keys:  # a step's new n-grams often start with the next step's x0
-                mine = [i for i, k in enumerate(keys) if k == key]
-                self._insert(
-                    [key] * len(mine),
-                    tails[mine].tolist() if isinstance(tails, np.ndarray) else [tails[i] for i in mine],
-                )
-                for i in mine:
-                    keys[i] = None
-
-    def _insert(self, keys: Sequence[int | None], tails: Sequence[Sequence[int]]) -> None:
-        """Insert n-grams `(key, *tail)` in order, skipping keys of None (inserted already);
-        this runs for every window column and every committed token of every step."""
-        table, capacity = self._table, self.capacity
-        for key, tail in zip(keys, tails):
-            if key is None:
-                continue
-            tail = tuple(tail)
-            entries = table.get(key)
-            if entries is None:
-                entries = table[key] = OrderedDict()
-            if tail in entries:
-                entries[tail] += 1
-                entries.move_to_end(tail)
-            else:
-                entries[tail] = 1
-                if len(entries) > capacity:
-                    entries.popitem(last=False)
+        pool_flush(self.table, self.rows, self.rings, self.state, self.queue)
 
     def lookup(self, key: int) -> list[tuple[int, ...]]:
         """The tails stored under `key`, oldest first (at most `capacity`)."""
-        self._land(key)
-        entries = self._table.get(key)
-        return list(entries) if entries else []
+        return self._read(key, False, True)
 
     def best(self, key: int, frequent: bool = False) -> list[tuple[int, ...]]:
         """The tails stored under `key` as candidates, best first: the newest, or with
         `frequent` the most often inserted (ties: the newest)."""
-        newest = self.lookup(key)[::-1]
-        return sorted(newest, key=self._table[key].__getitem__, reverse=True) if frequent and newest else newest
+        return self._read(key, frequent, False)
+
+    def _read(self, key: int, frequent: bool, oldest: bool) -> list[tuple[int, ...]]:
+        rows = pool_rows(self.table, self.rows, self.rings, self.state, self.queue, key, frequent, oldest)
+        return list(map(tuple, rows.tolist()))
 
     def __len__(self) -> int:
         self.flush()
-        return sum(len(e) for e in self._table.values())
+        return int(self.rings[:, 1].sum())

@@ -1,0 +1,120 @@
+"""Plain references of the text index (lp/lookahead/drafts.py), the n-gram pool
+(lp/lookahead/pool.py) and a step's drafts (lp/decode/policy.py), for randomized equality tests:
+Python lists, dicts and tuples, one n-gram or occurrence at a time."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from lp.config import DecodeConfig
+from lp.decode.policy import KINDS, WINDOW_SOURCE
+from lp.lookahead.drafts import MAX_MATCH, MIN_MATCH
+
+
+class ListTextIndex:
+    """The sequence and, per L-gram (MIN_MATCH <= L <= MAX_MATCH), the positions ending it,
+    oldest first."""
+
+    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True) -> None:
+        self.tokens: list[int] = []
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._longest = MAX_MATCH if indexed else 0
+        self.extend(tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        seq, ends = self.tokens, self._ends
+        for token in tokens:
+            seq.append(int(token))
+            e = len(seq) - 1
+            for L in range(MIN_MATCH, min(self._longest, e + 1) + 1):
+                ends.setdefault(tuple(seq[e - L + 1 :]), []).append(e)
+
+    def drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
+        """The longest matched suffix first, then the most recent occurrence; each occurrence
+        once, at its longest match; distinct continuations."""
+        seq = self.tokens
+        last = len(seq) - 1
+        out: dict[tuple[int, ...], None] = {}
+        seen: set[int] = set()
+        if length < 1 or count < 1:
+            return []
+        for L in range(min(MAX_MATCH, last + 1), MIN_MATCH - 1, -1):
+            for e in reversed(self._ends.get(tuple(seq[last - L + 1 :]), ())):
+                if e == last or e in seen:
+                    continue
+                seen.add(e)
+                out.setdefault(tuple(seq[e + 1 : e + 1 + length]))
+                if len(out) == count:
+                    return list(out)
+        return list(out)
+
+
+class DictPool:
+    """At most `capacity` tails per first token, least recently inserted evicted first; a tail
+    inserted again moves to the newest and counts once more."""
+
+    def __init__(self, n: int, capacity: int) -> None:
+        self.n, self.capacity = n, capacity
+        self.table: dict[int, OrderedDict[tuple[int, ...], int]] = {}
+
+    def add(self, key: int, tail: Sequence[int]) -> None:
+        if not self.capacity:
+            return
+        entries = self.table.setdefault(int(key), OrderedDict())
+        tail = tuple(map(int, tail))
+        entries[tail] = entries.pop(tail, 0) + 1
+        if len(entries) > self.capacity:
+            entries.popitem(last=False)
+
+    def add_rows(self, grams: np.ndarray) -> None:
+        for row in grams.tolist():
+            self.add(row[0], row[1:])
+
+    def add_sequence(self, tokens: Sequence[int]) -> None:
+        tokens = list(tokens)
+        for i in range(len(tokens) - self.n + 1):
+            self.add(tokens[i], tokens[i + 1 : i + self.n])
+
+    def lookup(self, key: int) -> list[tuple[int, ...]]:
+        return list(self.table.get(key, ()))
+
+    def best(self, key: int, frequent: bool = False) -> list[tuple[int, ...]]:
+        entries = self.table.get(key, {})
+        newest = list(entries)[::-1]
+        return sorted(newest, key=entries.__getitem__, reverse=True) if frequent else newest
+
+    def __len__(self) -> int:
+        return sum(map(len, self.table.values()))
+
+
+def listed_drafts(cfg: DecodeConfig, pool: DictPool, text: ListTextIndex) -> list[list[tuple[int, ...]]]:
+    """`source_drafts`: the text's drafts, the context-matched pool tails, the pool's tails."""
+    out = text.tokens
+    x0 = out[-1]
+    texts = text.drafts(cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
+    context = (
+        [t[1:] for t in pool.best(out[-2]) if t[0] == x0]
+        if cfg.order == "context" and len(out) > 1 and pool.n > 2
+        else []
+    )
+    return [texts, context, pool.best(x0, cfg.order == "frequent")]
+
+
+def listed_chains(
+    cfg: DecodeConfig, pool: DictPool, text: ListTextIndex, row: Sequence[int] = ()
+) -> tuple[list[tuple[int, ...]], list[int]]:
+    """`draft_chains`: every draft and its source, the window's `row` (if any) last."""
+    drafts: list[tuple[int, ...]] = []
+    sources: list[int] = []
+    source = 0
+    for ranks, found in zip(KINDS, listed_drafts(cfg, pool, text)):
+        drafts += found
+        sources += [source + min(r, ranks - 1) for r in range(len(found))]
+        source += ranks
+    if len(row):
+        drafts.append(tuple(row))
+        sources.append(WINDOW_SOURCE)
+    return drafts, sources
