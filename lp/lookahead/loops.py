@@ -137,6 +137,15 @@ def _push(heap: np.ndarray, h: int, neg: np.ndarray, e: int) -> int:
 
 
 @njit(cache=True)
+def _wait(heap, h, neg_of, entry, n, neg, parent, kind, seq, i, d):
+    """Entry n (chance `-neg`; parent node, kind, row or chain, position i in it, depth) waits in
+    the heap of h entries: the new heap size and entry count."""
+    neg_of[n] = neg
+    entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = parent, kind, seq, i, d
+    return _push(heap, h, neg_of, n), n + 1
+
+
+@njit(cache=True)
 def _pop(heap: np.ndarray, h: int, neg: np.ndarray) -> int:
     """Remove the first entry of a heap of h entries (h - 1 remain)."""
     top = heap[0]
@@ -182,17 +191,11 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
 
     for c in range(n_chains):
         if starts[c + 1] > starts[c]:
-            neg_of[n] = -chances[sources[c], 0]
-            entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = -1, CHAIN, c, 0, 1
-            h = _push(heap, h, neg_of, n)
-            n += 1
+            h, n = _wait(heap, h, neg_of, entry, n, -chances[sources[c], 0], -1, CHAIN, c, 0, 1)
     if k and depth >= 1:
         row = find_row(table, vocab, index, before, x0)
         if row != NO_ROW:
-            neg_of[n] = -q0
-            entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = -1, ROW, row, 0, 1
-            h = _push(heap, h, neg_of, n)
-            n += 1
+            h, n = _wait(heap, h, neg_of, entry, n, -q0, -1, ROW, row, 0, 1)
 
     while h:
         e = _pop(heap, h, neg_of)
@@ -233,53 +236,32 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
                 sibling = neg / rates[i] * rates[i + 1] if has_sibling else 0.0
                 if below != NO_ROW and (not has_sibling or child < sibling):
                     if has_sibling:
-                        neg_of[n] = sibling
-                        entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = parent, ROW, seq, i + 1, d
-                        h = _push(heap, h, neg_of, n)
-                        n += 1
+                        h, n = _wait(heap, h, neg_of, entry, n, sibling, parent, ROW, seq, i + 1, d)
                     if h and neg_of[heap[0]] <= child:
-                        neg_of[n] = child
-                        entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = node, ROW, below, 0, d + 1
-                        h = _push(heap, h, neg_of, n)
-                        n += 1
+                        h, n = _wait(heap, h, neg_of, entry, n, child, node, ROW, below, 0, d + 1)
                         break
                     parent, seq, i, d, neg = node, below, 0, d + 1, child
                 elif has_sibling:
                     if h and neg_of[heap[0]] <= sibling:
-                        neg_of[n] = sibling
-                        entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = parent, ROW, seq, i + 1, d
-                        h = _push(heap, h, neg_of, n)
-                        n += 1
+                        h, n = _wait(heap, h, neg_of, entry, n, sibling, parent, ROW, seq, i + 1, d)
                         if below != NO_ROW:
-                            neg_of[n] = child
-                            entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = node, ROW, below, 0, d + 1
-                            h = _push(heap, h, neg_of, n)
-                            n += 1
+                            h, n = _wait(heap, h, neg_of, entry, n, child, node, ROW, below, 0, d + 1)
                         break
                     if below != NO_ROW:
-                        neg_of[n] = child
-                        entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = node, ROW, below, 0, d + 1
-                        h = _push(heap, h, neg_of, n)
-                        n += 1
+                        h, n = _wait(heap, h, neg_of, entry, n, child, node, ROW, below, 0, d + 1)
                     i, neg = i + 1, sibling
                 else:
                     break
                 continue
             if below != NO_ROW:
-                neg_of[n] = child
-                entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = node, ROW, below, 0, d + 1
-                h = _push(heap, h, neg_of, n)
-                n += 1
+                h, n = _wait(heap, h, neg_of, entry, n, child, node, ROW, below, 0, d + 1)
             if starts[seq] + i + 1 >= starts[seq + 1]:
                 break
             # a chain goes on from its node's chance: another source's, if it made the node first
             neg = (neg if new else made[node]) * chances[sources[seq], i + 1]
             parent, i, d = node, i + 1, d + 1
             if h and neg_of[heap[0]] <= neg:
-                neg_of[n] = neg
-                entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = parent, CHAIN, seq, i, d
-                h = _push(heap, h, neg_of, n)
-                n += 1
+                h, n = _wait(heap, h, neg_of, entry, n, neg, parent, CHAIN, seq, i, d)
                 break
 
     # subtree order: nodes grouped by their root (roots by index), each group in growth order
