@@ -90,7 +90,7 @@ def device_layout(layout: StepLayout, device: torch.device, fixed: bool, packed:
         rows[:R] = layout.logit_rows
     else:
         block, depth, rows = layout.mask, layout.depth, layout.logit_rows
-    parents = np.asarray(layout.tree, dtype=np.int64)
+    parents = layout.parents
     if not (device.type == "cuda" if packed is None else packed):
         return DeviceLayout(*(torch.from_numpy(a).to(device) for a in (block, depth, rows, parents)), used, R)
     # the int64 arrays after the mask's B*B bytes, padded to a multiple of 8 (aligned views)
