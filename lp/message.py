@@ -110,16 +110,15 @@ def _merge(gathered: np.ndarray, counts: np.ndarray, start: int, k: int) -> tupl
     (up to near-ties that a top-k computed in another batch shape may order differently).
     Compiled: P short rows of checks and copies, on the host's path between the message read
     and the next forward, where Python's per-row work costs tens of microseconds at P=8."""
-    P, y1, best = gathered.shape[0], gathered[0, 0], -1
+    P, K = gathered.shape
+    best, most, lowest = -1, -1, 0  # the winner so far: its rank, accepted tokens, candidate index
     for r in range(P):
-        h = gathered[r]
-        if h[3] != gathered[0, 3] or h[4] != gathered[0, 4]:
-            return -2, gathered[0, :0], np.zeros((0, 1), np.int64)
+        if gathered[r, 3] != gathered[0, 3] or gathered[r, 4] != gathered[0, 4]:
+            return -2, np.zeros(0, np.int64), np.zeros((0, 1), np.int64)
         # the most accepted, then the lowest global candidate index, among ranks that agree on y1
-        if h[0] == y1 and h[1] >= 0:
-            b = gathered[best] if best >= 0 else h
-            if best < 0 or h[2] > b[2] or (h[2] == b[2] and h[1] < b[1]):
-                best = r
+        if gathered[r, 0] == gathered[0, 0] and gathered[r, 1] >= 0:
+            if gathered[r, 2] > most or (gathered[r, 2] == most and gathered[r, 1] < lowest):
+                best, most, lowest = r, gathered[r, 2], gathered[r, 1]
     W = counts[:, 0].sum()
     new = np.empty(W, np.int64)
     i = 0
@@ -129,17 +128,19 @@ def _merge(gathered: np.ndarray, counts: np.ndarray, start: int, k: int) -> tupl
             i += 1
     if not k:
         return best, new, np.zeros((0, 1), np.int64)
-    width = 1 + k
-    base = start + W  # rank r's row i at base + i*width
-    successors = np.empty((1 + W + counts[:, 1].sum(), width), np.int64)
-    successors[0] = gathered[0, base : base + width]
-    i = 1
+    width, base = 1 + k, start + W  # rank r's row c at [r, base + c * width]
+    n = 1 + W + counts[:, 1].sum()
+    at = np.empty(n, np.int64)  # each row's first element in the flat messages, in order
+    at[0], i = base, 1
     for r in range(P):
         for c in range(1, 1 + counts[r, 0]):
-            successors[i] = gathered[r, base + c * width : base + (c + 1) * width]
-            i += 1
+            at[i], i = r * K + base + c * width, i + 1
     for r in range(P - 1, -1, -1):
         for c in range(counts[r, 0] + counts[r, 1], counts[r, 0], -1):
-            successors[i] = gathered[r, base + c * width : base + (c + 1) * width]
-            i += 1
+            at[i], i = r * K + base + c * width, i + 1
+    flat = gathered.ravel()
+    successors = np.empty((n, width), np.int64)
+    for i in range(n):
+        for j in range(width):
+            successors[i, j] = flat[at[i] + j]
     return best, new, successors
