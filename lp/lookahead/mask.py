@@ -111,9 +111,9 @@ def _lay_out(
     pending tokens, window columns start..stop-1 (and the row-0 prefix rows[0, 1..prefix]), then
     a tree's nodes; and the first node whose parent is neither -1 nor an earlier node (-1:
     none). Compiled: most steps of a real decode bring a new tree (and, over several ranks, new
-    columns), and the mask is a pass over the nodes in order, each row its parent's plus its own
-    bit, that array ops cannot do in one op and Python does in tens of microseconds on the
-    host's path between the message read and the next forward."""
+    columns), and a node's mask row is a walk up its ancestors, per node, which array ops
+    cannot do in one op and Python does in tens of microseconds, on the host's path between
+    the message read and the next forward."""
     L, nc, n = N - 2, stop - start, parents.shape[0]
     base = m + prefix  # column start+k's level l (1..L) at base + k*L + l-1
     first = base + nc * L  # the tree's first node
@@ -146,15 +146,13 @@ def _lay_out(
         rows[1 + c] = m - 1 + j if N == 2 else top + L - 1
     for i in range(n):  # a node sees its ancestors and itself
         p, q = parents[i], first + i
-        if p == -1:
-            depth[q] = 1
-        elif 0 <= p < i:  # the parent's row: its ancestors and itself
-            for k in range(first, first + p + 1):
-                mask[q, k] = mask[first + p, k]
-            depth[q] = depth[first + p] + 1
-        else:
+        if p != -1 and not 0 <= p < i:
             return i, gather, depth, mask, rows
-        mask[q, q] = True
+        depth[q] = 1 if p < 0 else depth[first + p] + 1
+        a = i
+        while a >= 0:  # up the parents, which precede their children: depth steps
+            mask[q, first + a] = True
+            a = parents[a]
         gather[q] = m + (N - 1) * W + i
         rows[1 + nc + i] = q
     return -1, gather, depth, mask, rows
