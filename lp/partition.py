@@ -88,11 +88,13 @@ def _floor(W: int, N: int, P: int, ends: np.ndarray, candidate_tokens: int) -> i
 
 @njit(cache=True)
 def _search(W: int, N: int, ends: np.ndarray, P: int, candidate_tokens: int) -> np.ndarray:
-    """The least limit that `_greedy` meets, searched as `partition` says, and its fill `[P, 4]`.
-    Compiled: where the floor fails, the search fills about log2(the limits' range) times (at
-    W60 N5 G60 P8, eight or nine), each fill a loop over the ranks with a bisection each: tens
-    of microseconds in Python, on the host's path between the message read and the next
-    forward."""
+    """The ranks' shares `[P, 4]` (`_greedy`'s rows) at the least limit the fill meets: the floor
+    first, as no limit below it is feasible, so where the fill meets it (about 2 steps in 5 of a
+    real decode at W60 N5 G60 P8) it is the best limit, found in one fill; else a binary search
+    above it (the fill is not monotone in the limit: it may land on a feasible limit that is not
+    the least). Compiled: the search fills about log2(the limits' range) times (at W60 N5 G60
+    P8, eight or nine), each fill a loop over the ranks with a bisection each: tens of
+    microseconds in Python, on the host's path between the message read and the next forward."""
     out = np.empty((P, 4), np.int64)
     floor = _floor(W, N, P, ends, candidate_tokens)
     if _greedy(W, N, ends, P, floor, candidate_tokens, out):
@@ -131,16 +133,28 @@ def partition(
     """
     groups = groups if groups is not None else (1,) * G
     candidate_tokens = N - 1 if candidate_tokens is None else candidate_tokens
-    if W < 0 or N < 2 or G < 0 or P < 1 or sum(groups) != G or min(groups, default=1) < 1 or candidate_tokens < 1:
+    ends = np.fromiter(groups, dtype=np.int64, count=len(groups)).cumsum()
+    if min(W, G, P - 1, N - 2, candidate_tokens - 1) < 0 or not _whole(ends, G):
         raise ValueError(
             f"bad partition request W={W} N={N} G={G} P={P} groups={groups} candidate_tokens={candidate_tokens}"
         )
-    if P == 1:
-        return (RankPlan(range(W), range(G)),)
-    # The floor first: no limit below it is feasible, so where the fill meets it (about 2 steps
-    # in 5 of a real decode at W60 N5 G60 P8) it is the best limit, found in one fill. Else a
-    # binary search above it (the fill is not monotone in the limit: it may land on a feasible
-    # limit that is not the least).
-    ends = np.fromiter(groups, dtype=np.int64, count=len(groups)).cumsum()
-    plans = _search(W, N, ends, P, candidate_tokens).tolist()
-    return tuple(RankPlan(range(a, b), range(c, d)) for a, b, c, d in plans)
+    return _plans(_search(W, N, ends, P, candidate_tokens).tobytes())
+
+
+@njit(cache=True)
+def _whole(ends: np.ndarray, G: int) -> bool:
+    """Whether groups ending at `ends` (a cumulative sum) are each at least 1 and sum to G."""
+    start = 0
+    for end in ends:
+        if end <= start:
+            return False
+        start = end
+    return start == G
+
+
+@lru_cache(maxsize=4096)
+def _plans(bounds: bytes) -> tuple[RankPlan, ...]:
+    """The ranks' plans from `_search`'s int64 rows (first column, column stop, first candidate,
+    candidate stop) as bytes: cached, as many steps' different trees split alike."""
+    rows = np.frombuffer(bounds, dtype=np.int64).reshape(-1, 4).tolist()
+    return tuple(RankPlan(range(a, b), range(c, d)) for a, b, c, d in rows)
