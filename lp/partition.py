@@ -133,11 +133,15 @@ def partition(
     """
     groups = groups if groups is not None else (1,) * G
     candidate_tokens = N - 1 if candidate_tokens is None else candidate_tokens
-    ends = np.fromiter(groups, dtype=np.int64, count=len(groups)).cumsum()
-    if min(W, G, P - 1, N - 2, candidate_tokens - 1) < 0 or not _whole(ends, G):
+    # one rank takes the whole step: no search (most steps' trees are new, so most calls get here)
+    ends = np.fromiter(groups, dtype=np.int64, count=len(groups)).cumsum() if P > 1 else None
+    whole = _whole(ends, G) if ends is not None else sum(groups) == G and min(groups, default=1) >= 1
+    if min(W, G, P - 1, N - 2, candidate_tokens - 1) < 0 or not whole:
         raise ValueError(
             f"bad partition request W={W} N={N} G={G} P={P} groups={groups} candidate_tokens={candidate_tokens}"
         )
+    if ends is None:
+        return (RankPlan(range(W), range(G)),)
     return _plans(_search(W, N, ends, P, candidate_tokens).tobytes())
 
 

@@ -142,10 +142,11 @@ def test_groups_stay_together_and_balance_is_optimal(N):
         assert max_cost(plans, N) == brute_force_optimum(W, N, G, P, groups), (W, N, groups, P, plans)
 
 
+@pytest.mark.parametrize("P", [1, 2])
 @pytest.mark.parametrize("groups", [(1, 1), (0, 3), (2, -1, 2), (4,)])
-def test_bad_groups_raise(groups):
+def test_bad_groups_raise(groups, P):
     with pytest.raises(ValueError):
-        partition(3, 3, 3, 2, groups)
+        partition(3, 3, 3, P, groups)
 
 
 def test_rank_plan_cost_matches_independent_count():
