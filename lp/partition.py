@@ -87,19 +87,22 @@ def _floor(W: int, N: int, P: int, ends: np.ndarray, candidate_tokens: int) -> i
 
 
 @njit(cache=True)
-def _search(W: int, N: int, ends: np.ndarray, P: int, candidate_tokens: int) -> np.ndarray:
-    """The ranks' shares `[P, 4]` (`_greedy`'s rows) at the least limit the fill meets: the floor
+def _search(W: int, N: int, sizes: np.ndarray, P: int, candidate_tokens: int, G: int) -> np.ndarray:
+    """The ranks' shares `[P, 4]` (`_greedy`'s rows) for groups of `sizes` candidates (none, `[0,
+    4]`, unless each is at least 1 and they sum to G) at the least limit the fill meets: the floor
     first, as no limit below it is feasible, so where the fill meets it (about 2 steps in 5 of a
     real decode at W60 N5 G60 P8) it is the best limit, found in one fill; else a binary search
     above it (the fill is not monotone in the limit: it may land on a feasible limit that is not
     the least). Compiled: the search fills about log2(the limits' range) times (at W60 N5 G60
     P8, eight or nine), each fill a loop over the ranks with a bisection each: tens of
     microseconds in Python, on the host's path between the message read and the next forward."""
+    ends = np.cumsum(sizes)
+    if (len(sizes) and sizes.min() < 1) or (ends[-1] if len(ends) else 0) != G:
+        return np.empty((0, 4), np.int64)
     out = np.empty((P, 4), np.int64)
     floor = _floor(W, N, P, ends, candidate_tokens)
     if _greedy(W, N, ends, P, floor, candidate_tokens, out):
         return out
-    G = ends[-1] if ends.shape[0] else 0
     lo, hi = floor + 1, 1 + max(W - 1, 0) + (N - 2) * W + candidate_tokens * G
     at_hi = np.empty((0, 4), np.int64)  # the fill at `hi`, once a probe has made it
     probe = np.empty((P, 4), np.int64)
@@ -133,27 +136,18 @@ def partition(
     """
     groups = groups if groups is not None else (1,) * G
     candidate_tokens = N - 1 if candidate_tokens is None else candidate_tokens
-    # one rank takes the whole step: no search (most steps' trees are new, so most calls get here)
-    ends = np.fromiter(groups, dtype=np.int64, count=len(groups)).cumsum() if P > 1 else None
-    whole = _whole(ends, G) if ends is not None else sum(groups) == G and min(groups, default=1) >= 1
-    if min(W, G, P - 1, N - 2, candidate_tokens - 1) < 0 or not whole:
-        raise ValueError(
-            f"bad partition request W={W} N={N} G={G} P={P} groups={groups} candidate_tokens={candidate_tokens}"
-        )
-    if ends is None:
-        return (RankPlan(range(W), range(G)),)
-    return _plans(_search(W, N, ends, P, candidate_tokens).tobytes())
-
-
-@njit(cache=True)
-def _whole(ends: np.ndarray, G: int) -> bool:
-    """Whether groups ending at `ends` (a cumulative sum) are each at least 1 and sum to G."""
-    start = 0
-    for end in ends:
-        if end <= start:
-            return False
-        start = end
-    return start == G
+    if min(W, G, P - 1, N - 2, candidate_tokens - 1) >= 0:
+        if P == 1:  # one rank takes the whole step: no search
+            if sum(groups) == G and min(groups, default=1) >= 1:
+                return (RankPlan(range(W), range(G)),)
+        else:
+            sizes = np.fromiter(groups, dtype=np.int64, count=len(groups))
+            bounds = _search(W, N, sizes, P, candidate_tokens, G)
+            if len(bounds):  # else the groups are not each at least 1, or do not sum to G
+                return _plans(bounds.tobytes())
+    raise ValueError(
+        f"bad partition request W={W} N={N} G={G} P={P} groups={groups} candidate_tokens={candidate_tokens}"
+    )
 
 
 @lru_cache(maxsize=4096)
