@@ -62,7 +62,7 @@ def plan_step(
 
 
 def compile_kernels() -> None:
-    """Compile the step's compiled kernels (partition, layout, merge), or load them from numba's
+    """Compile the step's numba kernels (partition, layout, merge), or load them from numba's
     cache, on a two-rank step of a two-node tree: before a decode's clock starts rather than in
     its first step (seconds on a fresh install, about 0.3 s from the cache, once per process)."""
     tree = DraftTree(np.zeros(2, dtype=np.int64), (-1, 0))
