@@ -88,7 +88,7 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k:
     of `k` tokens, if k > 0). Rank 0's y1 is authoritative: a candidate counts only if its rank
     computed the same y1. The longest acceptance wins, ties to the lowest candidate."""
     counts = np.array([len(r) for p in plans for r in (p.columns, p.candidates)], dtype=np.int64)
-    best, new, successors = _merge(gathered, counts.reshape(-1, 2), HEADER + max_commit, k)
+    best, new, successors = _merge(gathered, counts, HEADER + max_commit, k)
     if best == -2:
         raise LPError(f"ranks diverged: output lengths {gathered[:, 3].tolist()}, checksums {gathered[:, 4].tolist()}")
     if best < 0:
@@ -99,9 +99,10 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k:
 
 @njit(cache=True)
 def _merge(gathered: np.ndarray, counts: np.ndarray, start: int, k: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """`merge`'s work on the messages of ranks whose plans hold `counts[r]` = (columns,
-    candidates), their window slots from `start`: the rank whose path wins (-1: none, -2: the
-    ranks' output lengths or checksums differ), the window's new level, and the successor rows
+    """`merge`'s work on the messages of ranks whose plans hold `counts[2r]` columns and
+    `counts[2r + 1]` candidates, their window slots from `start`: the rank whose path wins
+    (-1: none, -2: the ranks' output lengths or checksums differ), the window's new level, and
+    the successor rows
     (none, `[0, 1]`, without k) in the order that every rank applies them: x0, every column,
     then every node from the last to the first. The table keeps a token's last row, so a
     token's row computed after its likeliest node (the tree puts the best drafts first) wins
@@ -119,24 +120,25 @@ def _merge(gathered: np.ndarray, counts: np.ndarray, start: int, k: int) -> tupl
         if gathered[r, 0] == gathered[0, 0] and gathered[r, 1] >= 0:
             if gathered[r, 2] > most or (gathered[r, 2] == most and gathered[r, 1] < lowest):
                 best, most, lowest = r, gathered[r, 2], gathered[r, 1]
-    W = counts[:, 0].sum()
+    cols, nodes = counts[0::2], counts[1::2]
+    W = cols.sum()
     new = np.empty(W, np.int64)
     i = 0
     for r in range(P):
-        for c in range(counts[r, 0]):
+        for c in range(cols[r]):
             new[i] = gathered[r, start + c]
             i += 1
     if not k:
         return best, new, np.zeros((0, 1), np.int64)
     width, base = 1 + k, start + W  # rank r's row c at [r, base + c * width]
-    n = 1 + W + counts[:, 1].sum()
+    n = 1 + W + nodes.sum()
     at = np.empty(n, np.int64)  # each row's first element in the flat messages, in order
     at[0], i = base, 1
     for r in range(P):
-        for c in range(1, 1 + counts[r, 0]):
+        for c in range(1, 1 + cols[r]):
             at[i], i = r * K + base + c * width, i + 1
     for r in range(P - 1, -1, -1):
-        for c in range(counts[r, 0] + counts[r, 1], counts[r, 0], -1):
+        for c in range(cols[r] + nodes[r], cols[r], -1):
             at[i], i = r * K + base + c * width, i + 1
     flat = gathered.ravel()
     successors = np.empty((n, width), np.int64)
