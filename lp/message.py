@@ -102,9 +102,8 @@ def _merge(gathered: np.ndarray, counts: np.ndarray, start: int, k: int) -> tupl
     """`merge`'s work on the messages of ranks whose plans hold `counts[2r]` columns and
     `counts[2r + 1]` candidates, their window slots from `start`: the rank whose path wins
     (-1: none, -2: the ranks' output lengths or checksums differ), the window's new level, and
-    the successor rows
-    (none, `[0, 1]`, without k) in the order that every rank applies them: x0, every column,
-    then every node from the last to the first. The table keeps a token's last row, so a
+    the successor rows (none, `[0, 1]`, without k) in the order that every rank applies them:
+    x0, every column, then every node from the last to the first. The table keeps a token's last row, so a
     token's row computed after its likeliest node (the tree puts the best drafts first) wins
     over those after later nodes and after the window's guesses (on 12 Spec-Bench prompts, S
     2.72 -> 2.77 at W15 N5 G15 against nodes first to last). The order is one rank's at any P
