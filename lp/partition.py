@@ -142,17 +142,9 @@ def partition(
                 return (RankPlan(range(W), range(G)),)
         else:
             sizes = np.fromiter(groups, dtype=np.int64, count=len(groups))
-            bounds = _search(W, N, sizes, P, candidate_tokens, G)
-            if len(bounds):  # else the groups are not each at least 1, or do not sum to G
-                return _plans(bounds.tobytes())
+            bounds = _search(W, N, sizes, P, candidate_tokens, G).tolist()
+            if bounds:  # else the groups are not each at least 1, or do not sum to G
+                return tuple(RankPlan(range(a, b), range(c, d)) for a, b, c, d in bounds)
     raise ValueError(
         f"bad partition request W={W} N={N} G={G} P={P} groups={groups} candidate_tokens={candidate_tokens}"
     )
-
-
-@lru_cache(maxsize=4096)
-def _plans(bounds: bytes) -> tuple[RankPlan, ...]:
-    """The ranks' plans from `_search`'s int64 rows (first column, column stop, first candidate,
-    candidate stop) as bytes: cached, as many steps' different trees split alike."""
-    rows = np.frombuffer(bounds, dtype=np.int64).reshape(-1, 4).tolist()
-    return tuple(RankPlan(range(a, b), range(c, d)) for a, b, c, d in rows)
