@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numba import njit
 
 from lp.config import DecodeConfig
 from lp.errors import LPError
@@ -86,32 +87,61 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k:
     """Merge `[P, K]` messages of steps committing at most `max_commit` tokens (and successor rows
     of `k` tokens, if k > 0). Rank 0's y1 is authoritative: a candidate counts only if its rank
     computed the same y1. The longest acceptance wins, ties to the lowest candidate."""
-    head = gathered[:, :HEADER].tolist()  # P short rows: Python beats array ops at this size
-    y1, _, _, length, checksum = head[0]
-    if any(h[3] != length or h[4] != checksum for h in head):
-        raise LPError(f"ranks diverged: output lengths {[h[3] for h in head]}, checksums {[h[4] for h in head]}")
-    # the most accepted, then the lowest global candidate index, among ranks that agree on y1
-    best = min(((-h[2], h[1], r) for r, h in enumerate(head) if h[0] == y1 and h[1] >= 0), default=None)
-    tokens, accepted = [y1], 0
-    if best is not None:
-        accepted, r = -best[0], best[2]
-        tokens = gathered[r, HEADER : HEADER + accepted + 1].tolist()
-    start = HEADER + max_commit
-    new = np.concatenate([gathered[r, start : start + len(p.columns)] for r, p in enumerate(plans)])
-    return Outcome(tokens, new, accepted, _successor_rows(gathered[:, start + len(new) :], plans, k))
+    counts = np.array([len(r) for p in plans for r in (p.columns, p.candidates)], dtype=np.int64)
+    best, new, successors = _merge(gathered, counts, HEADER + max_commit, k)
+    if best == -2:
+        raise LPError(f"ranks diverged: output lengths {gathered[:, 3].tolist()}, checksums {gathered[:, 4].tolist()}")
+    if best < 0:
+        return Outcome([int(gathered[0, 0])], new, 0, successors)
+    accepted = int(gathered[best, 2])
+    return Outcome(gathered[best, HEADER : HEADER + accepted + 1].tolist(), new, accepted, successors)
 
 
-def _successor_rows(section: np.ndarray, plans: tuple[RankPlan, ...], k: int) -> np.ndarray:
-    """The messages' successor sections `[P, R(1 + k)]` as one list of rows, in the order that
-    every rank applies them: x0, every column, then every node from the last to the first. The
-    table keeps a token's last row, so a token's row computed after its likeliest node (the tree
-    puts the best drafts first) wins over those after later nodes and after the window's guesses
-    (on 12 Spec-Bench prompts, S 2.72 -> 2.77 at W15 N5 G15 against nodes first to last). The
-    order is one rank's at any P (up to near-ties that a top-k computed in another batch shape
-    may order differently)."""
+@njit(cache=True)
+def _merge(gathered: np.ndarray, counts: np.ndarray, start: int, k: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """`merge`'s work on the messages of ranks whose plans hold `counts[2r]` columns and
+    `counts[2r + 1]` candidates, their window slots from `start`: the rank whose path wins
+    (-1: none, -2: the ranks' output lengths or checksums differ), the window's new level, and
+    the successor rows (none, `[0, 1]`, without k) in the order that every rank applies them:
+    x0, every column, then every node from the last to the first. The table keeps a token's last row, so a
+    token's row computed after its likeliest node (the tree puts the best drafts first) wins
+    over those after later nodes and after the window's guesses (on 12 Spec-Bench prompts, S
+    2.72 -> 2.77 at W15 N5 G15 against nodes first to last). The order is one rank's at any P
+    (up to near-ties that a top-k computed in another batch shape may order differently).
+    Compiled: P short rows of checks and copies, on the host's path between the message read
+    and the next forward, where Python's per-row work costs tens of microseconds at P=8."""
+    P, K = gathered.shape
+    best, most, lowest = -1, -1, 0  # the winner so far: its rank, accepted tokens, candidate index
+    for r in range(P):
+        if gathered[r, 3] != gathered[0, 3] or gathered[r, 4] != gathered[0, 4]:
+            return -2, np.zeros(0, np.int64), np.zeros((0, 1), np.int64)
+        # the most accepted, then the lowest global candidate index, among ranks that agree on y1
+        if gathered[r, 0] == gathered[0, 0] and gathered[r, 1] >= 0:
+            if gathered[r, 2] > most or (gathered[r, 2] == most and gathered[r, 1] < lowest):
+                best, most, lowest = r, gathered[r, 2], gathered[r, 1]
+    cols, nodes = counts[0::2], counts[1::2]
+    W = cols.sum()
+    new = np.empty(W, np.int64)
+    i = 0
+    for r in range(P):
+        for c in range(cols[r]):
+            new[i] = gathered[r, start + c]
+            i += 1
     if not k:
-        return np.zeros((0, 1), dtype=np.int64)
-    rows = section.reshape(len(plans), -1, 1 + k)
-    cols = [1 + len(p.columns) for p in plans]
-    nodes = [rows[r, c : c + len(p.candidates)] for r, (c, p) in enumerate(zip(cols, plans))]
-    return np.concatenate([rows[0, :1]] + [rows[r, 1:c] for r, c in enumerate(cols)] + [n[::-1] for n in nodes[::-1]])
+        return best, new, np.zeros((0, 1), np.int64)
+    width, base = 1 + k, start + W  # rank r's row c at [r, base + c * width]
+    n = 1 + W + nodes.sum()
+    at = np.empty(n, np.int64)  # each row's first element in the flat messages, in order
+    at[0], i = base, 1
+    for r in range(P):
+        for c in range(1, 1 + cols[r]):
+            at[i], i = r * K + base + c * width, i + 1
+    for r in range(P - 1, -1, -1):
+        for c in range(cols[r] + nodes[r], cols[r], -1):
+            at[i], i = r * K + base + c * width, i + 1
+    flat = gathered.ravel()
+    successors = np.empty((n, width), np.int64)
+    for i in range(n):
+        for j in range(width):
+            successors[i, j] = flat[at[i] + j]
+    return best, new, successors

@@ -261,3 +261,33 @@ def test_named_parts_of_a_step(m, W, N, cols, tree):
     assert [t[-1] for t in last_level] == list(cols) and all(t[0] in ("w", "p") for t in last_level)
     nodes = [lay.tokens[r] for r in rows[lay.node_rows]]
     assert nodes == [("g", i) for i in range(len(nodes))] == list(lay.tokens[lay.node_tokens])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_layouts_equal_the_reference(seed):
+    """Random steps (pending tokens, column ranges, trees up to a hundred nodes) lay out as the
+    plain-Python construction does (tests/reference_plan.py), array for array, dtypes included;
+    a bad tree raises there and here."""
+    import reference_plan
+
+    rng = np.random.default_rng(seed)
+    for _ in range(150):
+        W, N, m = int(rng.integers(0, 20)), int(rng.integers(2, 7)), int(rng.integers(1, 6))
+        a = int(rng.integers(0, W + 1))
+        columns = range(a, int(rng.integers(a, W + 1)))
+        tree = random_tree(rng, int(rng.integers(0, 100)))
+        if rng.random() < 0.1 and tree:  # a parent that does not precede its node, or below -1
+            q = int(rng.integers(0, len(tree)))
+            tree = tree[:q] + (int(rng.choice([q, q + 1, -2])),) + tree[q + 1 :]
+        try:
+            want = reference_plan.layout_arrays(m, W, N, columns, tree)
+        except ValueError:
+            with pytest.raises(ValueError, match="bad tree"):
+                step_layout(m, W, N, columns, tree)
+            continue
+        got = step_layout(m, W, N, columns, tree)
+        assert got.prefix == want.pop("prefix") and got.parents.tolist() == list(tree)
+        for name, array in want.items():
+            mine = getattr(got, name)
+            assert mine.dtype == array.dtype and mine.shape == array.shape, name
+            assert np.array_equal(mine, array), (name, m, W, N, columns, tree)

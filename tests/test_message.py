@@ -216,3 +216,27 @@ def test_successor_rows_merge_in_one_rank_order():
 def test_no_successor_rows_without_k():
     out = merge(gather(message(4, 1, 2, [4, 5, 6], 0, new=[10, 11, 12, 13, 14])), partition(W, N, 2, 1), N)
     assert len(out.successors) == 0
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_merge_equals_the_reference(k):
+    """Random messages of random plans merge as the plain-Python merge does
+    (tests/reference_plan.py): the winning path, the new tokens and the successor rows."""
+    import reference_plan
+
+    rng = np.random.default_rng(k)
+    for _ in range(300):
+        P, Wr, max_commit = int(rng.integers(1, 9)), int(rng.integers(0, 30)), int(rng.integers(1, 7))
+        groups = tuple(int(g) for g in rng.integers(1, 6, size=int(rng.integers(0, 12))))
+        plans = partition(Wr, 4, sum(groups), P, groups, 1)
+        rows = 1 + Wr + sum(groups)
+        gathered = rng.integers(0, 50, size=(P, message_size(Wr, max_commit, rows, k)))
+        gathered[:, 3:5] = gathered[0, 3:5]
+        gathered[:, 0] = np.where(rng.random(P) < 0.7, gathered[0, 0], gathered[:, 0])
+        gathered[:, 1] = np.where(rng.random(P) < 0.2, -1, rng.integers(0, 3, size=P))  # ties, and none
+        gathered[:, 2] = rng.integers(0, max_commit, size=P)
+        out = merge(gathered, plans, max_commit, k)
+        tokens, new, accepted, successors = reference_plan.merge(gathered, plans, max_commit, k)
+        assert (out.tokens, out.accepted) == (tokens, accepted)
+        assert out.new.dtype == new.dtype and np.array_equal(out.new, new)
+        assert out.successors.dtype == successors.dtype and np.array_equal(out.successors, successors)

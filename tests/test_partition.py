@@ -142,10 +142,11 @@ def test_groups_stay_together_and_balance_is_optimal(N):
         assert max_cost(plans, N) == brute_force_optimum(W, N, G, P, groups), (W, N, groups, P, plans)
 
 
+@pytest.mark.parametrize("P", [1, 2])
 @pytest.mark.parametrize("groups", [(1, 1), (0, 3), (2, -1, 2), (4,)])
-def test_bad_groups_raise(groups):
+def test_bad_groups_raise(groups, P):
     with pytest.raises(ValueError):
-        partition(3, 3, 3, 2, groups)
+        partition(3, 3, 3, P, groups)
 
 
 def test_rank_plan_cost_matches_independent_count():
@@ -205,6 +206,8 @@ def test_no_fill_meets_a_limit_below_the_floor():
     """The search skips limits under `_floor` without filling: no fill may meet one."""
     import random
 
+    import numpy as np
+
     from lp.partition import _floor, _greedy
 
     rng = random.Random(0)
@@ -213,8 +216,25 @@ def test_no_fill_meets_a_limit_below_the_floor():
         W, N, P = rng.choice([0, 1, 3, 15, 60]), rng.randint(2, 6), rng.randint(2, 8)
         groups = tuple(rng.randint(1, 12) for _ in range(rng.randint(0, 12)))
         width = rng.choice([1, N - 1])
-        floor = _floor(W, N, P, groups, width)
-        ends = tuple(itertools.accumulate(groups))
-        assert all(_greedy(W, N, ends, P, limit, width) is None for limit in range(1, floor))
-        tight += _greedy(W, N, ends, P, floor, width) is not None
+        ends = np.cumsum(groups, dtype=np.int64)
+        floor, out = _floor(W, N, P, ends, width), np.empty((P, 4), dtype=np.int64)
+        assert all(not _greedy(W, N, ends, P, limit, width, out) for limit in range(1, floor))
+        tight += _greedy(W, N, ends, P, floor, width, out)
     assert tight > 30  # the floor is often the answer itself: it is not a vacuous bound
+
+
+def test_plans_equal_the_reference_search():
+    """The compiled search gives the plans of the plain-Python one (tests/reference_plan.py) on
+    random groups, widths and rank counts, trees' shapes included (many small root subtrees)."""
+    import random
+
+    import reference_plan
+
+    rng = random.Random(1)
+    for _ in range(3000):
+        W, N, P = rng.choice([0, 1, 2, 3, 7, 15, 60]), rng.randint(2, 7), rng.randint(1, 9)
+        groups = tuple(rng.choice([1, 1, 1, 2, 3, rng.randint(1, 40)]) for _ in range(rng.randint(0, 60)))
+        width = rng.choice([1, N - 1])
+        plans = partition(W, N, sum(groups), P, groups, width)
+        got = [(p.columns.start, p.columns.stop, p.candidates.start, p.candidates.stop) for p in plans]
+        assert got == reference_plan.partition(W, N, P, groups, width), (W, N, P, groups, width)

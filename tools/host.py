@@ -47,7 +47,7 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
 from lp.errors import LPError
-from lp.lookahead.mask import StepLayout, step_layout, window_part
+from lp.lookahead.mask import StepLayout, step_layout
 from lp.message import HEADER, step_message_size
 from lp.partition import partition
 from lp.worker import Worker
@@ -331,7 +331,7 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
     if not 0 <= rank < rec.world_size:
         raise LPError(f"rank {rank} is not one of the recording's {rec.world_size}")
     context = max(map(len, rec.prompts)) + cfg.max_new_tokens + 16
-    for cache in (partition, step_layout, window_part):  # cold, as in a fresh process: a replay
+    for cache in (partition, step_layout):  # cold, as in a fresh process: a replay
         cache.cache_clear()  # after a replay would find every shape cached
     if rec.settings != _settings(cfg):
         raise LPError(f"the recording is of {rec.settings}, not {_settings(cfg)}")

@@ -11,7 +11,7 @@ import torch
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decode.plan import StepPlan, largest_step, plan_step
+from lp.decode.plan import StepPlan, compile_kernels, largest_step, plan_step
 from lp.decode.policy import DraftSources
 from lp.decode.record import Generation, collector_paused
 from lp.decode.state import DecodeState, decide, fingerprint, message
@@ -62,6 +62,7 @@ class Decoder:
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
         self.ahead = worker.device.type == "cuda" and not collective.staged if ahead is None else ahead
+        compile_kernels()
 
     def _handshake(self, prompt: list[int], cfg: DecodeConfig) -> None:
         """Refuse to decode unless every rank got the same prompt and settings (one all-gather
@@ -166,6 +167,8 @@ class Decoder:
                 else None
             )
             mine = message(state, step, decision, W=W, successors=top, rows=rows)
+            # the pending tokens' KV stays whatever the step decides: kept before the read
+            self.worker.commit(len(state.pending))
 
             # all-gather and merge: the step's one device sync
             sources.prepare()  # what the step's outcome does not decide, meanwhile
@@ -173,8 +176,7 @@ class Decoder:
             observe.message_read()
             outcome = merge(gathered, step.plans, cfg.max_commit, k)
 
-            # advance: cache, draft sources, state
-            self.worker.commit(len(state.pending))
+            # advance: draft sources, state
             tokens = state.clip(outcome.tokens, cfg.max_new_tokens, self.eos_ids)
             sources.observe(outcome, tokens)
             state.advance(tokens, step.layout.size)

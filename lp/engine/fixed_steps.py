@@ -90,16 +90,17 @@ def device_layout(layout: StepLayout, device: torch.device, fixed: bool, packed:
         rows[:R] = layout.logit_rows
     else:
         block, depth, rows = layout.mask, layout.depth, layout.logit_rows
-    parents = np.asarray(layout.tree, dtype=np.int64)
-    if not (device.type == "cuda" if packed is None else packed):
-        return DeviceLayout(*(torch.from_numpy(a).to(device) for a in (block, depth, rows, parents)), used, R)
+    parents, kind = layout.parents, device.type
+    if not (kind == "cuda" if packed is None else packed):
+        tensors = [torch.from_numpy(a) for a in (block, depth, rows, parents)]
+        return DeviceLayout(*(tensors if kind == "cpu" else (t.to(device) for t in tensors)), used, R)
     # the int64 arrays after the mask's B*B bytes, padded to a multiple of 8 (aligned views)
     head = -(-B * B // 8) * 8
     buffer = np.zeros(head + 8 * (len(depth) + len(rows) + len(parents)), dtype=np.uint8)
     buffer[: B * B] = block.ravel().view(np.uint8)
     buffer[head:] = np.concatenate([depth, rows, parents]).view(np.uint8)
     host = torch.from_numpy(buffer)
-    pinned = device.type == "cuda"  # a pageable host-to-device copy would wait for the device
+    pinned = kind == "cuda"  # a pageable host-to-device copy would wait for the device
     buf = (host.pin_memory() if pinned else host).to(device, non_blocking=pinned)
     values = buf[head:].view(torch.int64)
     return DeviceLayout(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 import numpy as np
+from numba import njit
 
 from lp.lookahead.tree import chain_parents
 
@@ -43,6 +44,7 @@ class StepLayout:
     depth: np.ndarray
     mask: np.ndarray
     logit_rows: np.ndarray
+    parents: np.ndarray  # `tree` as an int64 array
 
     @cached_property
     def tokens(self) -> tuple[Token, ...]:
@@ -92,87 +94,65 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
         return step_layout(m, W, N, columns, chain_parents(tree, N - 1))
     if m < 1 or N < 2 or not (0 <= columns.start <= columns.stop <= W):
         raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} tree={tree}")
-    ancestors, tree_depth = _ancestors(tree)  # raises on a bad tree
-    # Most steps of a real decode bring a new tree, while the tokens before it (pending tokens
-    # and window) keep their shape: that part comes from its own cache, and the tree is laid
-    # after it. Tree nodes see every pending token, no window token, and their own ancestors.
-    gather, depth, window_mask, last, prefix = window_part(m, W, N, columns)
-    first, n = len(gather), len(tree)
+    parents = np.fromiter(tree, dtype=np.int64, count=len(tree))
+    prefix = columns[-1] if len(columns) else 0  # the row-0 tokens rows[0, 1..prefix]
+    bad, gather, depth, mask, rows = _lay_out(m, W, N, columns.start, columns.stop, prefix, parents)
+    if bad >= 0:
+        p = tree[bad]
+        raise ValueError(f"bad tree: node {bad}'s parent " + (f"is {p}" if p < 0 else f"{p} does not precede it"))
+    return StepLayout(m, columns, tree, prefix, N - 2, gather, depth, mask, rows, parents)
+
+
+@njit(cache=True)
+def _lay_out(
+    m: int, W: int, N: int, start: int, stop: int, prefix: int, parents: np.ndarray
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`step_layout`'s arrays: gather, depth, `[T, T]` mask and logit rows of a step with m
+    pending tokens, window columns start..stop-1 (and the row-0 prefix rows[0, 1..prefix]), then
+    a tree's nodes; and the first node whose parent is neither -1 nor an earlier node (-1:
+    none). Compiled: most steps of a real decode bring a new tree (and, over several ranks, new
+    columns), and a node's mask row is a walk up its ancestors, per node, which array ops
+    cannot do in one op and Python does in tens of microseconds, on the host's path between
+    the message read and the next forward."""
+    L, nc, n = N - 2, stop - start, parents.shape[0]
+    base = m + prefix  # column start+k's level l (1..L) at base + k*L + l-1
+    first = base + nc * L  # the tree's first node
     T = first + n
-    mask = np.zeros((T, T), dtype=bool)
-    mask[:first, :first] = window_mask
-    mask[first:, :m] = True
-    mask[first:, first:] = ancestors
-    # the prediction rows: x0's, the columns', every node's
-    rows = np.concatenate([[m - 1], last, np.arange(first, T)])
-    return StepLayout(
-        m=m,
-        columns=columns,
-        tree=tree,
-        prefix=prefix,
-        levels=N - 2,
-        gather=np.concatenate([gather, m + (N - 1) * W + np.arange(n)]),
-        depth=np.concatenate([depth, tree_depth]),
-        mask=mask,
-        logit_rows=rows,
-    )
-
-
-@lru_cache(maxsize=1024)
-def window_part(m: int, W: int, N: int, columns: range) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """The step's tokens before its tree, in order: the m pending tokens, the row-0 prefix,
-    each column's levels (none on a rank without columns). Their gather indices, depths,
-    `[first, first]` mask, the columns' prediction rows and the prefix's length. Cached, so
-    the arrays are read-only."""
-    x0, L, nc = m - 1, N - 2, len(columns)
-    prefix = columns[-1] if nc else 0  # row-0 tokens rows[0, 1..prefix], at m..m+prefix-1
-    base = m + prefix  # column c's level l (1..L) at base + c*L + l-1
-    first = base + nc * L
-    pending = np.arange(m)
-    gather, depth, last = [pending], [pending - x0], pending[:0]
-    mask = np.zeros((first, first), dtype=bool)
-    mask[:m, :m] = np.tri(m, dtype=bool)  # pending: causal
-    mask[m:, :m] = True  # everything else sees every pending token
-    if nc:
-        cols = np.arange(columns.start, columns.stop)
-        lvl = np.tile(np.arange(1, L + 1), nc)  # per level token: its level and column
-        col = np.repeat(cols, L)
-        i = np.arange(1, prefix + 1)
-        gather += [m + i, m + lvl * W + col]
-        depth += [i, lvl + col]
-        mask[m:base, m:base] = np.tri(prefix, dtype=bool)  # the row-0 prefix: causal
-        # column j's level l sees rows[0, 1..j] and its own column's levels up to l
-        mask[base:, m:base] = i[None, :] <= col[:, None]
-        mask[base:, base:] = (col[:, None] == col[None, :]) & (lvl[None, :] <= lvl[:, None])
+    gather = np.empty(T, np.int64)
+    depth = np.empty(T, np.int64)
+    mask = np.zeros((T, T), np.bool_)
+    rows = np.empty(1 + nc + n, np.int64)  # the prediction rows: x0's, the columns', every node's
+    for q in range(T):  # every token sees every pending token, the pending ones causally
+        for k in range(min(q + 1, m)):
+            mask[q, k] = True
+    for q in range(m):
+        gather[q], depth[q] = q, q - (m - 1)
+    for i in range(1, prefix + 1):  # the row-0 prefix: causal
+        q = m + i - 1
+        gather[q], depth[q] = m + i, i
+        for k in range(m, q + 1):
+            mask[q, k] = True
+    rows[0] = m - 1
+    for c in range(nc):  # column j's level l sees rows[0, 1..j] and its own column's levels up to l
+        j, top = start + c, base + c * L
+        for lvl in range(1, L + 1):
+            q = top + lvl - 1
+            gather[q], depth[q] = m + lvl * W + j, lvl + j
+            for k in range(m, m + j):
+                mask[q, k] = True
+            for k in range(top, q + 1):
+                mask[q, k] = True
         # each column's prediction row: its last token (x0 or row 0 when N = 2)
-        last = m - 1 + cols if N == 2 else base + np.arange(nc) * L + L - 1
-    arrays = np.concatenate(gather), np.concatenate(depth), mask, last
-    for a in arrays:
-        a.setflags(write=False)
-    return (*arrays, prefix)
-
-
-def _ancestors(parents: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The `[n, n]` relation "k is node q or one of its ancestors", and each node's depth below
-    x0 (1 for its children). Parents precede children, so one pass makes each node's row a
-    Python int bitset, its parent's plus its own bit, and its depth its parent's plus one (and
-    checks the pointers); the n ints are then unpacked in one array op (a row op per node
-    costs more)."""
-    n = len(parents)
-    bits: list[int] = []
-    depth: list[int] = []
-    for q, p in enumerate(parents):
-        if p < 0:
-            if p != -1:
-                raise ValueError(f"bad tree: node {q}'s parent is {p}")
-            bits.append(1 << q)
-            depth.append(1)
-        elif p < q:
-            bits.append(bits[p] | 1 << q)
-            depth.append(depth[p] + 1)
-        else:
-            raise ValueError(f"bad tree: node {q}'s parent {p} does not precede it")
-    width = (n + 7) // 8
-    packed = np.frombuffer(b"".join([b.to_bytes(width, "little") for b in bits]), dtype=np.uint8)
-    mask = np.unpackbits(packed.reshape(n, width), axis=1, count=n, bitorder="little").view(bool)
-    return mask, np.asarray(depth, dtype=np.int64)
+        rows[1 + c] = m - 1 + j if N == 2 else top + L - 1
+    for i in range(n):  # a node sees its ancestors and itself
+        p, q = parents[i], first + i
+        if p != -1 and not 0 <= p < i:
+            return i, gather, depth, mask, rows
+        depth[q] = 1 if p < 0 else depth[first + p] + 1
+        a = i
+        while a >= 0:  # up the parents, which precede their children: depth steps
+            mask[q, first + a] = True
+            a = parents[a]
+        gather[q] = m + (N - 1) * W + i
+        rows[1 + nc + i] = q
+    return -1, gather, depth, mask, rows
