@@ -11,7 +11,8 @@ import torch
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decode.plan import StepPlan, compile_kernels, largest_step, plan_step
+from lp.decode import plan, policy
+from lp.decode.plan import StepPlan, largest_step, plan_step
 from lp.decode.policy import DraftSources
 from lp.decode.record import Generation, collector_paused
 from lp.decode.state import DecodeState, decide, fingerprint, message
@@ -62,7 +63,8 @@ class Decoder:
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
         self.ahead = worker.device.type == "cuda" and not collective.staged if ahead is None else ahead
-        compile_kernels()
+        plan.compile_kernels()  # the step's loops and the drafting's: before any decode's clock starts
+        policy.compile_kernels()
 
     def _handshake(self, prompt: list[int], cfg: DecodeConfig) -> None:
         """Refuse to decode unless every rank got the same prompt and settings (one all-gather

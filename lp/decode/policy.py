@@ -181,3 +181,16 @@ def step_tree(
         for path in grow(budget, x0, cfg.max_draft, table=successors).leaf_paths():
             builder.add(path)  # each path to a leaf is a chain of its own
     return builder.tree(), None
+
+
+def compile_kernels() -> None:
+    """Compile the drafting's numba loops (text index, pool, tree growth, successor table,
+    rates), or load them from numba's cache, on two steps of a tiny decode: before a decode's
+    clock starts rather than in its first step (seconds on a fresh install, once per process)."""
+    cfg = DecodeConfig(W=2, N=3, G=2, recycle=2)
+    sources = DraftSources(cfg, [1, 2, 1, 2, 1], vocab_size=16)
+    for _ in range(2):
+        tree = sources.tree()
+        sources.prepare()
+        rows = np.tile(np.arange(3, dtype=np.int64), (1 + cfg.W + tree.size, 1))
+        sources.observe(Outcome([1, 2], np.asarray([1, 2], dtype=np.int64), 1, rows), [1, 2])
