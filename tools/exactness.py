@@ -325,6 +325,29 @@ def compare(
     return summary, mismatches
 
 
+STEP_FIELDS = ("output_ids", "steps", "accepted_per_step")
+
+
+def same_steps(out_dir: Path, base_dir: Path) -> dict:
+    """Each result of `out_dir` against the result of the same prompt and config in `base_dir`
+    (another run, e.g. of the code before a change that must not change a decode): equal
+    outputs, steps and per-step acceptances, or the fields that differ."""
+
+    def rows(d: Path) -> list[dict]:
+        return [json.loads(x) for f in sorted((d / "raw").glob("ws*.jsonl")) for x in f.read_text().splitlines() if x]
+
+    base = {(r["key"], r["config"]): r for r in rows(base_dir)}
+    same, differ = 0, []
+    for r in rows(out_dir):
+        b = base.get((r["key"], r["config"]))
+        fields = STEP_FIELDS if b is None else [f for f in STEP_FIELDS if r[f] != b[f]]
+        if fields:
+            differ.append({"question_id": r["question_id"], "world_size": r["world_size"], "fields": list(fields)})
+        else:
+            same += 1
+    return {"base": str(base_dir), "same": same, "total": same + len(differ), "differ": differ}
+
+
 def table(summary: dict) -> str:
     cfgs = summary["configs"]
     lines = [
@@ -354,6 +377,16 @@ def table(summary: dict) -> str:
         f"Overall: {'ALL MATCH' if summary['ok'] else 'FAIL'}"
         f" ({len(summary['mismatches'])} mismatches, {summary['n_missing']} missing)."
     )
+    same = summary.get("same_steps")
+    if same:
+        lines.append(
+            f"Against the run in `{same['base']}`: {same['same']}/{same['total']} results with the same outputs, "
+            "steps and per-step acceptances"
+            + "".join(
+                f"; q{d['question_id']} ws{d['world_size']} differs in {', '.join(d['fields'])}" for d in same["differ"]
+            )
+            + "."
+        )
     if summary["mismatches"]:
         lines += [
             "",
@@ -445,6 +478,9 @@ def orchestrate(args) -> int:
         summary["wall_seconds"] = round(time.perf_counter() - t0)
         summary["command"] = " ".join([Path(sys.executable).name] + sys.argv)
         summary["lp_code"] = frozen
+        if args.same_steps:
+            summary["same_steps"] = same_steps(out_dir, Path(args.same_steps))
+            summary["ok"] = summary["ok"] and not summary["same_steps"]["differ"]
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         (out_dir / "table.md").write_text(table(summary))  # updated after each world size
     print("\n" + table(summary), flush=True)
@@ -496,6 +532,12 @@ def main(argv=None) -> None:
     )
     ap.add_argument(
         "--report-only", action="store_true", help="only rebuild a progress table from OUT/raw (while a run is going)"
+    )
+    ap.add_argument(
+        "--same-steps",
+        metavar="BASE",
+        help="also require the outputs, steps and per-step acceptances of every result to equal those of "
+        "the same prompt and config in the run in BASE (e.g. of the code before a change)",
     )
     ap.add_argument("--quick", action="store_true", help="the CI slice: " + str(QUICK))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
