@@ -74,21 +74,23 @@ class DraftSources:
         """Feed a step's merged outcome (after `prepare`): the window's new level and its
         n-grams, the successor rows, then the committed `tokens` (and, with `pool_from_output`,
         the n-grams ending in them: free candidates, as in prompt lookup)."""
-        out = self.text.tokens
         if self._grown is not None:
             self.rates.observe(self._grown, outcome.tokens[: outcome.accepted])
             self._grown = None
         if self.window is not None:
             if self.G and self.window.ready:
-                self.pool.add_rows(self.window.ngrams(out[-1], outcome.new))
+                self.pool.add_rows(self.window.ngrams(self.text.tokens[-1], outcome.new))
             self.window.update(outcome.new)
+        self.text.extend(tokens)
+        out, n = self.text.tokens, len(tokens)
         if self.successors is not None:
-            self.successors.observe([*out[-2:], *tokens])  # the table the drafts used
+            self.successors.observe(
+                out[-(n + 2) :]
+            )  # x0, the token before it and the new ones, on the table the drafts used
             first, nodes = self._keys
             self.successors.update(outcome.successors, nodes, first)
-        self.text.extend(tokens)
         if self.G and self.cfg.pool_from_output:  # the n-grams that end in the new tokens
-            self.pool.add_sequence(self.text.tokens[-(len(tokens) + self.N - 1) :])
+            self.pool.add_sequence(out[-(n + self.N - 1) :])
 
     def _pair_keys(self) -> tuple[int, np.ndarray]:
         """The pair keys (`pair_key`) of the step's successor rows whose input's

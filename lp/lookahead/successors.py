@@ -66,7 +66,7 @@ class SuccessorTable:
         row = find_row(self.table, self.vocab, self.index, before, token)
         return None if row == NO_ROW else self.table[row].tolist()
 
-    def observe(self, tokens: Sequence[int]) -> None:
+    def observe(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Count, for each token of `tokens` after the first two, which rank of its
         predecessor's successors (`row`) it was (call with the committed sequence's tail
         before `update`)."""
