@@ -43,6 +43,7 @@ class DraftSources:
         self._drafted = DraftTree(np.zeros(0, dtype=np.int64), ())  # the last step's tree
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
         self._keys: tuple[int, list[int]] = (-1, [])
+        self._pending = 1  # tokens the next step re-feeds (the prompt's last; then the last commit)
         self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
@@ -52,7 +53,7 @@ class DraftSources:
         """The next step's verification tree (`step_builder`)."""
         builder = step_builder(
             self.cfg,
-            self.budget,
+            self.cfg.tree_budget(self._pending),
             self.pool,
             self.text,
             successors=self.successors,
@@ -91,6 +92,7 @@ class DraftSources:
             first, nodes = self._keys
             self.successors.update(outcome.successors, nodes, first)
         self.text.extend(tokens)
+        self._pending = len(tokens)
         if self.G and self.cfg.pool_from_output:
             length = len(out)
             self.pool.add_sequence(out[max(length - len(tokens) - self.N + 1, 0) : length])
