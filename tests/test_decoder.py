@@ -92,6 +92,7 @@ VARIANTS = [
     dict(drafts="pool+text", budget=40),
     dict(pool_size=30, order="frequent", text_drafts=8),
     dict(order="recent", draft_len=4),
+    dict(text_match=1, budget=12, step_limit=34),
 ]
 
 
@@ -267,6 +268,7 @@ def test_bad_settings_raise(tiny_models):
         dict(W=2.5),
         dict(N=True),
         dict(step_limit=6, W=3, N=3),
+        dict(text_match=0),
     ):
         with pytest.raises(LPError):
             decode(model, PROMPT, **cfg)

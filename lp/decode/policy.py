@@ -44,7 +44,7 @@ class DraftSources:
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
         self._keys: tuple[int, list[int]] = (-1, [])
         self._pending = 1  # tokens the next step re-feeds (the prompt's last; then the last commit)
-        self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
+        self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0, shortest=cfg.text_match)
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
             self.pool.flush()

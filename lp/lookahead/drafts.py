@@ -6,19 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-MIN_MATCH = 2  # a suffix of one token (x0 alone) is the pool's job
+MIN_MATCH = 2  # by default a suffix of one token (x0 alone) is the pool's job
 MAX_MATCH = 8  # longer suffixes rank no higher than this
 
 
 class TextIndex:
-    """A sequence and, for every L-gram in it (MIN_MATCH <= L <= MAX_MATCH), the positions
+    """A sequence and, for every L-gram in it (`shortest` <= L <= MAX_MATCH), the positions
     where it ends, oldest first. A step's text drafts are then a few dict lookups, not a scan
-    of the whole sequence: extending by a token costs MAX_MATCH - 1 small inserts, once.
+    of the whole sequence: extending by a token costs a few small inserts, once.
     `indexed=False` keeps the sequence only (a decode that takes no text drafts)."""
 
-    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True) -> None:
+    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True, shortest: int = MIN_MATCH) -> None:
         self.tokens: list[int] = []
         self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._shortest = shortest
         self._longest = MAX_MATCH if indexed else 0
         self.extend(tokens)
 
@@ -28,7 +29,7 @@ class TextIndex:
         for token in tokens:
             seq.append(int(token))
             e = len(seq) - 1
-            for L in range(MIN_MATCH, min(self._longest, e + 1) + 1):
+            for L in range(self._shortest, min(self._longest, e + 1) + 1):
                 key = tuple(seq[e - L + 1 :])
                 found = ends.get(key)
                 if found is None:
@@ -39,7 +40,7 @@ class TextIndex:
     def drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
         """Up to `count` distinct continuations (at most `length` tokens each) of earlier
         occurrences of the sequence's suffix, best first: the longest matched suffix (at least
-        MIN_MATCH tokens, counted up to MAX_MATCH), then the most recent occurrence."""
+        `shortest` tokens, counted up to MAX_MATCH), then the most recent occurrence."""
         seq = self.tokens
         last = len(seq) - 1
         out: dict[tuple[int, ...], None] = {}
@@ -48,7 +49,7 @@ class TextIndex:
             return []
         # an occurrence that matches L tokens also matches every shorter suffix: take it once,
         # at its longest match
-        for L in range(min(MAX_MATCH, last + 1), MIN_MATCH - 1, -1):
+        for L in range(min(MAX_MATCH, last + 1), self._shortest - 1, -1):
             for e in reversed(self._ends.get(tuple(seq[last - L + 1 :]), ())):
                 if e == last or e in seen:
                     continue
