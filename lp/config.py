@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lp.errors import LPError
-from lp.lookahead.drafts import MAX_MATCH, MIN_MATCH
+from lp.lookahead.drafts import MIN_MATCH
 from lp.partition import RankPlan
 from lp.verify.distribution import validate_sampling
 
@@ -29,8 +29,9 @@ class DecodeConfig:
 
     `drafts`: where verification candidates come from: `pool` (the n-gram pool, N-1 tokens
     each) or `pool+text` (also continuations of the text's longest suffix matches, up to
-    `draft_len` tokens; `text_drafts` of them per step; a match of at least `text_match`
-    tokens, 1 taking x0 alone where nothing longer matches, as prompt lookup does). `pool_size`: n-grams the pool keeps
+    `draft_len` tokens; `text_drafts` of them per step, of matches of at least MIN_MATCH
+    tokens; `text_match=1` adds those of x0 alone, as prompt lookup falls back to, as a
+    source of their own). `pool_size`: n-grams the pool keeps
     per first token (None: G; more than G lets a tree's shared prefixes leave room for more
     candidates). `order`: the order of the pool's candidates: `context` (those that also match
     the token before x0 first, then newest; measured best), `recent` (newest first) or
@@ -85,12 +86,8 @@ class DecodeConfig:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise LPError(f"{key} must be an integer >= 0, got {value!r}")
-        if (
-            not isinstance(self.text_match, int)
-            or isinstance(self.text_match, bool)
-            or not 1 <= self.text_match <= MAX_MATCH
-        ):
-            raise LPError(f"text_match must be an integer from 1 to {MAX_MATCH}, got {self.text_match!r}")
+        if type(self.text_match) is not int or self.text_match not in (1, MIN_MATCH):
+            raise LPError(f"text_match must be 1 or {MIN_MATCH}, got {self.text_match!r}")
         if self.step_limit is not None and (
             not isinstance(self.step_limit, int)
             or isinstance(self.step_limit, bool)

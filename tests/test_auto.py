@@ -141,3 +141,13 @@ def test_the_prior_is_the_budget_sweeps_slope():
             tuner.observe(next(s for s in LADDER if s.name == r["config"]), r["S"])
     assert len(tuner.seen) == len(LADDER)
     assert round(tuner.slope(), 2) == lp.decode.auto.PRIOR_SLOPE
+
+
+def test_a_shapes_name_is_its_config():
+    """Shape.name spells every key that differs from DecodeConfig's defaults, as lp.bench parses it."""
+    from lp.bench.shapes import parse_lookahead
+    from lp.config import DecodeConfig
+
+    for shape in (*LADDER, lp.decode.auto.Shape(1, 2, 15, 10, 16, step_limit=11, text_match=1)):
+        assert DecodeConfig(**parse_lookahead(shape.name)) == shape.config, shape.name
+    assert lp.decode.auto.Shape(1, 2, 15, 10, step_limit=11, text_match=1).name == "W1N2G15-B10-L11-M1"

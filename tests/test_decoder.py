@@ -269,6 +269,7 @@ def test_bad_settings_raise(tiny_models):
         dict(N=True),
         dict(step_limit=6, W=3, N=3),
         dict(text_match=0),
+        dict(text_match=3),
     ):
         with pytest.raises(LPError):
             decode(model, PROMPT, **cfg)

@@ -22,32 +22,48 @@ import torch
 from lp.config import RECYCLE, DecodeConfig
 from lp.decode.plan import largest_step
 from lp.engine.fixed_steps import bucket
+from lp.lookahead.drafts import MIN_MATCH
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
 
 class Shape(NamedTuple):
     """A lookahead step's shape: W window columns, n-gram size N, G pool n-grams per first token,
-    `budget` tree tokens and `recycle` successors kept per token (DecodeConfig's keys)."""
+    `budget` tree tokens, `recycle` successors kept per token, the `step_limit` on a step's
+    tokens and the `text_match` a text draft needs (DecodeConfig's keys)."""
 
     W: int
     N: int
     G: int
     budget: int
     recycle: int = RECYCLE
+    step_limit: int | None = None
+    text_match: int = MIN_MATCH
 
     @property
     def config(self) -> DecodeConfig:
         return DecodeConfig(**self._asdict())
 
+    def _extras(self) -> list[tuple[str, str, int]]:
+        """(config name letter, key, value) of the keys that differ from DecodeConfig's defaults."""
+        return [
+            (letter, key, value)
+            for letter, key, value, default in (
+                ("R", "recycle", self.recycle, RECYCLE),
+                ("L", "step_limit", self.step_limit, None),
+                ("M", "text_match", self.text_match, MIN_MATCH),
+            )
+            if value != default
+        ]
+
     @property
     def name(self) -> str:
-        """The shape as lp.bench names configs: W3N3G15-B112, with -R16 where recycle is not the default."""
-        extra = "" if self.recycle == RECYCLE else f"-R{self.recycle}"
-        return f"W{self.W}N{self.N}G{self.G}-B{self.budget}{extra}"
+        """The shape as lp.bench names configs: W3N3G15-B112, with -R16, -L11, -M1 where those keys
+        are not the defaults."""
+        return f"W{self.W}N{self.N}G{self.G}-B{self.budget}" + "".join(f"-{c}{v}" for c, _, v in self._extras())
 
     def describe(self) -> str:
-        extra = "" if self.recycle == RECYCLE else f" recycle={self.recycle}"
+        extra = "".join(f" {key}={v}" for _, key, v in self._extras())
         return f"W={self.W} N={self.N} G={self.G} budget={self.budget}{extra}"
 
 

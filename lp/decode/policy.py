@@ -16,10 +16,10 @@ from lp.lookahead.tree import Chain, DraftTree, TreeBuilder, pair_key
 from lp.message import Outcome
 
 # the draft sources whose acceptance rates are counted apart (DraftRates): the text drafts, the
-# pool's context-matched and plain n-grams, each by rank (the last bucket takes the ranks
-# after it), and the window's row 0
-TEXT_RANKS, POOL_RANKS = 4, 3
-KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS)  # text, context-matched pool, pool
+# pool's context-matched and plain n-grams, the text drafts of x0's lone matches, each by rank
+# (the last bucket takes the ranks after it), and the window's row 0
+TEXT_RANKS, POOL_RANKS, LONE_RANKS = 4, 3, 2
+KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS, LONE_RANKS)  # text, context-matched pool, pool, lone text
 WINDOW_SOURCE = sum(KINDS)
 
 
@@ -44,7 +44,7 @@ class DraftSources:
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
         self._keys: tuple[int, list[int]] = (-1, [])
         self._pending = 1  # tokens the next step re-feeds (the prompt's last; then the last commit)
-        self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0, shortest=cfg.text_match)
+        self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0, lone=cfg.text_match == 1)
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
             self.pool.flush()
@@ -114,16 +114,18 @@ def source_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[l
     continuations (with `drafts="pool+text"`); with `order="context"` (the default), the pool's
     n-grams that start with the last two tokens (what follows them, N-2 tokens: two matched
     tokens predict better than one); the pool's n-grams under x0, newest (or most frequent)
-    first."""
+    first; with `text_match=1`, the continuations of x0's lone matches (`TextIndex.lone_drafts`)."""
     out = text.tokens
     x0 = out[-1]
-    texts = text.drafts(cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
+    text_on = cfg.drafts == "pool+text"
+    texts = text.drafts(cfg.draft_len, cfg.text_drafts) if text_on else []
     context = (
         [t[1:] for t in pool.best(out[-2]) if t[0] == x0]
         if cfg.order == "context" and len(out) > 1 and pool.n > 2
         else []
     )
-    return [texts, context, pool.best(x0, cfg.order == "frequent")]
+    lone = text.lone_drafts(cfg.draft_len, cfg.text_drafts) if text_on else []
+    return [texts, context, pool.best(x0, cfg.order == "frequent"), lone]
 
 
 def ranked_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[tuple[int, ...]]:

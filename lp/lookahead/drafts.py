@@ -6,20 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-MIN_MATCH = 2  # by default a suffix of one token (x0 alone) is the pool's job
+MIN_MATCH = 2  # a suffix of one token (x0 alone) matches too often: its drafts are `lone_drafts`
 MAX_MATCH = 8  # longer suffixes rank no higher than this
 
 
 class TextIndex:
-    """A sequence and, for every L-gram in it (`shortest` <= L <= MAX_MATCH), the positions
-    where it ends, oldest first. A step's text drafts are then a few dict lookups, not a scan
-    of the whole sequence: extending by a token costs a few small inserts, once.
-    `indexed=False` keeps the sequence only (a decode that takes no text drafts)."""
+    """A sequence and, for every L-gram in it (MIN_MATCH <= L <= MAX_MATCH, and L = 1 with
+    `lone`), the positions where it ends, oldest first. A step's text drafts are then a few dict
+    lookups, not a scan of the whole sequence: extending by a token costs a few small inserts,
+    once. `indexed=False` keeps the sequence only (a decode that takes no text drafts)."""
 
-    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True, shortest: int = MIN_MATCH) -> None:
+    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True, lone: bool = False) -> None:
         self.tokens: list[int] = []
         self._ends: dict[tuple[int, ...], list[int]] = {}
-        self._shortest = shortest
+        self._shortest = 1 if lone and indexed else MIN_MATCH
         self._longest = MAX_MATCH if indexed else 0
         self.extend(tokens)
 
@@ -40,7 +40,7 @@ class TextIndex:
     def drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
         """Up to `count` distinct continuations (at most `length` tokens each) of earlier
         occurrences of the sequence's suffix, best first: the longest matched suffix (at least
-        `shortest` tokens, counted up to MAX_MATCH), then the most recent occurrence."""
+        MIN_MATCH tokens, counted up to MAX_MATCH), then the most recent occurrence."""
         seq = self.tokens
         last = len(seq) - 1
         out: dict[tuple[int, ...], None] = {}
@@ -49,7 +49,7 @@ class TextIndex:
             return []
         # an occurrence that matches L tokens also matches every shorter suffix: take it once,
         # at its longest match
-        for L in range(min(MAX_MATCH, last + 1), self._shortest - 1, -1):
+        for L in range(min(MAX_MATCH, last + 1), MIN_MATCH - 1, -1):
             for e in reversed(self._ends.get(tuple(seq[last - L + 1 :]), ())):
                 if e == last or e in seen:
                     continue
@@ -57,6 +57,24 @@ class TextIndex:
                 out.setdefault(tuple(seq[e + 1 : e + 1 + length]))
                 if len(out) == count:
                     return list(out)
+        return list(out)
+
+    def lone_drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
+        """Up to `count` distinct continuations (at most `length` tokens each) of the earlier
+        occurrences of x0 that match no longer suffix (those are `drafts`'), most recent first:
+        the one-token matches prompt lookup falls back to. None unless the index is `lone`."""
+        seq = self.tokens
+        last = len(seq) - 1
+        out: dict[tuple[int, ...], None] = {}
+        if length < 1 or count < 1 or self._shortest > 1 or last < 1:
+            return []
+        before = seq[last - 1]
+        for e in reversed(self._ends.get((seq[last],), ())):
+            if e == last or (e > 0 and seq[e - 1] == before):
+                continue
+            out.setdefault(tuple(seq[e + 1 : e + 1 + length]))
+            if len(out) == count:
+                break
         return list(out)
 
 
