@@ -149,5 +149,7 @@ def test_a_shapes_name_is_its_config():
     from lp.config import DecodeConfig
 
     for shape in (*LADDER, lp.decode.auto.Shape(1, 2, 15, 10, 16, step_limit=11, text_match=1)):
-        assert DecodeConfig(**parse_lookahead(shape.name)) == shape.config, shape.name
+        c = DecodeConfig(**parse_lookahead(shape.name))
+        got = (c.W, c.N, c.G, c.verify_budget, c.successors_sent, c.step_limit, c.text_match)
+        assert lp.decode.auto.Shape(*got) == shape, shape.name
     assert lp.decode.auto.Shape(1, 2, 15, 10, step_limit=11, text_match=1).name == "W1N2G15-B10-L11-M1"
