@@ -65,10 +65,12 @@ def test_predictions_follow_what_is_achieved():
 
 def test_the_reason_reads_as_words():
     plain = AutoTuner(curve(0.5)).choose()[1]
-    assert plain.startswith("plain decoding: even the cheapest lookahead step (W=1 N=3 G=15 budget=3, 8 tokens)")
+    assert plain.startswith(
+        "plain decoding: even the cheapest lookahead step (W=1 N=3 G=15 budget=9 step_limit=11 text_match=1, 11 tokens)"
+    )
     assert "nothing decoded yet" in plain and "((" not in plain and "(s)" not in plain
     tuner = AutoTuner(curve(0.01))
-    tuner.observe(LADDER[0], 1.2)
+    tuner.observe(LADDER[0], 1.3)
     chosen = tuner.choose()[1]
     assert "fitted on 1 sequence:" in chosen and "-token step costs" in chosen
 

@@ -67,14 +67,17 @@ class Shape(NamedTuple):
         return f"W={self.W} N={self.N} G={self.G} budget={self.budget}{extra}"
 
 
-# Shapes of growing step size (largest steps of 8 to 1,024 tokens): a small window (W3 N3, which
-# gave the most S at 128 tokens in results/tree, W1-W2 below 32 tokens) and a tree of the rest,
-# with more recycled successors above 256 tokens. The budget sweep measures them
-# (results/sweep/spec_bench_12); 8 and 16 tokens for machines where every token of a step costs.
+# Shapes of growing step size (largest steps of 11 to 1,024 tokens). Up to 32 tokens, a step limit
+# (a step after a short commit verifies a deep draft: the tree gets what the re-fed tokens leave)
+# and text drafts from x0's lone matches too (prompt lookup's fallback): at 11 tokens, the size
+# prompt lookup feeds, that is above prompt lookup in every category. A small window (W1 N3 up to
+# 16 tokens; from 32, W3 N3, which gave the most S at 128 tokens in results/tree) and a tree of
+# the rest, with more recycled successors above 256 tokens. The budget sweep measures them
+# (results/sweep/spec_bench_12).
 LADDER: tuple[Shape, ...] = (
-    Shape(1, 3, 15, 3),
-    Shape(2, 3, 15, 6),
-    Shape(3, 3, 15, 16),
+    Shape(1, 3, 15, 9, step_limit=11, text_match=1),
+    Shape(1, 3, 15, 14, step_limit=16, text_match=1),
+    Shape(3, 3, 15, 26, step_limit=32, text_match=1),
     Shape(3, 3, 15, 48),
     Shape(3, 3, 15, 112),
     Shape(3, 3, 15, 240),
