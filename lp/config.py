@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lp.errors import LPError
+from lp.lookahead.drafts import MIN_MATCH
+from lp.partition import RankPlan
 from lp.verify.distribution import validate_sampling
 
 MODES = ("lookahead", "ar")
@@ -27,7 +29,9 @@ class DecodeConfig:
 
     `drafts`: where verification candidates come from: `pool` (the n-gram pool, N-1 tokens
     each) or `pool+text` (also continuations of the text's longest suffix matches, up to
-    `draft_len` tokens; `text_drafts` of them per step). `pool_size`: n-grams the pool keeps
+    `draft_len` tokens; `text_drafts` of them per step, of matches of at least MIN_MATCH
+    tokens; `text_match=1` adds those of x0 alone, as prompt lookup falls back to, as a
+    source of their own). `pool_size`: n-grams the pool keeps
     per first token (None: G; more than G lets a tree's shared prefixes leave room for more
     candidates). `order`: the order of the pool's candidates: `context` (those that also match
     the token before x0 first, then newest; measured best), `recent` (newest first) or
@@ -36,7 +40,11 @@ class DecodeConfig:
     classic branch's size, so a shape keeps its cost). `recycle`: the model's top-k next tokens
     kept per token from every step's logits rows (lp/lookahead/successors.py); paths through
     them compete with the other drafts' tokens for the budget, the likeliest first by each
-    source's counted acceptance (0: off; None: RECYCLE, or the shape's where `W=auto` chose it)."""
+    source's counted acceptance (0: off; None: RECYCLE, or the shape's where `W=auto` chose it).
+    `step_limit`: the most tokens a step feeds (the tokens the last step committed, re-fed, the
+    window and the tree): each step's tree gets what the tokens it re-feeds leave of it, at most
+    `budget`, so a step after a short commit can verify a deep draft (None: steps of `budget`
+    nodes)."""
 
     W: int = 5
     N: int = 3
@@ -54,9 +62,11 @@ class DecodeConfig:
     budget: int | None = None
     draft_len: int = 10
     text_drafts: int = 4
+    text_match: int = MIN_MATCH
     pool_size: int | None = None
     order: str = "context"
     recycle: int | None = None
+    step_limit: int | None = None
 
     def validate(self) -> DecodeConfig:
         if self.mode not in MODES:
@@ -76,6 +86,17 @@ class DecodeConfig:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise LPError(f"{key} must be an integer >= 0, got {value!r}")
+        if type(self.text_match) is not int or self.text_match not in (1, MIN_MATCH):
+            raise LPError(f"text_match must be 1 or {MIN_MATCH}, got {self.text_match!r}")
+        if self.step_limit is not None and (
+            not isinstance(self.step_limit, int)
+            or isinstance(self.step_limit, bool)
+            or self.step_limit < self._fixed + 1
+        ):
+            raise LPError(
+                f"step_limit must be an integer >= {self._fixed + 1} (x0, the window's {self._fixed - 1} "
+                f"tokens and one tree node), got {self.step_limit!r}"
+            )
         return self
 
     @property
@@ -99,9 +120,27 @@ class DecodeConfig:
         return (self.W, self.N, self.G, self.verify_budget) if self.lookahead else (0, 2, 0, 0)
 
     @property
+    def _fixed(self) -> int:
+        """Tokens every step feeds whatever its tree: x0 and the window's (lp.partition)."""
+        W, N, _, _ = self.step_shape
+        return RankPlan(range(W), range(0)).cost(N)
+
+    @property
     def max_commit(self) -> int:
-        """The most tokens a step commits: the longest draft the budget holds, plus one."""
-        return min(self.max_draft, self.verify_budget) + 1 if self.lookahead else 1
+        """The most tokens a step commits: the longest draft the budget (and `step_limit`, after
+        a one-token commit) holds, plus one."""
+        if not self.lookahead:
+            return 1
+        longest = min(self.max_draft, self.verify_budget)
+        return 1 + (longest if self.step_limit is None else min(longest, self.step_limit - self._fixed))
+
+    def tree_budget(self, pending: int) -> int:
+        """The tree nodes of a step that re-feeds `pending` tokens: the step's budget (`step_shape`),
+        cut to what `step_limit` leaves."""
+        budget = self.step_shape[3]
+        if self.step_limit is None:
+            return budget
+        return max(0, min(budget, self.step_limit - self._fixed - (pending - 1)))
 
     @property
     def successors_sent(self) -> int:

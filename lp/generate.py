@@ -38,9 +38,11 @@ SETTINGS = (
     "budget",
     "draft_len",
     "text_drafts",
+    "text_match",
     "pool_size",
     "order",
     "recycle",
+    "step_limit",
 )
 
 

@@ -15,12 +15,13 @@ from lp.lookahead.drafts import MAX_MATCH, MIN_MATCH
 
 
 class ListTextIndex:
-    """The sequence and, per L-gram (MIN_MATCH <= L <= MAX_MATCH), the positions ending it,
-    oldest first."""
+    """The sequence and, per L-gram (MIN_MATCH <= L <= MAX_MATCH, and L = 1 with `lone`), the
+    positions ending it, oldest first."""
 
-    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True) -> None:
+    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True, lone: bool = False) -> None:
         self.tokens: list[int] = []
         self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._shortest = 1 if lone and indexed else MIN_MATCH
         self._longest = MAX_MATCH if indexed else 0
         self.extend(tokens)
 
@@ -29,8 +30,23 @@ class ListTextIndex:
         for token in tokens:
             seq.append(int(token))
             e = len(seq) - 1
-            for L in range(MIN_MATCH, min(self._longest, e + 1) + 1):
+            for L in range(self._shortest, min(self._longest, e + 1) + 1):
                 ends.setdefault(tuple(seq[e - L + 1 :]), []).append(e)
+
+    def lone_drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
+        """The continuations of x0's occurrences whose token before is not x0's, newest first."""
+        seq = self.tokens
+        last = len(seq) - 1
+        out: dict[tuple[int, ...], None] = {}
+        if length < 1 or count < 1 or self._shortest > 1 or last < 1:
+            return []
+        for e in reversed(self._ends.get((seq[last],), ())):
+            if e == last or (e > 0 and seq[e - 1] == seq[last - 1]):
+                continue
+            out.setdefault(tuple(seq[e + 1 : e + 1 + length]))
+            if len(out) == count:
+                break
+        return list(out)
 
     def drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
         """The longest matched suffix first, then the most recent occurrence; each occurrence
@@ -91,16 +107,19 @@ class DictPool:
 
 
 def listed_drafts(cfg: DecodeConfig, pool: DictPool, text: ListTextIndex) -> list[list[tuple[int, ...]]]:
-    """`source_drafts`: the text's drafts, the context-matched pool tails, the pool's tails."""
+    """`source_drafts`: the text's drafts, the context-matched pool tails, the pool's tails, the
+    drafts of x0's lone matches."""
     out = text.tokens
     x0 = out[-1]
-    texts = text.drafts(cfg.draft_len, cfg.text_drafts) if cfg.drafts == "pool+text" else []
+    text_on = cfg.drafts == "pool+text"
+    texts = text.drafts(cfg.draft_len, cfg.text_drafts) if text_on else []
     context = (
         [t[1:] for t in pool.best(out[-2]) if t[0] == x0]
         if cfg.order == "context" and len(out) > 1 and pool.n > 2
         else []
     )
-    return [texts, context, pool.best(x0, cfg.order == "frequent")]
+    lone = text.lone_drafts(cfg.draft_len, cfg.text_drafts) if text_on else []
+    return [texts, context, pool.best(x0, cfg.order == "frequent"), lone]
 
 
 def listed_chains(

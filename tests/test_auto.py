@@ -65,10 +65,12 @@ def test_predictions_follow_what_is_achieved():
 
 def test_the_reason_reads_as_words():
     plain = AutoTuner(curve(0.5)).choose()[1]
-    assert plain.startswith("plain decoding: even the cheapest lookahead step (W=1 N=3 G=15 budget=3, 8 tokens)")
+    assert plain.startswith(
+        "plain decoding: even the cheapest lookahead step (W=1 N=3 G=15 budget=9 step_limit=11 text_match=1, 11 tokens)"
+    )
     assert "nothing decoded yet" in plain and "((" not in plain and "(s)" not in plain
     tuner = AutoTuner(curve(0.01))
-    tuner.observe(LADDER[0], 1.2)
+    tuner.observe(LADDER[0], 1.3)
     chosen = tuner.choose()[1]
     assert "fitted on 1 sequence:" in chosen and "-token step costs" in chosen
 
@@ -141,3 +143,15 @@ def test_the_prior_is_the_budget_sweeps_slope():
             tuner.observe(next(s for s in LADDER if s.name == r["config"]), r["S"])
     assert len(tuner.seen) == len(LADDER)
     assert round(tuner.slope(), 2) == lp.decode.auto.PRIOR_SLOPE
+
+
+def test_a_shapes_name_is_its_config():
+    """Shape.name spells every key that differs from DecodeConfig's defaults, as lp.bench parses it."""
+    from lp.bench.shapes import parse_lookahead
+    from lp.config import DecodeConfig
+
+    for shape in (*LADDER, lp.decode.auto.Shape(1, 2, 15, 10, 16, step_limit=11, text_match=1)):
+        c = DecodeConfig(**parse_lookahead(shape.name))
+        got = (c.W, c.N, c.G, c.verify_budget, c.successors_sent, c.step_limit, c.text_match)
+        assert lp.decode.auto.Shape(*got) == shape, shape.name
+    assert lp.decode.auto.Shape(1, 2, 15, 10, step_limit=11, text_match=1).name == "W1N2G15-B10-L11-M1"

@@ -14,6 +14,7 @@ from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
+from lp.decode.plan import largest_step
 from lp.decode.policy import ranked_drafts
 from lp.decode.record import collector_paused
 from lp.errors import LPError
@@ -91,6 +92,7 @@ VARIANTS = [
     dict(drafts="pool+text", budget=40),
     dict(pool_size=30, order="frequent", text_drafts=8),
     dict(order="recent", draft_len=4),
+    dict(text_match=1, budget=12, step_limit=34),
 ]
 
 
@@ -104,6 +106,20 @@ def test_draft_and_tree_variants_equal_greedy(N, W, G, variant, tiny_models, ref
         cfg = DecodeConfig(W=W, N=N, G=G, **variant)
         pending = min(cfg.max_draft, cfg.verify_budget) + 1  # the previous step's tokens, x0 last
         assert all(t <= pending + (W - 1) + W * (N - 2) + cfg.verify_budget for t in g.step_tokens)
+
+
+def test_step_limit_caps_steps_and_deepens_trees(tiny_models, refs):
+    """`step_limit`: no step feeds more tokens, the output stays greedy, and a step after a
+    one-token commit verifies the tree the limit leaves (10 nodes; a fixed budget that fits the
+    same limit would have 5)."""
+    cfg = dict(W=1, N=2, G=5, budget=10, step_limit=11)
+    assert largest_step(DecodeConfig(**cfg)) == 11 == largest_step(DecodeConfig(W=1, N=2, G=5, budget=5))
+    for arch in ("llama", "qwen2"):
+        g = decode(tiny_models[arch], PROMPT, max_new_tokens=MAX_NEW, **cfg)
+        assert g.output_ids == refs[arch], arch
+        assert max(g.step_tokens) == 11, arch
+        after_one = [t for n, t in zip(g.accepted_per_step, g.step_tokens[1:]) if n == 1]
+        assert 11 in after_one, arch  # the pending token and 10 tree nodes
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -243,7 +259,18 @@ def test_context_limit(tiny_models):
 
 def test_bad_settings_raise(tiny_models):
     model = tiny_models["llama"]
-    for cfg in (dict(W=0), dict(N=1), dict(G=-1), dict(max_new_tokens=0), dict(mode="beam"), dict(W=2.5), dict(N=True)):
+    for cfg in (
+        dict(W=0),
+        dict(N=1),
+        dict(G=-1),
+        dict(max_new_tokens=0),
+        dict(mode="beam"),
+        dict(W=2.5),
+        dict(N=True),
+        dict(step_limit=6, W=3, N=3),
+        dict(text_match=0),
+        dict(text_match=3),
+    ):
         with pytest.raises(LPError):
             decode(model, PROMPT, **cfg)
     with pytest.raises(LPError, match="empty"):

@@ -19,8 +19,8 @@ from tests.reference_drafts import DictPool, ListTextIndex, listed_chains, liste
 def test_text_index_equals_the_list_index(seed):
     rng = np.random.default_rng(seed)
     vocab = int(rng.integers(1, 5))
-    indexed = bool(seed % 7)
-    index, ref = TextIndex((), indexed), ListTextIndex((), indexed)
+    indexed, lone = bool(seed % 7), bool(seed % 3)
+    index, ref = TextIndex((), indexed, lone), ListTextIndex((), indexed, lone)
     while len(ref.tokens) < 300:  # past the arrays' first sizes
         new = rng.integers(0, vocab, int(rng.integers(0, 12))).tolist()
         index.extend(new if seed % 2 else np.array(new))
@@ -28,6 +28,7 @@ def test_text_index_equals_the_list_index(seed):
         assert index.tokens.tolist() == ref.tokens
         length, count = int(rng.integers(0, 12)), int(rng.integers(0, 9))
         assert index.drafts(length, count) == ref.drafts(length, count)
+        assert index.lone_drafts(length, count) == ref.lone_drafts(length, count)
 
 
 def step_config(rng: np.random.Generator) -> DecodeConfig:
@@ -39,6 +40,7 @@ def step_config(rng: np.random.Generator) -> DecodeConfig:
         order=str(rng.choice(["recent", "frequent", "context"])),
         draft_len=int(rng.integers(1, 12)),
         text_drafts=int(rng.integers(1, 9)),
+        text_match=int(rng.choice([1, 2])),
     )
 
 
@@ -51,7 +53,8 @@ def test_step_drafts_equal_the_listed_ones(seed):
     vocab = int(rng.integers(2, 6))
     prompt = rng.integers(0, vocab, int(rng.integers(1, 40))).tolist()
     pool, ref_pool = NGramPool(cfg.N, cfg.pool_capacity), DictPool(cfg.N, cfg.pool_capacity)
-    text, ref_text = TextIndex(prompt), ListTextIndex(prompt)
+    lone = cfg.text_match == 1
+    text, ref_text = TextIndex(prompt, lone=lone), ListTextIndex(prompt, lone=lone)
     pool.add_sequence(prompt)
     ref_pool.add_sequence(prompt)
     window = JacobiWindow(max(cfg.W, 2), cfg.N, prompt, seed)

@@ -83,6 +83,19 @@ def test_fixed_shape_decoding_equals_greedy(arch, N, W, G, tiny_models):
     assert [t.data_ptr() for t in worker.kv.k] == buffers
 
 
+def test_fixed_shape_decoding_of_step_limited_shapes(tiny_models):
+    """W=auto's shapes with a step limit (trees that shrink with the pending tokens, empty ones
+    too) run at fixed shapes and stay greedy."""
+    from lp.decode.auto import LADDER
+
+    model = tiny_models["llama"]
+    dec = Decoder(Worker(model, graphs=True, attention="sdpa"), Collective(), set(), 512)
+    prompt = make_prompt(1, 8, 3)
+    for shape in (s for s in LADDER if s.step_limit is not None):
+        cfg = DecodeConfig(**{**shape._asdict(), "max_new_tokens": 40})
+        assert dec.generate(prompt, cfg).output_ids == reference_greedy(model, prompt, 40), shape.name
+
+
 def test_api_switch(tiny_model_dir):
     from lp import LP
 

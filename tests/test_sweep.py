@@ -66,7 +66,7 @@ def test_default_ladder_respects_each_size():
     s = sweep.SweepSettings()
     for size, config in s.ladder():
         assert sweep.step_tokens_of(config) <= size
-    assert [n for n, _ in s.ladder()] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert [n for n, _ in s.ladder()] == [11, 16, 32, 64, 128, 256, 512, 1024]
 
 
 def test_ladder_rejects_a_config_larger_than_its_size():
@@ -111,7 +111,7 @@ def test_sweep_writes_the_schema(tiny_model_dir, tmp_path):
         assert set(r["S_by_category"]) == {"alpha", "beta"}
         assert r["S"] >= 1 and r["step_tokens_mean"] <= r["step_tokens"]
     assert (tmp_path / "out" / "sweep.png").stat().st_size > 0
-    assert "| lp | W3N3G15-B16 | 32 |" in (tmp_path / "out" / "sweep.md").read_text()
+    assert f"| lp | {sweep.LADDER[32]} | 32 |" in (tmp_path / "out" / "sweep.md").read_text()
     assert len(res["rows"]) == 2 * 4
     # resume: nothing left to do, the rows stay as they were
     again = sweep.run({**settings, "resume": True})

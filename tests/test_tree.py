@@ -74,15 +74,20 @@ def test_text_drafts_continue_the_longest_suffix_match():
     got = text_drafts(text, length=3, count=4)
     assert got[0] == (4, 9, 2) and got[1] == (5, 6, 1)
     assert text_drafts(text, length=3, count=1) == [(4, 9, 2)]
-    # a lone token match (x0 only) is the pool's job
+    # a lone token match (x0 only) is a source of its own (prompt lookup's fallback), from a `lone` index
     assert text_drafts([3, 8, 4, 3], length=2, count=4) == []
+    assert TextIndex([3, 8, 4, 3]).lone_drafts(2, 4) == []
+    assert TextIndex([3, 8, 4, 3], lone=True).lone_drafts(2, 4) == [(8, 4)]
+    index = TextIndex([3, 8, 5, 8, 3, 8], lone=True)
+    assert index.drafts(1, 4) == [(5,)] and index.lone_drafts(1, 4) == [(3,)]  # (3, 8) at 0..1; 8 alone at 3
     assert text_drafts([5], length=2, count=4) == []
     assert TextIndex(text, indexed=False).drafts(3, 4) == []
 
 
-def scanned_drafts(tokens: list[int], length: int, count: int) -> list[tuple[int, ...]]:
+def scanned_drafts(tokens: list[int], length: int, count: int, lone: bool = False) -> list[tuple[int, ...]]:
     """The definition, by brute force: every earlier position that ends a match of at least
-    MIN_MATCH suffix tokens, by longest match (capped at MAX_MATCH), then most recent."""
+    MIN_MATCH suffix tokens (`lone`: of exactly one), by longest match (capped at MAX_MATCH),
+    then most recent."""
     n = len(tokens)
 
     def match(e: int) -> int:
@@ -91,21 +96,25 @@ def scanned_drafts(tokens: list[int], length: int, count: int) -> list[tuple[int
             m += 1
         return m
 
-    ends = sorted((e for e in range(n - 1) if match(e) >= MIN_MATCH), key=lambda e: (-match(e), -e))
+    ends = sorted(
+        (e for e in range(n - 1) if (match(e) == 1 if lone else match(e) >= MIN_MATCH)), key=lambda e: (-match(e), -e)
+    )
     out = dict.fromkeys(tuple(tokens[e + 1 : e + 1 + length]) for e in ends)
     return list(out)[:count]
 
 
+@pytest.mark.parametrize("lone", [False, True])
 @pytest.mark.parametrize("seed", range(40))
-def test_text_index_extended_step_by_step_equals_a_scan(seed):
+def test_text_index_extended_step_by_step_equals_a_scan(seed, lone):
     rng = np.random.default_rng(seed)
     vocab = int(rng.integers(2, 6))  # few tokens: long, overlapping matches
     tokens = rng.integers(0, vocab, int(rng.integers(1, 60))).tolist()
-    index = TextIndex(tokens[:5])
+    index = TextIndex(tokens[:5], lone=lone)
     for end in range(5, len(tokens) + 1):
         index.extend(tokens[len(index.tokens) : end])
         length, count = int(rng.integers(1, 12)), int(rng.integers(1, 6))
         assert index.drafts(length, count) == scanned_drafts(tokens[:end], length, count)
+        assert index.lone_drafts(length, count) == (scanned_drafts(tokens[:end], length, count, True) if lone else [])
 
 
 def test_builder_insertion_order_within_subtrees():

@@ -346,13 +346,13 @@ def _percentiles(seconds: list[float]) -> dict:
 def step_shapes(tokens: list[int]) -> list[tuple[dict, StepLayout]]:
     """(label, layout) of every timed step: causal blocks of T tokens (logits for one row, as
     W=auto's calibration), then the largest lookahead steps of the ladder (the most pending
-    tokens, a full tree budget)."""
+    tokens, the tree they leave: the whole budget but under a step limit)."""
     causal = {"kind": "causal", "W": None, "N": None, "G": None, "budget": None}
     shapes = [(causal, step_layout(T, 1, 2, range(0), 0)) for T in tokens]
     shapes += [
         (
             {"kind": "ladder", "W": s.W, "N": s.N, "G": s.G, "budget": s.budget},
-            step_layout(s.config.max_commit, s.W, s.N, range(s.W), (-1,) * s.budget),
+            step_layout(s.config.max_commit, s.W, s.N, range(s.W), (-1,) * s.config.tree_budget(s.config.max_commit)),
         )
         for s in LADDER
     ]

@@ -41,9 +41,8 @@ from lp.decode.plan import largest_step
 from lp.decode.record import collector_paused
 from lp.errors import LPError
 
-# lp's config at each step size: W=auto's ladder (lp/decode/auto.py), each shape at the power of
-# two that holds its largest step.
-LADDER = {1 << (step_tokens(shape) - 1).bit_length(): shape.name for shape in AUTO_LADDER}
+# lp's config at each step size: W=auto's ladder (lp/decode/auto.py), each shape at its largest step.
+LADDER = {step_tokens(shape): shape.name for shape in AUTO_LADDER}
 BASELINES = {"token-recycling": "token-recycling", "hf-prompt-lookup": "prompt-lookup"}  # kind -> sweep name
 
 

@@ -22,43 +22,62 @@ import torch
 from lp.config import RECYCLE, DecodeConfig
 from lp.decode.plan import largest_step
 from lp.engine.fixed_steps import bucket
+from lp.lookahead.drafts import MIN_MATCH
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
 
 class Shape(NamedTuple):
     """A lookahead step's shape: W window columns, n-gram size N, G pool n-grams per first token,
-    `budget` tree tokens and `recycle` successors kept per token (DecodeConfig's keys)."""
+    `budget` tree tokens, `recycle` successors kept per token, the `step_limit` on a step's
+    tokens and the `text_match` a text draft needs (DecodeConfig's keys)."""
 
     W: int
     N: int
     G: int
     budget: int
     recycle: int = RECYCLE
+    step_limit: int | None = None
+    text_match: int = MIN_MATCH
 
     @property
     def config(self) -> DecodeConfig:
         return DecodeConfig(**self._asdict())
 
+    def _extras(self) -> list[tuple[str, str, int]]:
+        """(config name letter, key, value) of the keys that differ from DecodeConfig's defaults."""
+        return [
+            (letter, key, value)
+            for letter, key, value, default in (
+                ("R", "recycle", self.recycle, RECYCLE),
+                ("L", "step_limit", self.step_limit, None),
+                ("M", "text_match", self.text_match, MIN_MATCH),
+            )
+            if value != default
+        ]
+
     @property
     def name(self) -> str:
-        """The shape as lp.bench names configs: W3N3G15-B112, with -R16 where recycle is not the default."""
-        extra = "" if self.recycle == RECYCLE else f"-R{self.recycle}"
-        return f"W{self.W}N{self.N}G{self.G}-B{self.budget}{extra}"
+        """The shape as lp.bench names configs: W3N3G15-B112, with -R16, -L11, -M1 where those keys
+        are not the defaults."""
+        return f"W{self.W}N{self.N}G{self.G}-B{self.budget}" + "".join(f"-{c}{v}" for c, _, v in self._extras())
 
     def describe(self) -> str:
-        extra = "" if self.recycle == RECYCLE else f" recycle={self.recycle}"
+        extra = "".join(f" {key}={v}" for _, key, v in self._extras())
         return f"W={self.W} N={self.N} G={self.G} budget={self.budget}{extra}"
 
 
-# Shapes of growing step size (largest steps of 8 to 1,024 tokens): a small window (W3 N3, which
-# gave the most S at 128 tokens in results/tree, W1-W2 below 32 tokens) and a tree of the rest,
-# with more recycled successors above 256 tokens. The budget sweep measures them
-# (results/sweep/spec_bench_12); 8 and 16 tokens for machines where every token of a step costs.
+# Shapes of growing step size (largest steps of 11 to 1,024 tokens). Up to 32 tokens, a step limit
+# (a step after a short commit verifies a deep draft: the tree gets what the re-fed tokens leave)
+# and text drafts from x0's lone matches too (prompt lookup's fallback): at 11 tokens, the size
+# prompt lookup feeds, that is above prompt lookup in every category. A small window (W1 N3 up to
+# 16 tokens; from 32, W3 N3, which gave the most S at 128 tokens in results/tree) and a tree of
+# the rest, with more recycled successors above 256 tokens. The budget sweep measures them
+# (results/sweep/spec_bench_12).
 LADDER: tuple[Shape, ...] = (
-    Shape(1, 3, 15, 3),
-    Shape(2, 3, 15, 6),
-    Shape(3, 3, 15, 16),
+    Shape(1, 3, 15, 9, step_limit=11, text_match=1),
+    Shape(1, 3, 15, 14, step_limit=16, text_match=1),
+    Shape(3, 3, 15, 26, step_limit=32, text_match=1),
     Shape(3, 3, 15, 48),
     Shape(3, 3, 15, 112),
     Shape(3, 3, 15, 240),
@@ -68,7 +87,7 @@ LADDER: tuple[Shape, ...] = (
 # S - 1 per doubling of a step's tokens before anything is decoded: the least-squares slope
 # (through the origin, against log2 of the largest step) of the ladder's S in the budget sweep
 # (results/sweep/spec_bench_12). `auto` refits it to what it decodes.
-PRIOR_SLOPE = 0.29
+PRIOR_SLOPE = 0.30
 # A bigger step must promise this factor more tokens/s than the cheaper choice to replace it.
 # Calibration timings on a shared machine vary by a few percent between runs; without a margin,
 # near ties between shapes flip from run to run on the same input.

@@ -34,9 +34,10 @@ class StepPlan:
 
 def largest_step(cfg: DecodeConfig) -> int:
     """The most tokens a step of `cfg` feeds one rank: `max_commit` pending tokens, every window
-    column and the whole tree."""
+    column and the whole tree, or `step_limit` where it is less."""
     W, N, _, budget = cfg.step_shape
-    return RankPlan(range(W), range(budget)).cost(N, pending=cfg.max_commit, candidate_tokens=1)
+    most = RankPlan(range(W), range(budget)).cost(N, pending=cfg.max_commit, candidate_tokens=1)
+    return most if cfg.step_limit is None else min(most, cfg.step_limit)
 
 
 def rank_share(

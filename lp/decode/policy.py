@@ -17,10 +17,10 @@ from lp.lookahead.tree import DraftTree, TreeBuilder, pair_key
 from lp.message import Outcome
 
 # the draft sources whose acceptance rates are counted apart (DraftRates): the text drafts, the
-# pool's context-matched and plain n-grams, each by rank (the last bucket takes the ranks
-# after it), and the window's row 0
-TEXT_RANKS, POOL_RANKS = 4, 3
-KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS)  # text, context-matched pool, pool
+# pool's context-matched and plain n-grams, the text drafts of x0's lone matches, each by rank
+# (the last bucket takes the ranks after it), and the window's row 0
+TEXT_RANKS, POOL_RANKS, LONE_RANKS = 4, 3, 2
+KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS, LONE_RANKS)  # text, context-matched pool, pool, lone text
 WINDOW_SOURCE = sum(KINDS)
 
 
@@ -44,7 +44,8 @@ class DraftSources:
         self._drafted = DraftTree(np.zeros(0, dtype=np.int64), ())  # the last step's tree
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
         self._keys: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
-        self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0)
+        self._pending = 1  # tokens the next step re-feeds (the prompt's last; then the last commit)
+        self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0, lone=cfg.text_match == 1)
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
             self.pool.flush()
@@ -53,7 +54,7 @@ class DraftSources:
         """The next step's verification tree (`step_tree`)."""
         self._drafted, self._grown = step_tree(
             self.cfg,
-            self.budget,
+            self.cfg.tree_budget(self._pending),
             self.pool,
             self.text,
             successors=self.successors,
@@ -84,11 +85,11 @@ class DraftSources:
         self.text.extend(tokens)
         out, n = self.text.tokens, len(tokens)
         if self.successors is not None:
-            self.successors.observe(
-                out[-(n + 2) :]
-            )  # x0, the token before it and the new ones, on the table the drafts used
+            # x0, the token before it and the new ones, counted on the table the drafts used
+            self.successors.observe(out[-(n + 2) :])
             first, nodes = self._keys
             self.successors.update(outcome.successors, nodes, first)
+        self._pending = n
         if self.G and self.cfg.pool_from_output:  # the n-grams that end in the new tokens
             self.pool.add_sequence(out[-(n + self.N - 1) :])
 
@@ -109,7 +110,7 @@ def source_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[l
     continuations (with `drafts="pool+text"`); with `order="context"` (the default), the pool's
     n-grams that start with the last two tokens (what follows them, N-2 tokens: two matched
     tokens predict better than one); the pool's n-grams under x0, newest (or most frequent)
-    first."""
+    first; with `text_match=1`, the continuations of x0's lone matches (`TextIndex.lone_drafts`)."""
     tokens, starts, sources = _drafts(cfg, pool, text, _NO_ROW)
     kinds = np.searchsorted(np.cumsum(KINDS), sources, side="right").tolist()
     out: list[list[tuple[int, ...]]] = [[] for _ in KINDS]

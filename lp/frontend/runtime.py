@@ -156,11 +156,11 @@ class LP:
         shape, reason = self._tuner.choose(allow_plain=len(auto) == 3)
         if shape is None:
             settings.update(mode="ar", W=1, N=2, G=0)
-        else:  # W, N, G where they are auto; with all three auto, the budget and recycling where not given
+        else:  # W, N, G where they are auto; with all three auto, the shape's other keys where not given
             chosen = shape._asdict()
             settings.update({k: chosen[k] for k in auto})
             if len(auto) == 3:
-                settings.update({k: chosen[k] for k in ("budget", "recycle") if settings.get(k) is None})
+                settings.update({k: v for k, v in chosen.items() if k not in auto and settings.get(k) is None})
         return reason
 
     def _calibrate(self) -> CostCurve:
@@ -190,7 +190,11 @@ class LP:
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
         self._same_in_replica(ids, cfg, stream)
         g: Generation = self.decoder.generate(ids, cfg, stream, observer=observer)
-        shape = Shape(cfg.W, cfg.N, cfg.G, cfg.verify_budget, cfg.successors_sent) if cfg.lookahead else None
+        shape = (
+            Shape(cfg.W, cfg.N, cfg.G, cfg.verify_budget, cfg.successors_sent, cfg.step_limit, cfg.text_match)
+            if cfg.lookahead
+            else None
+        )
         predicted = None
         if reason is not None:
             S, tokens_per_s, _ = self._tuner.expect(shape)  # before this sequence teaches the tuner

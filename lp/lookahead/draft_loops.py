@@ -11,7 +11,9 @@ The text index interns every L-gram (MIN_MATCH <= L <= MAX_MATCH) as an id: the 
 at position e is the (L-1)-gram ending at e - 1 followed by the token at e, so its hash key is
 (L, that (L-1)-gram's id, token), the token before it for L = MIN_MATCH: exact, with no tokens
 compared. Per id the newest position ending it, per position and L the id and the previous
-position ending the same L-gram: a suffix's occurrences are a walk, newest first.
+position ending the same L-gram: a suffix's occurrences are a walk, newest first. With `lone`,
+each token is interned too (key (1, -1, token), column GRAMS), for the drafts of x0's lone
+matches.
 
 The pool keeps each first token's tails in a block, a ring of `capacity` rows oldest first (a
 tail and its count): a new tail goes in at the end (over the oldest one when full), a tail
@@ -28,7 +30,7 @@ from numba import njit
 
 MIN_MATCH = 2  # a suffix of one token (x0 alone) is the pool's job
 MAX_MATCH = 8  # longer suffixes rank no higher than this
-GRAMS = MAX_MATCH - MIN_MATCH + 1  # L-gram lengths indexed
+GRAMS = MAX_MATCH - MIN_MATCH + 1  # L-gram lengths indexed (then, in column GRAMS, x0's lone token)
 
 _FIB = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -55,10 +57,11 @@ def _gram_slot(table: np.ndarray, L: int, before: int, token: int) -> int:
 
 
 @njit(cache=True)
-def index_tokens(seq, grams, head, table, n, made, new, longest):
+def index_tokens(seq, grams, head, table, n, made, new, longest, lone):
     """Append `new` to `seq[:n]` and index the L-grams (L <= `longest`) ending at each new
-    token: `grams[e, L - MIN_MATCH]` (id, previous position ending it), `head[id]` (the newest).
-    `made`: the ids so far; the ids after. The caller made room."""
+    token: `grams[e, L - MIN_MATCH]` (id, previous position ending it), `head[id]` (the newest);
+    with `lone`, the token itself too (`grams[e, GRAMS]`). `made`: the ids so far; the ids
+    after. The caller made room."""
     for t in range(len(new)):
         token = new[t]
         e = n + t
@@ -66,14 +69,23 @@ def index_tokens(seq, grams, head, table, n, made, new, longest):
         for L in range(MIN_MATCH, min(longest, e + 1) + 1):
             col = L - MIN_MATCH
             before = seq[e - 1] if L == MIN_MATCH else grams[e - 1, col - 1, 0]
-            i = _gram_slot(table, L, before, token)
-            if table[i, 3] < 0:
-                table[i, 0], table[i, 1], table[i, 2], table[i, 3] = L, before, token, made
-                head[made] = -1
-                made += 1
-            g = table[i, 3]
-            grams[e, col, 0], grams[e, col, 1] = g, head[g]
-            head[g] = e
+            made = _intern(grams, head, table, made, e, col, L, before, token)
+        if lone:
+            made = _intern(grams, head, table, made, e, GRAMS, 1, -1, token)
+    return made
+
+
+@njit(cache=True)
+def _intern(grams, head, table, made, e, col, L, before, token):
+    """Index the L-gram with key (L, before, token) as ending at e (column `col`); the ids after."""
+    i = _gram_slot(table, L, before, token)
+    if table[i, 3] < 0:
+        table[i, 0], table[i, 1], table[i, 2], table[i, 3] = L, before, token, made
+        head[made] = -1
+        made += 1
+    g = table[i, 3]
+    grams[e, col, 0], grams[e, col, 1] = g, head[g]
+    head[g] = e
     return made
 
 
@@ -127,6 +139,40 @@ def _text_drafts(seq, n, grams, head, longest, length, count, tokens, starts, so
                         return c
             e = grams[e, col, 1]
     return c
+
+
+@njit(cache=True)
+def _lone_drafts(seq, n, grams, head, length, count, tokens, starts, sources, c, source, ranks):
+    """Append the drafts of x0's lone matches as chains c, c + 1, ... (`TextIndex.lone_drafts`),
+    the r-th from source `source + min(r, ranks - 1)`; the chains' count after them."""
+    if length < 1 or count < 1 or n < 2:
+        return c
+    last, first, before = n - 1, c, seq[n - 2]
+    e = head[grams[last, GRAMS, 0]]
+    while e >= 0:
+        # an occurrence that matches the token before x0 too is a text draft's (`_text_drafts`)
+        if e != last and not (e > 0 and seq[e - 1] == before):
+            m = min(length, last - e)
+            if not _known(tokens, starts, first, c, seq, e + 1, m):
+                s = starts[c]
+                tokens[s : s + m] = seq[e + 1 : e + 1 + m]
+                starts[c + 1] = s + m
+                sources[c] = source + min(c - first, ranks - 1)
+                c += 1
+                if c - first == count:
+                    return c
+        e = grams[e, GRAMS, 1]
+    return c
+
+
+@njit(cache=True)
+def lone_drafts(seq, n, grams, head, length, count):
+    """`TextIndex.lone_drafts` as chains: their tokens and starts."""
+    count = max(count, 0)
+    tokens = np.empty(count * max(length, 0), np.int64)
+    starts = np.zeros(count + 1, np.int64)
+    c = _lone_drafts(seq, n, grams, head, length, count, tokens, starts, np.empty(count, np.int64), 0, 0, 1)
+    return tokens[: starts[c]], starts[: c + 1]
 
 
 @njit(cache=True)
@@ -327,6 +373,7 @@ def step_chains(
     grams,
     head,
     longest,
+    lone,
     length,
     count,
     table,
@@ -344,12 +391,13 @@ def step_chains(
     (`count` of them, at most `length` tokens each), the sources from 0; with `context`, the
     pool's tails under the token before x0 that continue with x0, the sources after the text's
     `ranks[0]`; the pool's tails under x0 (by `frequent`), the sources after those `ranks[1]`;
-    then `row` (if not empty) from `row_source`. The pool's queued n-grams of the two keys it
-    reads are inserted first."""
+    with `lone`, the drafts of x0's lone matches (`count` of them), the sources after those
+    `ranks[2]`; then `row` (if not empty) from `row_source`. The pool's queued n-grams of the two
+    keys it reads are inserted first."""
     capacity, tail = rows.shape[1], rows.shape[2] - 1
     count = max(count, 0)
-    tokens = np.empty(count * max(length, 0) + 2 * capacity * tail + len(row), np.int64)
-    starts = np.zeros(count + 2 * capacity + 2, np.int64)
+    tokens = np.empty(2 * count * max(length, 0) + 2 * capacity * tail + len(row), np.int64)
+    starts = np.zeros(2 * count + 2 * capacity + 2, np.int64)
     sources = np.empty(len(starts) - 1, np.int64)
     c = _text_drafts(seq, n, grams, head, longest, length, count, tokens, starts, sources, 0, 0, ranks[0])
     if n:
@@ -363,6 +411,9 @@ def step_chains(
         c = _pool_drafts(
             table, rows, rings, x0, frequent, 0, 0, tokens, starts, sources, c, ranks[0] + ranks[1], ranks[2]
         )
+    if lone:
+        source = ranks[0] + ranks[1] + ranks[2]
+        c = _lone_drafts(seq, n, grams, head, length, count, tokens, starts, sources, c, source, ranks[3])
     if len(row):
         s = starts[c]
         tokens[s : s + len(row)] = row

@@ -9,7 +9,16 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from lp.lookahead.draft_loops import GRAMS, MAX_MATCH, MIN_MATCH, index_tokens, rehash_grams, step_chains, text_drafts
+from lp.lookahead.draft_loops import (
+    GRAMS,
+    MAX_MATCH,
+    MIN_MATCH,
+    index_tokens,
+    lone_drafts,
+    rehash_grams,
+    step_chains,
+    text_drafts,
+)
 from lp.lookahead.pool import NGramPool
 
 
@@ -18,18 +27,19 @@ class TextIndex:
     where it ends, newest first: a step's text drafts are then a walk over the occurrences of
     the sequence's suffixes, not a scan of the whole sequence; extending by a token costs
     MAX_MATCH - 1 hash lookups, once. `indexed=False` keeps the sequence only (a decode that
-    takes no text drafts).
+    takes no text drafts). With `lone`, every token's occurrences too (`lone_drafts`).
 
     Arrays (lp/lookahead/draft_loops.py): the sequence `seq[:n]`; per position e and L-gram
-    column L - MIN_MATCH, `grams[e, col]`: the L-gram's id (-1 where none ends at e) and the
-    previous position ending it (-1: none); per id, `head` (the newest position ending it); the
-    ids' hash table `table`, rows (L, the (L-1)-gram's id or the token before, token, id; id -1:
-    an empty slot)."""
+    column L - MIN_MATCH (the token itself: column GRAMS), `grams[e, col]`: the L-gram's id (-1
+    where none ends at e) and the previous position ending it (-1: none); per id, `head` (the
+    newest position ending it); the ids' hash table `table`, rows (L, the (L-1)-gram's id or the
+    token before, token, id; id -1: an empty slot)."""
 
-    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True) -> None:
+    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True, lone: bool = False) -> None:
         self.longest = MAX_MATCH if indexed else 0
+        self.lone = lone and indexed
         self.seq = np.zeros(0, np.int64)
-        self.grams = np.zeros((0, GRAMS, 2), np.int64)
+        self.grams = np.zeros((0, GRAMS + 1, 2), np.int64)
         self.head = np.zeros(0, np.int64)
         self.table = np.full((256, 4), -1, np.int64)
         self.n = 0
@@ -47,24 +57,34 @@ class TextIndex:
         need = self.n + len(new)
         if need > len(self.seq):
             self._grow(2 * need)
-        ids = self._ids + GRAMS * len(new) if self.longest else 0  # after these tokens, at most
+        ids = self._ids + (GRAMS + self.lone) * len(new) if self.longest else 0  # after these tokens, at most
         if 2 * ids > len(self.table):  # at most half full: short probes
             self.table = rehash_grams(self.table, 1 << (2 * ids).bit_length())
-        self._ids = index_tokens(self.seq, self.grams, self.head, self.table, self.n, self._ids, new, self.longest)
+        self._ids = index_tokens(
+            self.seq, self.grams, self.head, self.table, self.n, self._ids, new, self.longest, self.lone
+        )
         self.n = need
 
     def _grow(self, size: int) -> None:
         """Room for `size` tokens."""
         more = size - len(self.seq)
         self.seq = np.concatenate([self.seq, np.zeros(more, np.int64)])
-        self.grams = np.concatenate([self.grams, np.full((more, GRAMS, 2), -1, np.int64)])
-        self.head = np.concatenate([self.head, np.zeros(more * GRAMS, np.int64)])
+        self.grams = np.concatenate([self.grams, np.full((more, GRAMS + 1, 2), -1, np.int64)])
+        self.head = np.concatenate([self.head, np.zeros(more * (GRAMS + 1), np.int64)])
 
     def drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
         """Up to `count` distinct continuations (at most `length` tokens each) of earlier
         occurrences of the sequence's suffix, best first: the longest matched suffix (at least
         MIN_MATCH tokens, counted up to MAX_MATCH), then the most recent occurrence."""
         return as_tuples(*text_drafts(self.seq, self.n, self.grams, self.head, self.longest, length, count))
+
+    def lone_drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
+        """Up to `count` distinct continuations (at most `length` tokens each) of the earlier
+        occurrences of x0 that match no longer suffix (those are `drafts`'), most recent first:
+        the one-token matches prompt lookup falls back to. None unless the index is `lone`."""
+        if not self.lone:
+            return []
+        return as_tuples(*lone_drafts(self.seq, self.n, self.grams, self.head, length, count))
 
 
 def step_drafts(
@@ -85,9 +105,11 @@ def step_drafts(
     that start with the sequence's last two tokens (N-2 tokens each: two matched tokens predict
     better than one), newest first, the r-th from ranks[0] + min(r, ranks[1] - 1); the pool's
     tails under the last token (`NGramPool.best(x0, frequent)`), from ranks[0] + ranks[1] +
-    min(r, ranks[2] - 1); then `row`, if not empty, from `row_source`."""
+    min(r, ranks[2] - 1); with a `lone` index, the drafts of x0's lone matches
+    (`TextIndex.lone_drafts(length, count)`), from ranks[0] + ranks[1] + ranks[2] + min(r, ranks[3]
+    - 1); then `row`, if not empty, from `row_source`."""
     return step_chains(
-        text.seq, text.n, text.grams, text.head, text.longest, length, count,
+        text.seq, text.n, text.grams, text.head, text.longest, text.lone, length, count,
         pool.table, pool.rows, pool.rings, pool.state, pool.queue, context, frequent, ranks, row, row_source,
     )  # fmt: skip
 
