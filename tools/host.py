@@ -89,7 +89,7 @@ class _Recorder(Collective):
 class _Replay(Collective):
     """Rank `rank` of P whose all-gather answers the recorded results in order (every rank
     gathered the same). The rank's own message must match its recorded one wherever the host's
-    state decides it: the handshake, then each step's output length and checksum, which of its
+    state decides it: the handshake (its prompt and world size), then each step's output length and checksum, which of its
     window slots hold a column (`W` slots after the `width` path tokens) and the input token of
     each of its logits rows (rows of `k` successors; none when k is 0). So a replay that drifted
     from the recording, building other trees or plans than the recorded rank did, stops."""
@@ -102,8 +102,10 @@ class _Replay(Collective):
 
     def _planned(self, message: np.ndarray) -> list[int]:
         """The parts of a message that the host's state decides (the model's outputs left out)."""
-        if len(message) < HEADER:  # the handshake
-            return message.tolist()
+        if len(message) < HEADER:  # the handshake: the prompt's fingerprint and the world size
+            # (not the config's: it changes with every new DecodeConfig key, and `replay` checks
+            # the recording's settings apart)
+            return message[1:].tolist()
         columns = HEADER + self.max_commit
         rows = message[columns + self.W :].reshape(-1, 1 + self.k)[:, 0] if self.k else message[:0]
         return [*message[3:5].tolist(), *(message[columns : columns + self.W] >= 0).tolist(), *rows.tolist()]
