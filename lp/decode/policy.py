@@ -34,7 +34,8 @@ class DraftSources:
         if k > vocab_size:
             raise LPError(f"recycle={k} is more than the model's {vocab_size} tokens")
         self.cfg, self.N, self.G, self.budget = cfg, N, G, budget
-        self.successors = SuccessorTable(k, vocab_size) if k else None
+        # every step keys at most a row per tree node and x0's
+        self.successors = SuccessorTable(k, vocab_size, cfg.max_new_tokens * (budget + 1)) if k else None
         self.window = JacobiWindow(W, N, prompt_ids, cfg.seed) if W else None
         # the prompt's n-grams and text index: host work on the prompt's length, which the caller
         # times with the prefill (a GPU prefills meanwhile)
@@ -45,7 +46,12 @@ class DraftSources:
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
         self._keys: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
         self._pending = 1  # tokens the next step re-feeds (the prompt's last; then the last commit)
-        self.text = TextIndex(prompt_ids, indexed=cfg.drafts == "pool+text" and budget > 0, lone=cfg.text_match == 1)
+        self.text = TextIndex(
+            prompt_ids,
+            indexed=cfg.drafts == "pool+text" and budget > 0,
+            lone=cfg.text_match == 1,
+            room=len(prompt_ids) + cfg.max_new_tokens,
+        )
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
             self.pool.flush()

@@ -27,7 +27,8 @@ class TextIndex:
     where it ends, newest first: a step's text drafts are then a walk over the occurrences of
     the sequence's suffixes, not a scan of the whole sequence; extending by a token costs
     MAX_MATCH - 1 hash lookups, once. `indexed=False` keeps the sequence only (a decode that
-    takes no text drafts). With `lone`, every token's occurrences too (`lone_drafts`).
+    takes no text drafts). With `lone`, every token's occurrences too (`lone_drafts`). `room`:
+    the tokens it holds without growing (growing copies every array: a step's worth of work).
 
     Arrays (lp/lookahead/draft_loops.py): the sequence `seq[:n]`; per position e and L-gram
     column L - MIN_MATCH (the token itself: column GRAMS), `grams[e, col]`: the L-gram's id (-1
@@ -35,7 +36,7 @@ class TextIndex:
     newest position ending it); the ids' hash table `table`, rows (L, the (L-1)-gram's id or the
     token before, token, id; id -1: an empty slot)."""
 
-    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True, lone: bool = False) -> None:
+    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True, lone: bool = False, room: int = 0) -> None:
         self.longest = MAX_MATCH if indexed else 0
         self.lone = lone and indexed
         self.seq = np.zeros(0, np.int64)
@@ -44,6 +45,9 @@ class TextIndex:
         self.table = np.full((256, 4), -1, np.int64)
         self.n = 0
         self._ids = 0  # L-gram ids made
+        if room:
+            self._grow(room)
+            self._fit(0, room)
         self.extend(tokens)
 
     @property
@@ -57,13 +61,17 @@ class TextIndex:
         need = self.n + len(new)
         if need > len(self.seq):
             self._grow(2 * need)
-        ids = self._ids + (GRAMS + self.lone) * len(new) if self.longest else 0  # after these tokens, at most
-        if 2 * ids > len(self.table):  # at most half full: short probes
-            self.table = rehash_grams(self.table, 1 << (2 * ids).bit_length())
+        self._fit(self._ids, len(new))
         self._ids = index_tokens(
             self.seq, self.grams, self.head, self.table, self.n, self._ids, new, self.longest, self.lone
         )
         self.n = need
+
+    def _fit(self, ids: int, tokens: int) -> None:
+        """Room in the ids' hash table for the ids of `tokens` more tokens after `ids` ids."""
+        most = ids + (GRAMS + self.lone) * tokens if self.longest else 0
+        if 2 * most > len(self.table):  # at most half full: short probes
+            self.table = rehash_grams(self.table, 1 << (2 * most).bit_length())
 
     def _grow(self, size: int) -> None:
         """Room for `size` tokens."""

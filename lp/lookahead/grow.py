@@ -86,12 +86,12 @@ def grow(
     if chances is None:
         chances = np.zeros((0, 1))
     if table is None:
-        hits, rows, vocab, index = _NO_HITS, _NO_ROWS, 0, _NO_INDEX
+        hits, rows, pairs, index = _NO_HITS, _NO_ROWS, _NO_ROWS, _NO_INDEX
     else:
-        hits, rows, vocab, index = table.hits, table.table, table.vocab, table.index
+        hits, rows, pairs, index = table.hits, table.table, table.pairs, table.index
     tokens, parents, labels, order, groups = grow_tree(
         budget, x0, before, depth, chains.tokens, chains.starts, chains.sources, chances,
-        hits, rows, vocab, index,
+        hits, rows, pairs, index,
     )  # fmt: skip
     return Grown(DraftTree(tokens, tuple(parents.tolist()), tuple(groups.tolist())), labels, parents, order)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-NO_ROW = -1  # `find_row`'s answer where the table has no row
+NO_ROW = -(1 << 62)  # `find_row`'s answer where neither table has a row
 ROW, CHAIN = 0, 1  # a growth entry's kind: a successor row, or a chain
 
 
@@ -33,14 +33,20 @@ def slot(index: np.ndarray, key: int) -> int:
 
 
 @njit(cache=True)
-def find_row(table: np.ndarray, vocab: int, index: np.ndarray, before: int, token: int) -> int:
-    """The row of `table` (lp/lookahead/successors.py) with the successors of `token` after
-    `before`: the pair's row (`index`: pair key -> row), else `token`'s own, else NO_ROW."""
+def find_row(table: np.ndarray, index: np.ndarray, before: int, token: int) -> int:
+    """Where the successors of `token` after `before` are (lp/lookahead/successors.py): pair row
+    p (`index`: pair key -> p) as -p - 1, else `token`'s own row of `table`, else NO_ROW."""
     if before >= 0:
         i = slot(index, (before << 32) | token)  # pair_key
         if index[i, 0] >= 0:
-            return index[i, 1]
-    return token if token < vocab and table[token, 0] >= 0 else NO_ROW
+            return -index[i, 1] - 1
+    return token if token < len(table) and table[token, 0] >= 0 else NO_ROW
+
+
+@njit(cache=True)
+def successor(table: np.ndarray, pairs: np.ndarray, row: int, r: int) -> int:
+    """The rank-r successor in `find_row`'s row."""
+    return np.int64(pairs[-row - 1, r] if row < 0 else table[row, r])
 
 
 @njit(cache=True)
@@ -59,13 +65,13 @@ def successor_rates(hits: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
-def set_pair(table: np.ndarray, vocab: int, index: np.ndarray, n_pairs: int, key: int, rows, j: int) -> int:
+def set_pair(pairs: np.ndarray, index: np.ndarray, n_pairs: int, key: int, rows, j: int) -> int:
     """Key `key`'s pair row is now row j's successors (a new key takes the next pair row)."""
     i = slot(index, key)
     if index[i, 0] < 0:
-        index[i, 0], index[i, 1] = key, vocab + n_pairs
+        index[i, 0], index[i, 1] = key, n_pairs
         n_pairs += 1
-    copy_row(table, index[i, 1], rows, j)
+    copy_row(pairs, index[i, 1], rows, j)
     return n_pairs
 
 
@@ -79,14 +85,20 @@ def copy_row(to: np.ndarray, i: int, rows: np.ndarray, j: int) -> None:
 
 @njit(cache=True)
 def update_rows(
-    table: np.ndarray, vocab: int, index: np.ndarray, n_pairs: int, rows: np.ndarray, row_keys: np.ndarray, first: int
+    table: np.ndarray,
+    pairs: np.ndarray,
+    index: np.ndarray,
+    n_pairs: int,
+    rows: np.ndarray,
+    row_keys: np.ndarray,
+    first: int,
 ) -> int:
     """`SuccessorTable.update`'s writes, in its order; the number of pair rows after them."""
     n, m = rows.shape[0], len(row_keys)
     if first >= 0:
-        n_pairs = set_pair(table, vocab, index, n_pairs, first, rows, 0)
+        n_pairs = set_pair(pairs, index, n_pairs, first, rows, 0)
     for j in range(m):
-        n_pairs = set_pair(table, vocab, index, n_pairs, row_keys[j], rows, n - m + j)
+        n_pairs = set_pair(pairs, index, n_pairs, row_keys[j], rows, n - m + j)
     for j in range(n):
         copy_row(table, rows[j, 0], rows, j)
     return n_pairs
@@ -104,15 +116,15 @@ def rehash(index: np.ndarray, size: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def count_ranks(table: np.ndarray, vocab: int, index: np.ndarray, tokens: np.ndarray, hits: np.ndarray) -> None:
+def count_ranks(table: np.ndarray, pairs: np.ndarray, index: np.ndarray, tokens: np.ndarray, hits: np.ndarray) -> None:
     """`SuccessorTable.observe`: each token's rank in its predecessor's row (k: none), counted."""
     k = table.shape[1]
     for j in range(2, len(tokens)):
-        row = find_row(table, vocab, index, tokens[j - 2], tokens[j - 1])
+        row = find_row(table, index, tokens[j - 2], tokens[j - 1])
         if row == NO_ROW:
             continue
         r = 0
-        while r < k and table[row, r] != tokens[j]:
+        while r < k and successor(table, pairs, row, r) != tokens[j]:
             r += 1
         hits[r] += 1
 
@@ -166,7 +178,7 @@ def _pop(heap: np.ndarray, h: int, neg: np.ndarray) -> int:
 
 
 @njit(cache=True)
-def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, table, vocab, index):  # noqa: C901
+def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, table, pairs, index):  # noqa: C901
     rates = successor_rates(hits)
     k, n_chains, D = len(rates), len(starts) - 1, chances.shape[1]
     q0 = rates[0] if k else 0.0
@@ -193,7 +205,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
         if starts[c + 1] > starts[c]:
             h, n = _wait(heap, h, neg_of, entry, n, -chances[sources[c], 0], -1, CHAIN, c, 0, 1)
     if k and depth >= 1:
-        row = find_row(table, vocab, index, before, x0)
+        row = find_row(table, index, before, x0)
         if row != NO_ROW:
             h, n = _wait(heap, h, neg_of, entry, n, -q0, -1, ROW, row, 0, 1)
 
@@ -204,7 +216,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
         parent, kind, seq, i, d = entry[e, 0], entry[e, 1], entry[e, 2], entry[e, 3], entry[e, 4]
         while True:  # an entry that would leave next is taken at once, without waiting
             if kind == ROW:
-                token = np.int64(table[seq, i])
+                token = successor(table, pairs, seq, i)
             else:
                 token = flat[starts[seq] + i]
             node = first_child[parent + 1]
@@ -226,7 +238,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
             # a node is grown on once, where it is made
             below = NO_ROW
             if k and d < depth and new:
-                below = find_row(table, vocab, index, tokens[parent] if parent >= 0 else x0, token)
+                below = find_row(table, index, tokens[parent] if parent >= 0 else x0, token)
             child = neg * q0
             if kind == ROW:
                 # a row offers its next sibling, then the node's successors: the likelier of the

@@ -21,25 +21,30 @@ from lp.lookahead.loops import NO_ROW, count_ranks, find_row, rehash, successor_
 from lp.lookahead.tree import pair_key
 
 _NO_KEYS = np.zeros(0, dtype=np.int64)
+MOST_PAIRS_UP_FRONT = 1 << 17  # pair rows sized up front at most (4 MiB at k = 8); more grow
 
 
 class SuccessorTable:
-    """Row t of `table` (t < `vocab`): the k tokens the model ranked highest after token t (best
-    first), the last time t was the input of a logits row (-1 for a token never seen).
+    """Row t of `table`: the k tokens the model ranked highest after token t (best first), the
+    last time t was the input of a logits row (-1 for a token never seen); for `vocab` tokens.
 
     The same per (token before, token), for the rows whose input's predecessor is known (the
-    tree's nodes, x0), preferred where they exist (more context predicts better): rows from
-    `vocab` on, found by `pair_key` in a hash `index` (lp/lookahead/loops.py `slot`).
+    tree's nodes, x0), preferred where they exist (more context predicts better): `pairs`' rows,
+    found by `pair_key` in a hash `index` (lp/lookahead/loops.py `slot`). Both are sized for
+    `expected_pairs` up front: growing them copies every pair row (or rehashes every key), a
+    step's worth of work or more.
 
     How often the rank-r successor turned out to be the next committed token is counted as the
     decode goes (`observe`), so the drafts' order follows this decode's own hit rates."""
 
-    def __init__(self, k: int, vocab: int) -> None:
+    def __init__(self, k: int, vocab: int, expected_pairs: int = 0) -> None:
         if k < 1:
             raise ValueError(f"successors per token must be >= 1, got {k}")
         self.k, self.vocab = k, vocab
-        self.table = np.full((vocab + 512, k), -1, dtype=np.int32)  # token ids fit: half the memory
-        self.index = np.full((1024, 2), -1, dtype=np.int64)  # (pair key, its row); size a power of two
+        self.table = np.full((vocab, k), -1, dtype=np.int32)  # token ids fit: half the memory
+        capacity = min(max(expected_pairs, 256), MOST_PAIRS_UP_FRONT)
+        self.pairs = np.zeros((capacity, k), dtype=np.int32)
+        self.index = np.full((1 << (2 * capacity).bit_length(), 2), -1, dtype=np.int64)  # (pair key, its row)
         self.n_pairs = 0
         # hits[r]: committed tokens that were their predecessor's rank-r successor; hits[k]: none
         # of them. One pseudo-count each, so the first steps spread drafts evenly over ranks.
@@ -55,23 +60,25 @@ class SuccessorTable:
         need = self.n_pairs + len(rows) + 1
         if 2 * need > len(self.index):  # at most half full: short probes
             self.index = rehash(self.index, 1 << (2 * need).bit_length())
-        if self.vocab + need > len(self.table):
-            grown = np.full((self.vocab + 2 * need, self.k), -1, dtype=np.int32)
-            grown[: self.vocab + self.n_pairs] = self.table[: self.vocab + self.n_pairs]
-            self.table = grown
-        self.n_pairs = update_rows(self.table, self.vocab, self.index, self.n_pairs, rows, keys, first)
+        if need > len(self.pairs):
+            grown = np.zeros((2 * need, self.k), dtype=np.int32)
+            grown[: self.n_pairs] = self.pairs[: self.n_pairs]
+            self.pairs = grown
+        self.n_pairs = update_rows(self.table, self.pairs, self.index, self.n_pairs, rows, keys, first)
 
     def row(self, before: int, token: int) -> list[int] | None:
         """The successors expected after `token` when `before` precedes it (None: unknown)."""
-        row = find_row(self.table, self.vocab, self.index, before, token)
-        return None if row == NO_ROW else self.table[row].tolist()
+        row = find_row(self.table, self.index, before, token)
+        if row == NO_ROW:
+            return None
+        return (self.pairs[-row - 1] if row < 0 else self.table[row]).tolist()
 
     def observe(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Count, for each token of `tokens` after the first two, which rank of its
         predecessor's successors (`row`) it was (call with the committed sequence's tail
         before `update`)."""
         if len(tokens) > 2:
-            count_ranks(self.table, self.vocab, self.index, np.asarray(tokens, dtype=np.int64), self.hits)
+            count_ranks(self.table, self.pairs, self.index, np.asarray(tokens, dtype=np.int64), self.hits)
 
     def rates(self) -> np.ndarray:
         """`successor_rates` of this decode's counts."""
