@@ -89,10 +89,11 @@ class _Recorder(Collective):
 class _Replay(Collective):
     """Rank `rank` of P whose all-gather answers the recorded results in order (every rank
     gathered the same). The rank's own message must match its recorded one wherever the host's
-    state decides it: the handshake (its prompt and world size), then each step's output length and checksum, which of its
-    window slots hold a column (`W` slots after the `width` path tokens) and the input token of
-    each of its logits rows (rows of `k` successors; none when k is 0). So a replay that drifted
-    from the recording, building other trees or plans than the recorded rank did, stops."""
+    state decides it: the handshake (its prompt and world size), then each step's output length
+    and checksum, which of its window slots hold a column (`W` slots after the `width` path
+    tokens) and the input token of each of its logits rows (rows of `k` successors; none when k
+    is 0). So a replay that drifted from the recording, building other trees or plans than the
+    recorded rank did, stops."""
 
     def __init__(self, world_size: int, kept: list[np.ndarray], W: int, max_commit: int, k: int, rank: int = 0) -> None:
         super().__init__(rank, world_size)
