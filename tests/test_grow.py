@@ -38,12 +38,12 @@ def random_sources(rng: np.random.Generator, vocab: int, k: int):
 def test_growth_equals_the_reference(seed):
     """Same nodes in the same order and labels, same subtree layout, same tables."""
     rng = np.random.default_rng(seed)
-    vocab, k = int(rng.integers(4, 40)), int(rng.integers(1, 5))
+    vocab, k = int(rng.integers(8, 40)), int(rng.integers(1, 9))
     table, twin, drafts, sources, chances = random_sources(rng, vocab, k)
     for t in range(vocab):
         assert table.row(-1, t) == (list(twin.next[t]) if t in twin.next else None)
     assert table.hits.tolist() == twin.hits and table.rates().tolist() == twin.rates()
-    budget, depth = int(rng.integers(0, 60)), int(rng.integers(1, 6))
+    budget, depth = int(rng.integers(0, 60 if seed % 4 else 400)), int(rng.integers(1, 8))
     x0, before = int(rng.integers(vocab)), int(rng.integers(-1, vocab))
     with_table = rng.random() < 0.8
     got = grow(budget, x0, depth, Chains.of(drafts, sources), chances, table if with_table else None, before)

@@ -147,6 +147,14 @@ def test_unshared_trees_take_the_recycled_leaf_paths_as_chains(seed):
     assert got.tokens.tolist() == want.tokens.tolist() and got.parents == want.parents
 
 
+def test_rows_of_tokens_outside_the_vocabulary_are_refused():
+    table = SuccessorTable(2, 10)
+    for token in (10, -1):
+        with pytest.raises(ValueError, match="vocabulary"):
+            table.update(rows((3, 1, 2), (token, 4, 5)))
+    assert table.row(-1, -1) is None and table.row(-1, 10) is None
+
+
 def test_k_must_be_positive():
     with pytest.raises(ValueError, match="successors"):
         SuccessorTable(0, 10)

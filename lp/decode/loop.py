@@ -145,7 +145,7 @@ class Decoder:
         k, rows, P = cfg.successors_sent, successor_rows(W, budget), self.comm.world_size
         while len(state.output) < cfg.max_new_tokens and not state.stopped:
             # plan: drafts -> tree -> this rank's ids and layout
-            tree = sources.tree()
+            tree = sources.tree(len(state.pending))
             step = plan_step(state.pending, sources.window, tree, W=W, N=N, P=P, rank=self.comm.rank)
             observe.planned(step, state.length - 1)
             # a new layout goes to the device once, before the forward is queued (which waits for it)

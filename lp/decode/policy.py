@@ -45,7 +45,6 @@ class DraftSources:
         self._drafted = DraftTree(np.zeros(0, dtype=np.int64), ())  # the last step's tree
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
         self._keys: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
-        self._pending = 1  # tokens the next step re-feeds (the prompt's last; then the last commit)
         self.text = TextIndex(
             prompt_ids,
             indexed=cfg.drafts == "pool+text" and budget > 0,
@@ -56,11 +55,12 @@ class DraftSources:
             self.pool.add_sequence(prompt_ids)
             self.pool.flush()
 
-    def tree(self) -> DraftTree:
-        """The next step's verification tree (`step_tree`)."""
+    def tree(self, pending: int) -> DraftTree:
+        """The next step's verification tree (`step_tree`), for a step that re-feeds `pending`
+        tokens (its tree gets what they leave of a `step_limit`)."""
         self._drafted, self._grown = step_tree(
             self.cfg,
-            self.cfg.tree_budget(self._pending),
+            self.cfg.tree_budget(pending),
             self.pool,
             self.text,
             successors=self.successors,
@@ -95,7 +95,6 @@ class DraftSources:
             self.successors.observe(out[-(n + 2) :])
             first, nodes = self._keys
             self.successors.update(outcome.successors, nodes, first)
-        self._pending = n
         if self.G and self.cfg.pool_from_output:  # the n-grams that end in the new tokens
             self.pool.add_sequence(out[-(n + self.N - 1) :])
 
@@ -199,7 +198,7 @@ def compile_kernels() -> None:
     cfg = DecodeConfig(W=2, N=3, G=2, recycle=2)
     sources = DraftSources(cfg, [1, 2, 1, 2, 1], vocab_size=16)
     for _ in range(2):
-        tree = sources.tree()
+        tree = sources.tree(1)
         sources.prepare()
         rows = np.tile(np.arange(3, dtype=np.int64), (1 + cfg.W + tree.size, 1))
         sources.observe(Outcome([1, 2], np.asarray([1, 2], dtype=np.int64), 1, rows), [1, 2])

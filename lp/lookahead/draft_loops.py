@@ -91,6 +91,7 @@ def _intern(grams, head, table, made, e, col, L, before, token):
 
 @njit(cache=True)
 def rehash_grams(table: np.ndarray, size: int) -> np.ndarray:
+    """The same L-gram ids in a table of `size` slots."""
     new = np.full((size, 4), -1, np.int64)
     for i in range(len(table)):
         if table[i, 3] >= 0:
@@ -295,6 +296,7 @@ def pool_flush(table, rows, rings, state, queue):
 
 @njit(cache=True)
 def rehash_keys(table: np.ndarray, size: int) -> np.ndarray:
+    """The same keys and blocks in a table of `size` slots."""
     new = np.full((size, 2), -1, np.int64)
     for i in range(len(table)):
         if table[i, 1] >= 0:
@@ -386,7 +388,7 @@ def step_chains(
     ranks,
     row,
     row_source,
-):  # noqa: E501
+):
     """A step's drafts as chains (tokens, starts, sources), best first by kind: the text's
     (`count` of them, at most `length` tokens each), the sources from 0; with `context`, the
     pool's tails under the token before x0 that continue with x0, the sources after the text's

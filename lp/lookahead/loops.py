@@ -40,7 +40,7 @@ def find_row(table: np.ndarray, index: np.ndarray, before: int, token: int) -> i
         i = slot(index, (before << 32) | token)  # pair_key
         if index[i, 0] >= 0:
             return -index[i, 1] - 1
-    return token if token < len(table) and table[token, 0] >= 0 else NO_ROW
+    return token if 0 <= token < len(table) and table[token, 0] >= 0 else NO_ROW
 
 
 @njit(cache=True)
@@ -100,6 +100,8 @@ def update_rows(
     for j in range(m):
         n_pairs = set_pair(pairs, index, n_pairs, row_keys[j], rows, n - m + j)
     for j in range(n):
+        if not 0 <= rows[j, 0] < len(table):
+            raise ValueError("a successor row's input token is not in the table's vocabulary")
         copy_row(table, rows[j, 0], rows, j)
     return n_pairs
 
@@ -178,7 +180,9 @@ def _pop(heap: np.ndarray, h: int, neg: np.ndarray) -> int:
 
 
 @njit(cache=True)
-def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, table, pairs, index):  # noqa: C901
+def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, table, pairs, index):
+    """`lp.lookahead.grow.grow`'s loop: the tree's nodes in subtree order (tokens, parents, labels),
+    each one's place in the growth, and the node counts of the root subtrees."""
     rates = successor_rates(hits)
     k, n_chains, D = len(rates), len(starts) - 1, chances.shape[1]
     q0 = rates[0] if k else 0.0
@@ -312,6 +316,8 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
 
 @njit(cache=True)
 def count_rates(tokens, parents, labels, accepted, hits, offered, chances):
+    """`DraftRates.observe`'s counts: labelled nodes whose parent was right are offered, and hit
+    where right too; their chances updated."""
     n = len(tokens)
     right = np.zeros(n + 1, np.bool_)  # node v's at v + 1; x0's at 0
     right[0] = True
