@@ -116,6 +116,20 @@ def _known(tokens: np.ndarray, starts: np.ndarray, first: int, c: int, seq: np.n
 
 
 @njit(cache=True)
+def _take(seq, e, m, tokens, starts, sources, first, c, source, ranks):
+    """The occurrence ending at e's continuation, `seq[e + 1 : e + 1 + m]`, as chain c (from
+    source `source + min(c - first, ranks - 1)`) unless chains first..c-1 hold it: the chains'
+    count after it."""
+    if _known(tokens, starts, first, c, seq, e + 1, m):
+        return c
+    s = starts[c]
+    tokens[s : s + m] = seq[e + 1 : e + 1 + m]
+    starts[c + 1] = s + m
+    sources[c] = source + min(c - first, ranks - 1)
+    return c + 1
+
+
+@njit(cache=True)
 def _text_drafts(seq, n, grams, head, longest, length, count, tokens, starts, sources, c, source, ranks):
     """Append the text's drafts as chains c, c + 1, ... (`TextIndex.drafts`), the r-th from
     source `source + min(r, ranks - 1)`; the chains' count after them."""
@@ -129,15 +143,9 @@ def _text_drafts(seq, n, grams, head, longest, length, count, tokens, starts, so
         while e >= 0:
             # an occurrence that matches L + 1 tokens was taken at L + 1 (its continuation is there)
             if e != last and not (L < top and grams[e, col + 1, 0] == grams[last, col + 1, 0]):
-                m = min(length, last - e)
-                if not _known(tokens, starts, first, c, seq, e + 1, m):
-                    s = starts[c]
-                    tokens[s : s + m] = seq[e + 1 : e + 1 + m]
-                    starts[c + 1] = s + m
-                    sources[c] = source + min(c - first, ranks - 1)
-                    c += 1
-                    if c - first == count:
-                        return c
+                c = _take(seq, e, min(length, last - e), tokens, starts, sources, first, c, source, ranks)
+                if c - first == count:
+                    return c
             e = grams[e, col, 1]
     return c
 
@@ -153,15 +161,9 @@ def _lone_drafts(seq, n, grams, head, length, count, tokens, starts, sources, c,
     while e >= 0:
         # an occurrence that matches the token before x0 too is a text draft's (`_text_drafts`)
         if e != last and not (e > 0 and seq[e - 1] == before):
-            m = min(length, last - e)
-            if not _known(tokens, starts, first, c, seq, e + 1, m):
-                s = starts[c]
-                tokens[s : s + m] = seq[e + 1 : e + 1 + m]
-                starts[c + 1] = s + m
-                sources[c] = source + min(c - first, ranks - 1)
-                c += 1
-                if c - first == count:
-                    return c
+            c = _take(seq, e, min(length, last - e), tokens, starts, sources, first, c, source, ranks)
+            if c - first == count:
+                return c
         e = grams[e, GRAMS, 1]
     return c
 
