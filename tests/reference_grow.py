@@ -6,10 +6,19 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from itertools import accumulate, chain
 
 import numpy as np
 
+from lp.lookahead.grow import Chains
 from lp.lookahead.tree import DraftTree, TreeBuilder
+
+
+def chains_of(drafts: Sequence[Sequence[int]], sources: Sequence[int]) -> Chains:
+    """Drafts (lists or tuples of tokens) and their sources as `grow`'s chains."""
+    lengths = list(map(len, drafts))
+    tokens = np.fromiter(chain.from_iterable(drafts), dtype=np.int64, count=sum(lengths))
+    return Chains(tokens, np.array([0, *accumulate(lengths)], dtype=np.int64), np.array(sources, dtype=np.int64))
 
 
 class DictTable:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lp.lookahead.grow import Chains, grow
+from lp.lookahead.grow import grow
+from lp.lookahead.loops import successor_rates
 from lp.lookahead.successors import SuccessorTable
-from tests.reference_grow import DictTable, reference_grow, subtree_order
+from tests.reference_grow import DictTable, chains_of, reference_grow, subtree_order
 
 
 def random_sources(rng: np.random.Generator, vocab: int, k: int):
@@ -42,11 +43,11 @@ def test_growth_equals_the_reference(seed):
     table, twin, drafts, sources, chances = random_sources(rng, vocab, k)
     for t in range(vocab):
         assert table.row(-1, t) == (list(twin.next[t]) if t in twin.next else None)
-    assert table.hits.tolist() == twin.hits and table.rates().tolist() == twin.rates()
+    assert table.hits.tolist() == twin.hits and successor_rates(table.hits).tolist() == twin.rates()
     budget, depth = int(rng.integers(0, 60 if seed % 4 else 400)), int(rng.integers(1, 8))
     x0, before = int(rng.integers(vocab)), int(rng.integers(-1, vocab))
     with_table = rng.random() < 0.8
-    got = grow(budget, x0, depth, Chains.of(drafts, sources), chances, table if with_table else None, before)
+    got = grow(budget, x0, depth, chains_of(drafts, sources), chances, table if with_table else None, before)
     tokens, parents, labels = reference_grow(
         budget, x0, depth, drafts, sources, chances, twin if with_table else None, before
     )
@@ -67,7 +68,7 @@ def test_a_chain_beats_a_less_likely_successor():
     table.update(np.asarray([[0, 7, 8], [7, 9, 10]]))
     table.hits[:] = [4, 2, 4]  # rates 0.4, 0.2
     chances = np.asarray([[0.9, 0.9, 0.3]])
-    got = grow(4, 0, 3, Chains.of([(1, 2, 3)], [0]), chances, table)
+    got = grow(4, 0, 3, chains_of([(1, 2, 3)], [0]), chances, table)
     # 1 (0.9), 1-2 (0.81), 7 (0.4), 1-2-3 (0.243); not 8 (0.2) nor 7-9 (0.16)
     made = np.argsort(got.order)
     assert got.tree.tokens[made].tolist() == [1, 2, 7, 3]
@@ -86,6 +87,6 @@ def test_leaf_paths_come_in_growth_order():
 
 def test_chains_need_their_rows_of_chances():
     with pytest.raises(ValueError, match="row of chances"):
-        grow(4, 1, 3, Chains.of([(1, 2, 3)], [2]), np.full((2, 3), 0.5))
+        grow(4, 1, 3, chains_of([(1, 2, 3)], [2]), np.full((2, 3), 0.5))
     with pytest.raises(ValueError, match="longer"):
-        grow(4, 1, 3, Chains.of([(1, 2, 3, 4)], [0]), np.full((1, 3), 0.5))
+        grow(4, 1, 3, chains_of([(1, 2, 3, 4)], [0]), np.full((1, 3), 0.5))

@@ -9,10 +9,11 @@ import pytest
 from lp.config import DecodeConfig
 from lp.decode.policy import WINDOW_SOURCE, step_tree
 from lp.lookahead.drafts import TextIndex
-from lp.lookahead.grow import Chains, Grown, grow
+from lp.lookahead.grow import Grown, grow
 from lp.lookahead.pool import NGramPool
 from lp.lookahead.rates import PRIOR_HITS, PRIOR_OFFERED, DraftRates
 from lp.lookahead.successors import SuccessorTable
+from tests.reference_grow import chains_of
 
 
 def made(grown: Grown) -> list[tuple[int, int]]:
@@ -24,7 +25,7 @@ def made(grown: Grown) -> list[tuple[int, int]]:
 def test_rates_count_nodes_whose_parent_was_right():
     rates = DraftRates(2, 3)
     # source 0: (1, 2, 3); source 1: (1, 4) shares node 1
-    tree = grow(10, 0, 3, Chains.of([(1, 2, 3), (1, 4)], [0, 1]), np.asarray([[0.9, 0.8, 0.7], [0.5, 0.5, 0.5]]))
+    tree = grow(10, 0, 3, chains_of([(1, 2, 3), (1, 4)], [0, 1]), np.asarray([[0.9, 0.8, 0.7], [0.5, 0.5, 0.5]]))
     t = tree.tree
     tree_labels = dict(zip(zip(t.parents, t.tokens.tolist()), tree.labels.tolist()))
     assert tree_labels == {(-1, 1): 0, (0, 2): 1, (1, 3): 2, (0, 4): 4}
@@ -59,7 +60,7 @@ def test_the_merged_tree_orders_sources_by_their_counted_rates():
     assert tree.tokens.tolist() == [1, 1, 7, 7, 8] and tree.parents == (-1, 0, 0, -1, -1)
     pool_source = 7  # the pool's rank-0 n-grams (after 4 text and 3 context ranks)
     # a pool n-gram's first token, offered and wrong 8 times: 1 right of 10
-    missed = grow(1, 0, 1, Chains.of([(1,)], [pool_source]), rates.chances)
+    missed = grow(1, 0, 1, chains_of([(1,)], [pool_source]), rates.chances)
     for _ in range(8):
         rates.observe(missed, [])
     _, got = step_tree(cfg, 5, pool, text, table, rates)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lp.lookahead.grow import Grown, grow
+from lp.lookahead.loops import successor_rates
 from lp.lookahead.successors import SuccessorTable
 from lp.lookahead.tree import build_tree, pair_key
 
@@ -45,7 +46,7 @@ def test_observe_counts_the_rank_each_token_had():
     table.observe([0, 1, 3, 0])  # 3 was rank 1 after 1; 0 follows unseen 3: not counted
     table.observe([0, 2, 9])  # 9 is none of 2's successors
     assert table.hits.tolist() == [1, 2, 1, 2]
-    q = table.rates()
+    q = successor_rates(table.hits)
     assert (np.diff(q) <= 0).all() and q[0] == pytest.approx(1 / 6)  # made non-increasing
 
 
@@ -109,7 +110,7 @@ def test_growth_is_best_first_among_all_paths(seed, budget):
     """The grown nodes are the `budget` likeliest paths of at most `depth` tokens (a brute-force
     enumeration), and the tree is the one inserting their paths in that order gives."""
     table = random_table(seed)
-    q, depth = table.rates(), 3
+    q, depth = successor_rates(table.hits), 3
     chances: dict[tuple[int, ...], float] = {}
 
     def walk(path: tuple[int, ...], token: int, chance: float) -> None:

@@ -169,22 +169,17 @@ def _lone_drafts(seq, n, grams, head, length, count, tokens, starts, sources, c,
 
 
 @njit(cache=True)
-def lone_drafts(seq, n, grams, head, length, count):
-    """`TextIndex.lone_drafts` as chains: their tokens and starts."""
+def text_drafts(seq, n, grams, head, longest, length, count, lone):
+    """`TextIndex.drafts` (or, with `lone`, `TextIndex.lone_drafts`) as chains: their tokens and
+    starts."""
     count = max(count, 0)
     tokens = np.empty(count * max(length, 0), np.int64)
     starts = np.zeros(count + 1, np.int64)
-    c = _lone_drafts(seq, n, grams, head, length, count, tokens, starts, np.empty(count, np.int64), 0, 0, 1)
-    return tokens[: starts[c]], starts[: c + 1]
-
-
-@njit(cache=True)
-def text_drafts(seq, n, grams, head, longest, length, count):
-    """`TextIndex.drafts` as chains: their tokens and starts."""
-    count = max(count, 0)
-    tokens = np.empty(count * max(length, 0), np.int64)
-    starts = np.zeros(count + 1, np.int64)
-    c = _text_drafts(seq, n, grams, head, longest, length, count, tokens, starts, np.empty(count, np.int64), 0, 0, 1)
+    sources = np.empty(count, np.int64)
+    if lone:
+        c = _lone_drafts(seq, n, grams, head, length, count, tokens, starts, sources, 0, 0, 1)
+    else:
+        c = _text_drafts(seq, n, grams, head, longest, length, count, tokens, starts, sources, 0, 0, 1)
     return tokens[: starts[c]], starts[: c + 1]
 
 

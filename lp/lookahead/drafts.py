@@ -14,7 +14,6 @@ from lp.lookahead.draft_loops import (
     MAX_MATCH,
     MIN_MATCH,
     index_tokens,
-    lone_drafts,
     rehash_grams,
     step_chains,
     text_drafts,
@@ -84,7 +83,7 @@ class TextIndex:
         """Up to `count` distinct continuations (at most `length` tokens each) of earlier
         occurrences of the sequence's suffix, best first: the longest matched suffix (at least
         MIN_MATCH tokens, counted up to MAX_MATCH), then the most recent occurrence."""
-        return as_tuples(*text_drafts(self.seq, self.n, self.grams, self.head, self.longest, length, count))
+        return as_tuples(*text_drafts(self.seq, self.n, self.grams, self.head, self.longest, length, count, False))
 
     def lone_drafts(self, length: int, count: int) -> list[tuple[int, ...]]:
         """Up to `count` distinct continuations (at most `length` tokens each) of the earlier
@@ -92,7 +91,7 @@ class TextIndex:
         the one-token matches prompt lookup falls back to. None unless the index is `lone`."""
         if not self.lone:
             return []
-        return as_tuples(*lone_drafts(self.seq, self.n, self.grams, self.head, length, count))
+        return as_tuples(*text_drafts(self.seq, self.n, self.grams, self.head, self.longest, length, count, True))
 
 
 def step_drafts(

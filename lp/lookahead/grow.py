@@ -15,9 +15,7 @@ A step grows a few hundred nodes after its message is read, so the growth is one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate, chain
 
 import numpy as np
 
@@ -34,12 +32,6 @@ class Chains:
     tokens: np.ndarray
     starts: np.ndarray
     sources: np.ndarray
-
-    @staticmethod
-    def of(drafts: Sequence[Sequence[int]], sources: Sequence[int]) -> Chains:
-        lengths = list(map(len, drafts))
-        tokens = np.fromiter(chain.from_iterable(drafts), dtype=np.int64, count=sum(lengths))
-        return Chains(tokens, np.array([0, *accumulate(lengths)], dtype=np.int64), np.array(sources, dtype=np.int64))
 
 
 NO_CHAINS = Chains(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64))

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lp.lookahead.loops import NO_ROW, count_ranks, find_row, rehash, successor_rates, update_rows
+from lp.lookahead.loops import NO_ROW, count_ranks, find_row, rehash, update_rows
 from lp.lookahead.tree import pair_key
 
 _NO_KEYS = np.zeros(0, dtype=np.int64)
@@ -79,10 +79,6 @@ class SuccessorTable:
         before `update`)."""
         if len(tokens) > 2:
             count_ranks(self.table, self.pairs, self.index, np.asarray(tokens, dtype=np.int64), self.hits)
-
-    def rates(self) -> np.ndarray:
-        """`successor_rates` of this decode's counts."""
-        return successor_rates(self.hits)
 
 
 __all__ = ["SuccessorTable", "pair_key"]

@@ -92,7 +92,7 @@ class SamplingVerifier:
             return token, greedy_accept(
                 token, none, none, none, ancestors=none.bool().view(0, 0), preds=none, max_commit=s.max_commit
             )
-        # the alive roots are adjacent (build_tree groups them) and their subtrees whole on this rank
+        # the alive roots are adjacent (a tree groups them) and their subtrees whole on this rank
         start = int(alive[0])
         stop = int(roots[roots > alive[-1]][0]) if (roots > alive[-1]).any() else s.tree.size
         p_nodes = self._warp(s.node_logits[start - s.mine.start : stop - s.mine.start])
