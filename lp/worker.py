@@ -120,7 +120,7 @@ class Worker:
         # Step ids go to the device from pinned memory without blocking the host (CUDA only).
         self._staging = torch.empty(capacity, dtype=torch.long, pin_memory=True) if cuda else None
         self._staged = torch.cuda.Event() if cuda else None  # marks the last copy out of the staging buffer
-        self._layouts: OrderedDict[StepLayout, DeviceLayout] = OrderedDict()  # most recent last
+        self._layouts: OrderedDict[tuple, DeviceLayout] = OrderedDict()  # by `StepLayout.key`, most recent last
         self._plain = PlainGreedy(self.device)
         self._plain_position = 0  # the next plain step's x0 position (eager steps)
 
@@ -179,15 +179,16 @@ class Worker:
         self.kv.commit(n)
 
     def on_device(self, layout: StepLayout) -> DeviceLayout:
-        """`layout` on the device, uploaded once and kept while it is among the recent ones."""
-        dev = self._layouts.get(layout)
+        """`layout` on the device, uploaded once per shape and kept while it is among the recent ones."""
+        key = layout.key
+        dev = self._layouts.get(key)
         if dev is None:
             # draft trees make many shapes: keep the recent ones (most steps repeat a shape)
             if len(self._layouts) >= LAYOUTS_KEPT:
                 self._layouts.popitem(last=False)
-            dev = self._layouts[layout] = device_layout(layout, self.device, self.fixed is not None)
+            dev = self._layouts[key] = device_layout(layout, self.device, self.fixed is not None)
         else:
-            self._layouts.move_to_end(layout)
+            self._layouts.move_to_end(key)
         return dev
 
     @torch.inference_mode()

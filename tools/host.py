@@ -123,7 +123,10 @@ class _Replay(Collective):
             raise LPError(
                 "the replay drifted from the recorded decode: this lp builds other steps than the recorded one did"
             )
-        out = torch.from_numpy(gathered)
+        # into fresh memory, as a real all-gather writes its result (gloo's copies, or the driver's
+        # staged copy to the host) just before the read: the read finds it in the cache, not the recording's
+        # long-untouched arrays
+        out = torch.from_numpy(gathered.copy())
         self.seconds.append(time.perf_counter() - t0)
         return out
 

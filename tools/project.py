@@ -135,7 +135,7 @@ def record(lm, prompts: list[list[int]], shape: Shape, max_new_tokens: int) -> R
 
 def rank_layouts(step: Step, shape: Shape) -> list[StepLayout]:
     """Every rank's layout of `step` at `shape`, as lp.decode.plan.plan_step lays them out."""
-    return [rank_share(step.m, step.tree, W=shape.W, N=shape.N, P=shape.P, rank=r)[2] for r in range(shape.P)]
+    return [rank_share(step.m, step.tree, W=shape.W, N=shape.N, P=shape.P, rank=r)[1] for r in range(shape.P)]
 
 
 def project(rec: Recording, time_step: Timer, allgather_s: float) -> dict:

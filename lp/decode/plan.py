@@ -9,7 +9,7 @@ import numpy as np
 
 from lp.config import DecodeConfig
 from lp.lookahead import JacobiWindow
-from lp.lookahead.mask import StepLayout, step_layout
+from lp.lookahead.mask import StepLayout, gather_ids, share_layout
 from lp.lookahead.tree import DraftTree
 from lp.message import merge, message_size
 from lp.partition import RankPlan, partition
@@ -18,14 +18,13 @@ from lp.partition import RankPlan, partition
 @dataclass(frozen=True)
 class StepPlan:
     """One rank's share of a step, all host-side: its input ids (in `layout`'s order) and layout,
-    every rank's plan, and this rank's window columns and tree nodes."""
+    every rank's plan, and the step's whole tree (this rank's nodes: `plan.candidates`)."""
 
     ids: np.ndarray
     layout: StepLayout
     plans: tuple[RankPlan, ...]
     rank: int
     tree: DraftTree
-    mine: DraftTree  # this rank's subtrees of `tree`: nodes `plan.candidates`
 
     @property
     def plan(self) -> RankPlan:
@@ -42,13 +41,15 @@ def largest_step(cfg: DecodeConfig) -> int:
 
 def rank_share(
     m: int, tree: DraftTree, *, W: int, N: int, P: int, rank: int
-) -> tuple[tuple[RankPlan, ...], DraftTree, StepLayout]:
+) -> tuple[tuple[RankPlan, ...], StepLayout]:
     """A step with `m` pending tokens split over P ranks: every rank's plan, then rank `rank`'s
-    subtrees and layout (what tools.project replays for each rank)."""
-    plans = partition(W, N, tree.size, P, groups=tree.groups(), candidate_tokens=1)
+    layout (what tools.project replays for each rank)."""
+    if P == 1:  # the whole step: no search (nor the tree's groups, which only a search needs)
+        plans: tuple[RankPlan, ...] = (RankPlan(range(W), range(tree.size)),)
+    else:
+        plans = partition(W, N, tree.size, P, groups=tree.groups(), candidate_tokens=1)
     plan = plans[rank]
-    mine = tree.slice(plan.candidates.start, plan.candidates.stop)
-    return plans, mine, step_layout(m, W, N, plan.columns, mine.parents)
+    return plans, share_layout(m, W, N, plan.columns, tree.parent_array, plan.candidates)
 
 
 def plan_step(
@@ -56,10 +57,14 @@ def plan_step(
 ) -> StepPlan:
     """Split the step over P ranks and lay out rank `rank`'s forward: the pending tokens (x0
     last), its window columns with their row-0 prefix, then its verification subtrees."""
-    plans, mine, layout = rank_share(len(pending), tree, W=W, N=N, P=P, rank=rank)
-    rows = window.rows.ravel() if window is not None else mine.tokens[:0]
-    source = np.concatenate([np.asarray(pending, dtype=np.int64), rows, mine.tokens])
-    return StepPlan(source[layout.gather], layout, plans, rank, tree=tree, mine=mine)
+    plans, layout = rank_share(len(pending), tree, W=W, N=N, P=P, rank=rank)
+    rows = window.rows if window is not None else _NO_WINDOW
+    first = plans[rank].candidates.start
+    ids = gather_ids(layout.gather, np.asarray(pending, dtype=np.int64), rows, tree.tokens, first)
+    return StepPlan(ids, layout, plans, rank, tree=tree)
+
+
+_NO_WINDOW = np.zeros((0, 1), dtype=np.int64)
 
 
 def compile_kernels() -> None:
@@ -67,5 +72,5 @@ def compile_kernels() -> None:
     cache, on a two-rank step of a two-node tree: before a decode's clock starts rather than in
     its first step (seconds on a fresh install, about 0.3 s from the cache, once per process)."""
     tree = DraftTree(np.zeros(2, dtype=np.int64), (-1, 0))
-    plans, _, _ = rank_share(1, tree, W=1, N=2, P=2, rank=0)
+    plans, _ = rank_share(1, tree, W=1, N=2, P=2, rank=0)
     merge(np.zeros((2, message_size(1, 3, 4, 1)), dtype=np.int64), plans, 3, 1)

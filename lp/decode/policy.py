@@ -12,7 +12,7 @@ from lp.lookahead import JacobiWindow, NGramPool
 from lp.lookahead.drafts import TextIndex, as_tuples, step_drafts
 from lp.lookahead.grow import Chains, Grown, grow
 from lp.lookahead.rates import DraftRates
-from lp.lookahead.successors import SuccessorTable
+from lp.lookahead.successors import SuccessorTable, observe_step
 from lp.lookahead.tree import DraftTree, TreeBuilder, pair_key
 from lp.message import Outcome
 
@@ -35,7 +35,7 @@ class DraftSources:
             raise LPError(f"recycle={k} is more than the model's {vocab_size} tokens")
         self.cfg, self.N, self.G, self.budget = cfg, N, G, budget
         # every step keys at most a row per tree node and x0's
-        self.successors = SuccessorTable(k, vocab_size, cfg.max_new_tokens * (budget + 1)) if k else None
+        self.successors = SuccessorTable(k, vocab_size, cfg.max_new_tokens * (budget + 1) // 4) if k else None
         self.window = JacobiWindow(W, N, prompt_ids, cfg.seed) if W else None
         # the prompt's n-grams and text index: host work on the prompt's length, which the caller
         # times with the prefill (a GPU prefills meanwhile)
@@ -81,20 +81,21 @@ class DraftSources:
         """Feed a step's merged outcome (after `prepare`): the window's new level and its
         n-grams, the successor rows, then the committed `tokens` (and, with `pool_from_output`,
         the n-grams ending in them: free candidates, as in prompt lookup)."""
-        if self._grown is not None:
-            self.rates.observe(self._grown, outcome.tokens[: outcome.accepted])
-            self._grown = None
+        grown, self._grown = self._grown, None
+        new = np.asarray(tokens, dtype=np.int64)
+        if self.successors is not None:
+            # before the tokens join the text: x0, the token before it and the new ones are
+            # counted on the table the drafts used, then the step's rows land
+            first, nodes = self._keys
+            observe_step(self.successors, self.rates, grown, outcome, self.text, new, nodes, first)
+        elif grown is not None:
+            self.rates.observe(grown, outcome.tokens[: outcome.accepted])
         if self.window is not None:
             if self.G and self.window.ready:
                 self.pool.add_rows(self.window.ngrams(self.text.tokens[-1], outcome.new))
             self.window.update(outcome.new)
-        self.text.extend(tokens)
+        self.text.extend(new)
         out, n = self.text.tokens, len(tokens)
-        if self.successors is not None:
-            # x0, the token before it and the new ones, counted on the table the drafts used
-            self.successors.observe(out[-(n + 2) :])
-            first, nodes = self._keys
-            self.successors.update(outcome.successors, nodes, first)
         if self.G and self.cfg.pool_from_output:  # the n-grams that end in the new tokens
             self.pool.add_sequence(out[-(n + self.N - 1) :])
 

@@ -41,11 +41,10 @@ class DecodeState:
     def clip(self, tokens: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> list[int]:
         """A step's committed tokens cut at `max_new_tokens` and after the first EOS (then `stopped`)."""
         tokens = tokens[: max_new_tokens - len(self.output)]
-        stop = next((i for i, t in enumerate(tokens) if t in eos_ids), None)
-        if stop is not None:
-            self.stopped = True
-            tokens = tokens[: stop + 1]
-        return tokens
+        if eos_ids.isdisjoint(tokens):  # most steps: no scan
+            return tokens
+        self.stopped = True
+        return tokens[: next(i for i, t in enumerate(tokens) if t in eos_ids) + 1]
 
     def advance(self, tokens: list[int], fed: int) -> None:
         """Commit a step's `tokens` (fed `fed` tokens to this rank's forward)."""

@@ -238,7 +238,8 @@ def _insert(table, rows, rings, made, queue, r):
         newest = begin + size - 1 - (capacity if begin + size > capacity else 0)
         while p != newest:
             q = p + 1 if p + 1 < capacity else 0
-            rows[b, p, :] = rows[b, q, :]
+            for t in range(tail + 1):
+                rows[b, p, t] = rows[b, q, t]
             rings[b, 2 + p] = rings[b, 2 + q]
             p = q
     elif size < capacity:  # begin is 0
@@ -247,7 +248,8 @@ def _insert(table, rows, rings, made, queue, r):
     else:  # over the oldest
         times, p = 1, begin
         rings[b, 0] = begin + 1 if begin + 1 < capacity else 0
-    rows[b, p, :tail] = queue[1:, r]
+    for t in range(tail):
+        rows[b, p, t] = queue[1 + t, r]
     rows[b, p, tail] = times
     rings[b, 2 + p] = mark
     return made
@@ -263,7 +265,8 @@ def pool_queue(table, rings, state, queue, flat, stride, k):
         return False
     n, q = queue.shape[0], state[1]
     for g in range(k):
-        queue[:, q + g] = flat[g * stride : g * stride + n]
+        for t in range(n):
+            queue[t, q + g] = flat[g * stride + t]
     state[1] = q + k
     return True
 
@@ -277,7 +280,8 @@ def _land(table, rows, rings, state, queue, key):
             made = _insert(table, rows, rings, made, queue, r)
         else:
             if kept != r:
-                queue[:, kept] = queue[:, r]
+                for t in range(queue.shape[0]):
+                    queue[t, kept] = queue[t, r]
             kept += 1
     state[0], state[1] = made, kept
 

@@ -5,7 +5,7 @@ every kind, the text's and the pool's, read in one compiled loop (lp/lookahead/d
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,7 +35,9 @@ class TextIndex:
     newest position ending it); the ids' hash table `table`, rows (L, the (L-1)-gram's id or the
     token before, token, id; id -1: an empty slot)."""
 
-    def __init__(self, tokens: Iterable[int] = (), indexed: bool = True, lone: bool = False, room: int = 0) -> None:
+    def __init__(
+        self, tokens: Sequence[int] | np.ndarray = (), indexed: bool = True, lone: bool = False, room: int = 0
+    ) -> None:
         self.longest = MAX_MATCH if indexed else 0
         self.lone = lone and indexed
         self.seq = np.zeros(0, np.int64)
@@ -54,9 +56,9 @@ class TextIndex:
         """The sequence (a view: read it before the next `extend`)."""
         return self.seq[: self.n]
 
-    def extend(self, tokens: Iterable[int]) -> None:
+    def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Append committed tokens."""
-        new = np.fromiter(tokens, np.int64)
+        new = np.asarray(tokens, dtype=np.int64)
         need = self.n + len(new)
         if need > len(self.seq):
             self._grow(2 * need)

@@ -85,7 +85,7 @@ def grow(
         budget, x0, before, depth, chains.tokens, chains.starts, chains.sources, chances,
         hits, rows, pairs, index,
     )  # fmt: skip
-    return Grown(DraftTree(tokens, tuple(parents.tolist()), tuple(groups.tolist())), labels, parents, order)
+    return Grown(DraftTree(tokens, tuple(parents.tolist()), tuple(groups.tolist()), parents), labels, parents, order)
 
 
 # no successor table: no counts past the "none of them" one (k = 0), one empty row and slot

@@ -132,50 +132,70 @@ def count_ranks(table: np.ndarray, pairs: np.ndarray, index: np.ndarray, tokens:
 
 
 @njit(cache=True)
-def _less(neg: np.ndarray, a: int, b: int) -> bool:
-    """Entry a leaves before entry b: likelier, or as likely and offered first."""
-    return neg[a] < neg[b] or (neg[a] == neg[b] and a < b)
+def observe_step(
+    tree, parents, labels, accepted, rate_hits, offered, chances,
+    table, pairs, index, n_pairs, seq, n, new, hits, rows, row_keys, first,
+):  # fmt: skip
+    """A step's outcome counted and recorded in one call, in `DraftSources.observe`'s order:
+    the grown tree's nodes against its accepted draft tokens (`count_rates`), each new token's
+    rank in its predecessor's successor row (`count_ranks`, over the sequence's last two tokens
+    `seq[n-2:n]` and the committed `new`), then the step's successor rows (`update_rows`); the
+    pair rows after. One call rather than three: each costs microseconds of dispatch and
+    Python between the message read and the next forward."""
+    count_rates(tree, parents, labels, accepted, rate_hits, offered, chances)
+    a = max(n - 2, 0)
+    tail = np.empty(n - a + len(new), np.int64)
+    for j in range(n - a):
+        tail[j] = seq[a + j]
+    for j in range(len(new)):
+        tail[n - a + j] = new[j]
+    count_ranks(table, pairs, index, tail, hits)
+    return update_rows(table, pairs, index, n_pairs, rows, row_keys, first)
 
 
 @njit(cache=True)
-def _push(heap: np.ndarray, h: int, neg: np.ndarray, e: int) -> int:
+def _push(keys: np.ndarray, entries: np.ndarray, h: int, key: float, e: int) -> int:
+    """Add entry e of negated chance `key` to a heap of h entries; the new size. The heap keeps
+    each entry's key beside it (`keys[j]`, `entries[j]`): a comparison reads no other array. An
+    entry leaves before another if likelier, or as likely and offered first (a lower e)."""
     i = h
-    heap[i] = e
-    while i > 0:
+    while i > 0:  # a hole moves up from the end until the parent leaves first
         p = (i - 1) >> 1
-        if not _less(neg, heap[i], heap[p]):
+        if keys[p] < key or (keys[p] == key and entries[p] < e):
             break
-        heap[i], heap[p] = heap[p], heap[i]
+        keys[i], entries[i] = keys[p], entries[p]
         i = p
+    keys[i], entries[i] = key, e
     return h + 1
 
 
 @njit(cache=True)
-def _wait(heap, h, neg_of, entry, n, neg, parent, kind, seq, i, d):
+def _wait(keys, entries, h, entry, n, neg, parent, kind, seq, i, d):
     """Entry n (chance `-neg`; parent node, kind, row or chain, position i in it, depth) waits in
     the heap of h entries: the new heap size and entry count."""
-    neg_of[n] = neg
     entry[n, 0], entry[n, 1], entry[n, 2], entry[n, 3], entry[n, 4] = parent, kind, seq, i, d
-    return _push(heap, h, neg_of, n), n + 1
+    return _push(keys, entries, h, neg, n), n + 1
 
 
 @njit(cache=True)
-def _pop(heap: np.ndarray, h: int, neg: np.ndarray) -> int:
-    """Remove the first entry of a heap of h entries (h - 1 remain)."""
-    top = heap[0]
+def _pop(keys: np.ndarray, entries: np.ndarray, h: int) -> int:
+    """Remove the first entry of a heap of h entries (h - 1 remain): the last one's hole moves
+    down from the top."""
+    top = entries[0]
     h -= 1
-    heap[0] = heap[h]
+    key, e = keys[h], entries[h]
     i = 0
     while True:
         c = 2 * i + 1
         if c >= h:
             break
-        if c + 1 < h and _less(neg, heap[c + 1], heap[c]):
+        if c + 1 < h and (keys[c + 1] < keys[c] or (keys[c + 1] == keys[c] and entries[c + 1] < entries[c])):
             c += 1
-        if not _less(neg, heap[c], heap[i]):
+        if not (keys[c] < key or (keys[c] == key and entries[c] < e)):
             break
-        heap[i], heap[c] = heap[c], heap[i]
+        keys[i], entries[i] = keys[c], entries[c]
         i = c
+    keys[i], entries[i] = key, e
     return top
 
 
@@ -197,26 +217,25 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
         if not (0 <= sources[c] < chances.shape[0] and starts[c + 1] - starts[c] <= D):
             raise ValueError("a chain's source has no row of chances, or is longer than that row")
     # entries (parent, kind, row or chain, position i in it, depth), kept in arrival order; a heap
-    # of their indices by (negated chance, arrival). A chain offers each of its tokens once at
-    # most, a row (x0's, a new node's) each of its k
+    # of their indices keyed by negated chance (`_push`). A chain offers each of its tokens once
+    # at most, a row (x0's, a new node's) each of its k
     cap = len(flat) + (budget + 1) * k + 1
-    neg_of = np.empty(cap, np.float64)
     entry = np.empty((cap, 5), np.int64)
-    heap = np.empty(cap, np.int64)
+    keys, entries = np.empty(cap, np.float64), np.empty(cap, np.int64)
     h = n = size = 0
 
     for c in range(n_chains):
         if starts[c + 1] > starts[c]:
-            h, n = _wait(heap, h, neg_of, entry, n, -chances[sources[c], 0], -1, CHAIN, c, 0, 1)
+            h, n = _wait(keys, entries, h, entry, n, -chances[sources[c], 0], -1, CHAIN, c, 0, 1)
     if k and depth >= 1:
         row = find_row(table, index, before, x0)
         if row != NO_ROW:
-            h, n = _wait(heap, h, neg_of, entry, n, -q0, -1, ROW, row, 0, 1)
+            h, n = _wait(keys, entries, h, entry, n, -q0, -1, ROW, row, 0, 1)
 
     while h:
-        e = _pop(heap, h, neg_of)
+        neg = keys[0]
+        e = _pop(keys, entries, h)
         h -= 1
-        neg = neg_of[e]
         parent, kind, seq, i, d = entry[e, 0], entry[e, 1], entry[e, 2], entry[e, 3], entry[e, 4]
         while True:  # an entry that would leave next is taken at once, without waiting
             if kind == ROW:
@@ -252,32 +271,32 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
                 sibling = neg / rates[i] * rates[i + 1] if has_sibling else 0.0
                 if below != NO_ROW and (not has_sibling or child < sibling):
                     if has_sibling:
-                        h, n = _wait(heap, h, neg_of, entry, n, sibling, parent, ROW, seq, i + 1, d)
-                    if h and neg_of[heap[0]] <= child:
-                        h, n = _wait(heap, h, neg_of, entry, n, child, node, ROW, below, 0, d + 1)
+                        h, n = _wait(keys, entries, h, entry, n, sibling, parent, ROW, seq, i + 1, d)
+                    if h and keys[0] <= child:
+                        h, n = _wait(keys, entries, h, entry, n, child, node, ROW, below, 0, d + 1)
                         break
                     parent, seq, i, d, neg = node, below, 0, d + 1, child
                 elif has_sibling:
-                    if h and neg_of[heap[0]] <= sibling:
-                        h, n = _wait(heap, h, neg_of, entry, n, sibling, parent, ROW, seq, i + 1, d)
+                    if h and keys[0] <= sibling:
+                        h, n = _wait(keys, entries, h, entry, n, sibling, parent, ROW, seq, i + 1, d)
                         if below != NO_ROW:
-                            h, n = _wait(heap, h, neg_of, entry, n, child, node, ROW, below, 0, d + 1)
+                            h, n = _wait(keys, entries, h, entry, n, child, node, ROW, below, 0, d + 1)
                         break
                     if below != NO_ROW:
-                        h, n = _wait(heap, h, neg_of, entry, n, child, node, ROW, below, 0, d + 1)
+                        h, n = _wait(keys, entries, h, entry, n, child, node, ROW, below, 0, d + 1)
                     i, neg = i + 1, sibling
                 else:
                     break
                 continue
             if below != NO_ROW:
-                h, n = _wait(heap, h, neg_of, entry, n, child, node, ROW, below, 0, d + 1)
+                h, n = _wait(keys, entries, h, entry, n, child, node, ROW, below, 0, d + 1)
             if starts[seq] + i + 1 >= starts[seq + 1]:
                 break
             # a chain goes on from its node's chance: another source's, if it made the node first
             neg = (neg if new else made[node]) * chances[sources[seq], i + 1]
             parent, i, d = node, i + 1, d + 1
-            if h and neg_of[heap[0]] <= neg:
-                h, n = _wait(heap, h, neg_of, entry, n, neg, parent, CHAIN, seq, i, d)
+            if h and keys[0] <= neg:
+                h, n = _wait(keys, entries, h, entry, n, neg, parent, CHAIN, seq, i, d)
                 break
 
     # subtree order: nodes grouped by their root (roots by index), each group in growth order

@@ -11,7 +11,7 @@ its ancestors (docs/design.md section 2).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 import numpy as np
@@ -23,7 +23,7 @@ from lp.lookahead.tree import chain_parents
 Token = tuple
 
 
-@dataclass(frozen=True, eq=False)  # identity hash: step_layout returns one object per shape
+@dataclass(frozen=True, eq=False)
 class StepLayout:
     """Everything about a step that depends only on its shape.
 
@@ -33,18 +33,24 @@ class StepLayout:
     says which tree nodes are ancestors of which). `logit_rows` lists the rows whose prediction
     is used: x0's (y1), the last token of each column (new), then every tree node, in order.
     `prefix` and `levels` count the row-0 prefix tokens and the levels above row 0 per column.
+    Layouts of the same shape have the same `key`: a worker keeps one device copy per key.
     """
 
     m: int
     columns: range
-    tree: tuple[int, ...]
     prefix: int
     levels: int
     gather: np.ndarray
     depth: np.ndarray
     mask: np.ndarray
     logit_rows: np.ndarray
-    parents: np.ndarray  # `tree` as an int64 array
+    parents: np.ndarray  # the tree's parent pointers (-1: x0)
+    key: tuple = field(repr=False)  # (m, W, N, first column, column stop, the parents' bytes)
+
+    @property
+    def tree(self) -> tuple[int, ...]:
+        """The tree's parent pointers as a tuple."""
+        return tuple(self.parents.tolist())
 
     @cached_property
     def tokens(self) -> tuple[Token, ...]:
@@ -53,7 +59,7 @@ class StepLayout:
             tuple(("p", i) for i in range(self.m))
             + tuple(("w", 0, i) for i in range(1, self.prefix + 1))
             + tuple(("w", lvl, j) for j in self.columns for lvl in range(1, self.levels + 1))
-            + tuple(("g", i) for i in range(len(self.tree)))
+            + tuple(("g", i) for i in range(len(self.parents)))
         )
 
     @property
@@ -79,42 +85,59 @@ class StepLayout:
         return slice(self.size - len(self.tree), self.size)
 
 
-# cached by its arguments as given: every caller passes all five by position, so an equal step
-# gets the same object (the worker keeps device copies per layout object)
 @lru_cache(maxsize=4096)
 def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | int) -> StepLayout:
     """Build the layout of a step with `m` pending tokens, the given window `columns` (a
     contiguous range inside 0..W-1) and a verification tree given by its parent pointers
     (`DraftTree.parents`: -1 is x0, parents precede children), or an int G: G unshared
-    n-grams of N-1 tokens, the classic branch. (Empty ranges compare equal, so the cache may
-    return another empty range's layout: they are identical.)"""
+    n-grams of N-1 tokens, the classic branch. Cached: tools and tests lay out a few shapes
+    many times (a decode lays out its rank's share with `share_layout`)."""
     if isinstance(tree, int):
         if tree < 0:
             raise ValueError(f"bad step shape: {tree} candidates")
         return step_layout(m, W, N, columns, chain_parents(tree, N - 1))
-    if m < 1 or N < 2 or not (0 <= columns.start <= columns.stop <= W):
-        raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} tree={tree}")
     parents = np.fromiter(tree, dtype=np.int64, count=len(tree))
+    return share_layout(m, W, N, columns, parents, range(len(tree)))
+
+
+def share_layout(m: int, W: int, N: int, columns: range, parents: np.ndarray, nodes: range) -> StepLayout:
+    """The layout of a rank's share of a step: `m` pending tokens, window `columns` (a
+    contiguous range inside 0..W-1) and the nodes `nodes` of a tree of int64 `parents` (-1:
+    x0, parents precede children), which must be whole root subtrees (lp/partition.py), as a
+    tree of their own. One compiled call: a decode lays out a new share after most message
+    reads."""
+    shape_ok = 0 <= columns.start <= columns.stop <= W and 0 <= nodes.start <= nodes.stop <= len(parents)
+    if m < 1 or N < 2 or not shape_ok:
+        raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} nodes={nodes} of {len(parents)}")
     prefix = columns[-1] if len(columns) else 0  # the row-0 tokens rows[0, 1..prefix]
-    bad, gather, depth, mask, rows = _lay_out(m, W, N, columns.start, columns.stop, prefix, parents)
+    bad, mine, gather, depth, mask, rows = _lay_out(
+        m, W, N, columns.start, columns.stop, prefix, parents, nodes.start, nodes.stop
+    )
     if bad >= 0:
-        p = tree[bad]
-        raise ValueError(f"bad tree: node {bad}'s parent " + (f"is {p}" if p < 0 else f"{p} does not precede it"))
-    return StepLayout(m, columns, tree, prefix, N - 2, gather, depth, mask, rows, parents)
+        a, p = nodes.start, int(parents[nodes.start + bad])
+        where = f"is {p}" if p < -1 else f"{p - a} does not precede it" if p >= a else f"{p} is not one of nodes {a}.."
+        raise ValueError(f"bad tree: node {bad}'s parent {where}")
+    key = (m, W, N, columns.start, columns.stop, mine.tobytes())
+    return StepLayout(m, columns, prefix, N - 2, gather, depth, mask, rows, mine, key)
 
 
 @njit(cache=True)
 def _lay_out(
-    m: int, W: int, N: int, start: int, stop: int, prefix: int, parents: np.ndarray
-) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`step_layout`'s arrays: gather, depth, `[T, T]` mask and logit rows of a step with m
-    pending tokens, window columns start..stop-1 (and the row-0 prefix rows[0, 1..prefix]), then
-    a tree's nodes; and the first node whose parent is neither -1 nor an earlier node (-1:
-    none). Compiled: most steps of a real decode bring a new tree (and, over several ranks, new
+    m: int, W: int, N: int, start: int, stop: int, prefix: int, tree: np.ndarray, a: int, b: int
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`share_layout`'s arrays for nodes a..b-1 of a tree of parents `tree`: the first of them
+    whose parent is neither -1 nor an earlier one of them (-1: none); their parents as a tree
+    of their own; gather, depth, `[T, T]` mask and logit rows of a step with m pending tokens,
+    window columns start..stop-1 (and the row-0 prefix rows[0, 1..prefix]), then those nodes.
+    Compiled: most steps of a real decode bring a new tree (and, over several ranks, new
     columns), and a node's mask row is a walk up its ancestors, per node, which array ops
     cannot do in one op and Python does in tens of microseconds, on the host's path between
     the message read and the next forward."""
-    L, nc, n = N - 2, stop - start, parents.shape[0]
+    L, nc, n = N - 2, stop - start, b - a
+    parents = np.empty(n, np.int64)
+    for i in range(n):
+        p = tree[a + i]
+        parents[i] = p - a if p >= a else -1 if p == -1 else -2  # -2: not one of the nodes
     base = m + prefix  # column start+k's level l (1..L) at base + k*L + l-1
     first = base + nc * L  # the tree's first node
     T = first + n
@@ -147,7 +170,7 @@ def _lay_out(
     for i in range(n):  # a node sees its ancestors and itself
         p, q = parents[i], first + i
         if p != -1 and not 0 <= p < i:
-            return i, gather, depth, mask, rows
+            return i, parents, gather, depth, mask, rows
         depth[q] = 1 if p < 0 else depth[first + p] + 1
         a = i
         while a >= 0:  # up the parents, which precede their children: depth steps
@@ -155,4 +178,23 @@ def _lay_out(
             a = parents[a]
         gather[q] = m + (N - 1) * W + i
         rows[1 + nc + i] = q
-    return -1, gather, depth, mask, rows
+    return -1, parents, gather, depth, mask, rows
+
+
+@njit(cache=True)
+def gather_ids(gather: np.ndarray, pending: np.ndarray, rows: np.ndarray, tree: np.ndarray, a: int) -> np.ndarray:
+    """A step's input ids: `gather` (a layout's) applied to the flat source [pending, the window's
+    `rows` `[N-1, W]` row by row, tree tokens from `tree[a]` on], without building the source
+    (one call instead of three array ops, after the message read)."""
+    m, W = len(pending), rows.shape[1]
+    cut = m + rows.shape[0] * W
+    ids = np.empty(len(gather), np.int64)
+    for q in range(len(gather)):
+        g = gather[q]
+        if g < m:
+            ids[q] = pending[g]
+        elif g < cut:
+            ids[q] = rows[(g - m) // W, (g - m) % W]
+        else:
+            ids[q] = tree[a + g - cut]
+    return ids

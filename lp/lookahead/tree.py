@@ -12,18 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
 
 @dataclass(frozen=True, eq=False)
 class DraftTree:
-    """`tokens[i]` is node i's draft token, `parents[i]` its parent node (-1: x0)."""
+    """`tokens[i]` is node i's draft token, `parents[i]` its parent node (-1: x0); `parent_array`
+    the same as int64 (made from `parents` unless the maker has it)."""
 
     tokens: np.ndarray
     parents: tuple[int, ...]
     known_groups: tuple[int, ...] | None = field(default=None, repr=False)  # `groups()`, if the maker knows
+    parent_array: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.parent_array is None:  # frozen: the dataclass's own way to set a derived field
+            object.__setattr__(self, "parent_array", np.asarray(self.parents, dtype=np.int64))
 
     @property
     def size(self) -> int:
@@ -33,11 +38,6 @@ class DraftTree:
     def depth(self) -> np.ndarray:
         """Each node's depth below x0 (1 for x0's children)."""
         return node_depths(self.parents)
-
-    @cached_property
-    def parent_array(self) -> np.ndarray:
-        """`parents` as an int64 array."""
-        return np.asarray(self.parents, dtype=np.int64)
 
     @property
     def roots(self) -> np.ndarray:
@@ -147,7 +147,7 @@ class TreeBuilder:
         where[order] = np.arange(len(order))
         where[-1] = -1
         parents = where[np.asarray(self.parents, dtype=np.int64)[order]]
-        return DraftTree(tokens[order], tuple(parents.tolist()), groups)
+        return DraftTree(tokens[order], tuple(parents.tolist()), groups, parents)
 
 
 def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True) -> DraftTree:

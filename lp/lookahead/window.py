@@ -31,12 +31,15 @@ class JacobiWindow:
 
     def ngrams(self, x0: int, new: np.ndarray) -> np.ndarray:
         """The W n-grams `[W, N]` that this step's trajectory closes with `new`."""
-        grams = np.concatenate([self.rows, new[None, :]], axis=0).T.copy()
+        grams = np.empty((self.W, self.N), dtype=np.int64)
+        grams[:, :-1] = self.rows.T
+        grams[:, -1] = new
         grams[0, 0] = x0
         return grams
 
     def update(self, new: np.ndarray) -> None:
         """Advance one Jacobi iteration: drop the oldest level, append `new`, re-anchor at the
         next input token (row 0 takes level 1 shifted by one position)."""
-        self.rows = np.concatenate([self.rows[1:], new[None, :]], axis=0)
+        self.rows[:-1] = self.rows[1:]  # in place: numpy copies overlapping rows correctly
+        self.rows[-1] = new
         self.updates += 1
