@@ -13,7 +13,7 @@ draft + 1; R, k: logits rows and successors per row sent for the successor table
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -73,9 +73,9 @@ def pack(
     return torch.cat(parts)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What a step decided, identical on every rank."""
+class Outcome(NamedTuple):
+    """What a step decided, identical on every rank. (A named tuple: made after every message
+    read, and a frozen dataclass costs several times more to make.)"""
 
     tokens: list[int]  # committed tokens: 1..max_commit of them
     new: np.ndarray  # [W] the window's new level
@@ -87,8 +87,7 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k:
     """Merge `[P, K]` messages of steps committing at most `max_commit` tokens (and successor rows
     of `k` tokens, if k > 0). Rank 0's y1 is authoritative: a candidate counts only if its rank
     computed the same y1. The longest acceptance wins, ties to the lowest candidate."""
-    counts = np.array([len(r) for p in plans for r in (p.columns, p.candidates)], dtype=np.int64)
-    best, new, successors = _merge(gathered, counts, HEADER + max_commit, k)
+    best, new, successors = merge_loop(gathered, bounds_of(plans), HEADER + max_commit, k)
     if best == -2:
         raise LPError(f"ranks diverged: output lengths {gathered[:, 3].tolist()}, checksums {gathered[:, 4].tolist()}")
     if best < 0:
@@ -97,10 +96,16 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k:
     return Outcome(gathered[best, HEADER : HEADER + accepted + 1].tolist(), new, accepted, successors)
 
 
+def bounds_of(plans: tuple[RankPlan, ...]) -> np.ndarray:
+    """The plans as rows (first column, column stop, first candidate, candidate stop), as
+    lp.partition's search gives them."""
+    return np.array([(p.columns.start, p.columns.stop, p.candidates.start, p.candidates.stop) for p in plans])
+
+
 @njit(cache=True)
-def _merge(gathered: np.ndarray, counts: np.ndarray, start: int, k: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """`merge`'s work on the messages of ranks whose plans hold `counts[2r]` columns and
-    `counts[2r + 1]` candidates, their window slots from `start`: the rank whose path wins
+def merge_loop(gathered: np.ndarray, bounds: np.ndarray, start: int, k: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """`merge`'s work on the messages of ranks whose plans are the rows of `bounds` (first
+    column, column stop, first candidate, candidate stop), their window slots from `start`: the rank whose path wins
     (-1: none, -2: the ranks' output lengths or checksums differ), the window's new level, and
     the successor rows (none, `[0, 1]`, without k) in the order that every rank applies them:
     x0, every column, then every node from the last to the first. The table keeps a token's last row, so a
@@ -119,7 +124,7 @@ def _merge(gathered: np.ndarray, counts: np.ndarray, start: int, k: int) -> tupl
         if gathered[r, 0] == gathered[0, 0] and gathered[r, 1] >= 0:
             if gathered[r, 2] > most or (gathered[r, 2] == most and gathered[r, 1] < lowest):
                 best, most, lowest = r, gathered[r, 2], gathered[r, 1]
-    cols, nodes = counts[0::2], counts[1::2]
+    cols, nodes = bounds[:, 1] - bounds[:, 0], bounds[:, 3] - bounds[:, 2]
     W = cols.sum()
     new = np.empty(W, np.int64)
     i = 0

@@ -88,7 +88,7 @@ def _floor(W: int, N: int, P: int, ends: np.ndarray, candidate_tokens: int) -> i
 
 
 @njit(cache=True)
-def _search(W: int, N: int, sizes: np.ndarray, P: int, candidate_tokens: int, G: int) -> np.ndarray:
+def search(W: int, N: int, sizes: np.ndarray, P: int, candidate_tokens: int, G: int) -> np.ndarray:
     """The ranks' shares `[P, 4]` (`_greedy`'s rows) for groups of `sizes` candidates (none, `[0,
     4]`, unless each is at least 1 and they sum to G) at the least limit the fill meets: the floor
     first, as no limit below it is feasible, so where the fill meets it (about 2 steps in 5 of a
@@ -120,6 +120,12 @@ def _search(W: int, N: int, sizes: np.ndarray, P: int, candidate_tokens: int, G:
     return out
 
 
+def plans_of(bounds: np.ndarray) -> tuple[RankPlan, ...]:
+    """The ranks' plans from `search`'s rows (first column, column stop, first candidate,
+    candidate stop)."""
+    return tuple(RankPlan(range(a, b), range(c, d)) for a, b, c, d in bounds.tolist())
+
+
 @lru_cache(maxsize=4096)
 def partition(
     W: int, N: int, G: int, P: int, groups: tuple[int, ...] | None = None, candidate_tokens: int | None = None
@@ -143,9 +149,9 @@ def partition(
                 return (RankPlan(range(W), range(G)),)
         else:
             sizes = np.fromiter(groups, dtype=np.int64, count=len(groups))
-            bounds = _search(W, N, sizes, P, candidate_tokens, G).tolist()
-            if bounds:  # else the groups are not each at least 1, or do not sum to G
-                return tuple(RankPlan(range(a, b), range(c, d)) for a, b, c, d in bounds)
+            bounds = search(W, N, sizes, P, candidate_tokens, G)
+            if len(bounds):  # else the groups are not each at least 1, or do not sum to G
+                return plans_of(bounds)
     raise ValueError(
         f"bad partition request W={W} N={N} G={G} P={P} groups={groups} candidate_tokens={candidate_tokens}"
     )

@@ -99,7 +99,9 @@ def test_replay_catches_other_trees_or_plans(recorded, monkeypatch, rank):
     from lp.lookahead.grow import NO_CHAINS
 
     cfg, rec = recorded
-    monkeypatch.setattr(lp.decode.policy, "draft_chains", lambda *args: NO_CHAINS)  # other trees than the recorded
+    # other trees than the recorded: grown by the plain path (`DraftSources.tree`), without drafts
+    monkeypatch.setattr(lp.decode.policy.DraftSources, "growth", lambda *args: None)
+    monkeypatch.setattr(lp.decode.policy, "draft_chains", lambda *args: NO_CHAINS)
     with pytest.raises(LPError, match="drifted"):
         replay(cfg, rec, rank)
 

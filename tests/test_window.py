@@ -1,4 +1,4 @@
-"""The 2D Jacobi window: seeded start, warm-up, update and the n-grams it closes."""
+"""The 2D Jacobi window: seeded start, warm-up and update (the n-grams it closes: tests/test_observe.py)."""
 
 from __future__ import annotations
 
@@ -57,22 +57,3 @@ def test_update_shifts_levels(W, N):
     # after N-1 updates every row comes from `new`s: row l holds the (l+1)-th latest update
     for lvl in range(N - 1):
         assert win.rows[lvl, 0] == 1000 * (N + 1 - (N - 2 - lvl))
-
-
-@pytest.mark.parametrize("W,N", [(1, 2), (5, 2), (3, 3), (5, 4), (7, 5)])
-def test_ngrams_match_column_positions(W, N):
-    win = JacobiWindow(W, N, PROMPT, seed=2)
-    win.rows = np.arange((N - 1) * W, dtype=np.int64).reshape(N - 1, W) + 500
-    before = win.rows.copy()
-    x0 = 7
-    new = np.arange(W, dtype=np.int64) + 900
-    grams = win.ngrams(x0, new)
-    assert grams.shape == (W, N)
-    for j in range(W):
-        first = x0 if j == 0 else before[0, j]
-        expect = [first] + [before[lvl, j] for lvl in range(1, N - 1)] + [new[j]]
-        assert grams[j].tolist() == expect, (j, grams[j], expect)
-    # ngrams() reads the window, it does not change it
-    assert np.array_equal(win.rows, before)
-    grams[:] = -1
-    assert np.array_equal(win.rows, before)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode import plan, policy
-from lp.decode.plan import StepPlan, largest_step, plan_step
+from lp.decode.plan import StepPlan, largest_step, plan_next, plan_step
 from lp.decode.policy import DraftSources
 from lp.decode.record import Generation, collector_paused
 from lp.decode.state import DecodeState, decide, fingerprint, message
@@ -61,6 +62,7 @@ class Decoder:
         self.worker = worker
         self.comm = collective
         self.eos_ids = frozenset(eos_ids)
+        self._eos = np.array(sorted(self.eos_ids), dtype=np.int64)  # as the compiled observe reads them
         self.max_context = max_context
         self.ahead = worker.device.type == "cuda" and not collective.staged if ahead is None else ahead
         plan.compile_kernels()  # the step's loops and the drafting's: before any decode's clock starts
@@ -145,8 +147,7 @@ class Decoder:
         k, rows, P = cfg.successors_sent, successor_rows(W, budget), self.comm.world_size
         while len(state.output) < cfg.max_new_tokens and not state.stopped:
             # plan: drafts -> tree -> this rank's ids and layout
-            tree = sources.tree(len(state.pending))
-            step = plan_step(state.pending, sources.window, tree, W=W, N=N, P=P, rank=self.comm.rank)
+            step = plan_next(state.pending, sources, W=W, N=N, P=P, rank=self.comm.rank)
             observe.planned(step, state.length - 1)
             # a new layout goes to the device once, before the forward is queued (which waits for it)
             on_device = self.worker.on_device(step.layout)
@@ -176,12 +177,11 @@ class Decoder:
             sources.prepare()  # what the step's outcome does not decide, meanwhile
             gathered = self.comm.all_gather(mine).cpu().numpy()
             observe.message_read()
-            outcome = merge(gathered, step.plans, cfg.max_commit, k)
 
-            # advance: draft sources, state
-            tokens = state.clip(outcome.tokens, cfg.max_new_tokens, self.eos_ids)
-            sources.observe(outcome, tokens)
+            # merge and advance: draft sources, state
+            tokens, stopped = sources.observe(gathered, step.bounds, cfg.max_new_tokens - len(state.output), self._eos)
             state.advance(tokens, step.layout.size)
+            state.stopped = stopped
 
     def _decode_ahead(self, state: DecodeState, cfg: DecodeConfig, observe: StepObserver) -> None:
         """Greedy `mode=ar` with the device one step ahead of the host: a step's input is the

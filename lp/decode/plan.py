@@ -1,30 +1,47 @@
-"""The partition glue: a step's tree and window split over the P ranks (lp.partition), and this
-rank's share laid out as one forward (lp.lookahead.mask). Pure host work, the same on every rank."""
+"""A step's plan: its tree grown from the draft sources (lp/decode/policy.py), split over the P
+ranks (lp.partition) and this rank's share laid out as one forward (lp.lookahead.mask), with
+its input ids. Pure host work, the same on every rank.
+
+Most of a decode's steps plan right after a message read, while the device waits: the drafts,
+the growth, the partition, the layout and the ids are one compiled call there (`_plan_loop`),
+each the loop of its own module, since a call and its Python glue cost microseconds each, on
+an instruction cache that the step's other work has just evicted (its cache key: lp/compiled.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+from numba import njit
 
+from lp import partition as partition_loops
+from lp.compiled import sources_digest
 from lp.config import DecodeConfig
-from lp.lookahead import JacobiWindow
-from lp.lookahead.mask import StepLayout, gather_ids, share_layout
+from lp.lookahead import JacobiWindow, draft_loops, loops, mask
+from lp.lookahead.draft_loops import step_chains
+from lp.lookahead.grow import Grown, grown_of
+from lp.lookahead.loops import grow_tree
+from lp.lookahead.mask import StepLayout, gather_ids, lay_out, layout_of
 from lp.lookahead.tree import DraftTree
 from lp.message import merge, message_size
-from lp.partition import RankPlan, partition
+from lp.partition import RankPlan, partition, plans_of, search
+
+if TYPE_CHECKING:  # annotations only: the policy's module imports the tree's and the message's
+    from lp.decode.policy import DraftSources
 
 
-@dataclass(frozen=True)
-class StepPlan:
+class StepPlan(NamedTuple):
     """One rank's share of a step, all host-side: its input ids (in `layout`'s order) and layout,
-    every rank's plan, and the step's whole tree (this rank's nodes: `plan.candidates`)."""
+    every rank's plan, and the step's whole tree (this rank's nodes: `plan.candidates`). (A
+    named tuple: made after every message read, where a frozen dataclass costs several times
+    more to make.)"""
 
     ids: np.ndarray
     layout: StepLayout
     plans: tuple[RankPlan, ...]
     rank: int
     tree: DraftTree
+    bounds: np.ndarray  # `plans` as rows (first column, column stop, first candidate, candidate stop)
 
     @property
     def plan(self) -> RankPlan:
@@ -44,27 +61,135 @@ def rank_share(
 ) -> tuple[tuple[RankPlan, ...], StepLayout]:
     """A step with `m` pending tokens split over P ranks: every rank's plan, then rank `rank`'s
     layout (what tools.project replays for each rank)."""
-    if P == 1:  # the whole step: no search (nor the tree's groups, which only a search needs)
-        plans: tuple[RankPlan, ...] = (RankPlan(range(W), range(tree.size)),)
-    else:
-        plans = partition(W, N, tree.size, P, groups=tree.groups(), candidate_tokens=1)
-    plan = plans[rank]
-    return plans, share_layout(m, W, N, plan.columns, tree.parent_array, plan.candidates)
+    step = plan_step(np.zeros(m, dtype=np.int64), None, tree, W=W, N=N, P=P, rank=rank)
+    return step.plans, step.layout
 
 
 def plan_step(
-    pending: list[int], window: JacobiWindow | None, tree: DraftTree, *, W: int, N: int, P: int, rank: int
+    pending: list[int] | np.ndarray, window: JacobiWindow | None, tree: DraftTree, *, W: int, N: int, P: int, rank: int
 ) -> StepPlan:
-    """Split the step over P ranks and lay out rank `rank`'s forward: the pending tokens (x0
-    last), its window columns with their row-0 prefix, then its verification subtrees."""
-    plans, layout = rank_share(len(pending), tree, W=W, N=N, P=P, rank=rank)
+    """Split the step of `tree` over P ranks and lay out rank `rank`'s forward: the pending
+    tokens (x0 last), its window columns with their row-0 prefix, then its verification
+    subtrees."""
+    groups = np.asarray(tree.groups(), dtype=np.int64) if P > 1 else _NONE
+    arrays = (np.ascontiguousarray(tree.tokens, dtype=np.int64), tree.parent_array, groups)
+    return _plan(pending, window, W, N, P, rank, _GIVEN, arrays, tree)[0]
+
+
+def plan_next(pending: list[int], sources: DraftSources, *, W: int, N: int, P: int, rank: int) -> StepPlan:
+    """The next step's plan (`plan_step`) with its tree from `sources`: grown in the same compiled
+    call where the sources grow one (`DraftSources.growth`), else built by them."""
+    growth = sources.growth(len(pending))
+    if growth is None:
+        return plan_step(pending, sources.window, sources.tree(len(pending)), W=W, N=N, P=P, rank=rank)
+    step, grown = _plan(pending, sources.window, W, N, P, rank, growth, _NO_TREE)
+    sources.grew(grown)
+    return step
+
+
+def _plan(
+    pending: list[int] | np.ndarray,
+    window: JacobiWindow | None,
+    W: int,
+    N: int,
+    P: int,
+    rank: int,
+    growth: tuple,
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
+    given: DraftTree | None = None,
+) -> tuple[StepPlan, Grown | None]:
+    """`_plan_loop` on `growth` (or `_GIVEN`, and the `given` tree's `arrays`: tokens, parents,
+    groups) and its answer as a StepPlan, with the growth (None where the tree was given)."""
+    fed = np.asarray(pending, dtype=np.int64)
+    m = len(fed)
+    if m < 1 or N < 2 or not 0 <= rank < P:
+        raise ValueError(f"bad step shape m={m} N={N} P={P} rank={rank}")
     rows = window.rows if window is not None else _NO_WINDOW
-    first = plans[rank].candidates.start
-    ids = gather_ids(layout.gather, np.asarray(pending, dtype=np.int64), rows, tree.tokens, first)
-    return StepPlan(ids, layout, plans, rank, tree=tree)
+    tokens, parents, labels, order, groups, bounds, *layout, ids = _plan_loop(
+        *growth, rows, *arrays, fed, W, N, P, rank
+    )
+    if not len(bounds):
+        raise ValueError(f"bad partition request W={W} N={N} G={len(tokens)} P={P} groups={tuple(groups.tolist())}")
+    grown = grown_of(tokens, parents, labels, order, groups) if given is None else None
+    plans = (RankPlan(range(W), range(len(tokens))),) if P == 1 else plans_of(bounds)
+    plan = plans[rank]
+    layout_ = layout_of(m, W, N, plan.columns, parents, plan.candidates, *layout)
+    return StepPlan(ids, layout_, plans, rank, given if grown is None else grown.tree, bounds), grown
 
 
-_NO_WINDOW = np.zeros((0, 1), dtype=np.int64)
+def _compile(digest: str):
+    """`_plan_loop`, keyed in numba's cache by `digest` too (lp/compiled.py)."""
+
+    @njit(cache=True)
+    def plan_loop(
+        grow, budget, depth, seq, n, grams, head, longest, lone, length, count,
+        ptable, prows, prings, pstate, pqueue, context, frequent, ranks, row_len, row_source,
+        chances, hits, table, pairs, index, window, tokens, parents, groups, pending, W, N, P, rank,
+    ):  # fmt: skip
+        """A step's plan: with `grow`, its tree of at most `budget` nodes grown from the drafts
+        (`step_chains` over the text's, the pool's and the window's row 0, guesses 1..`row_len`)
+        and the successor rows (`grow_tree`), below x0 = `seq[n - 1]` (the token before it:
+        `seq[n - 2]`); else the given `tokens`, `parents` and root `groups`. Then the ranks'
+        shares (`search`; one rank: the whole step), rank `rank`'s layout (`lay_out`) and its
+        ids (`gather_ids`). The tree's arrays (labels and order: grown only), the shares (none
+        where the groups cannot be split), the layout's arrays and the ids."""
+        if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
+            raise ValueError("no digest of the loops' sources")
+        labels, order = np.empty(0, np.int64), np.empty(0, np.int64)
+        if grow:
+            row = window[0, 1 : 1 + row_len]
+            flat, starts, sources = step_chains(
+                seq, n, grams, head, longest, lone, length, count,
+                ptable, prows, prings, pstate, pqueue, context, frequent, ranks, row, row_source,
+            )  # fmt: skip
+            before = seq[n - 2] if n > 1 else -1
+            tokens, parents, labels, order, groups = grow_tree(
+                budget, seq[n - 1], before, depth, flat, starts, sources, chances, hits, table, pairs, index
+            )
+        size = len(tokens)
+        if P == 1:
+            bounds = np.empty((1, 4), np.int64)
+            bounds[0, 0], bounds[0, 1], bounds[0, 2], bounds[0, 3] = 0, W, 0, size
+        else:
+            bounds = search(W, N, groups, P, 1, size)
+            if not len(bounds):
+                none = np.zeros((0, 0), np.bool_)
+                return (
+                    tokens,
+                    parents,
+                    labels,
+                    order,
+                    groups,
+                    bounds,
+                    -1,
+                    parents,
+                    pending,
+                    pending,
+                    none,
+                    pending,
+                    pending,
+                )
+        a, b, c, d = bounds[rank, 0], bounds[rank, 1], bounds[rank, 2], bounds[rank, 3]
+        bad, mine, gather, depth_of, mask_of, rows = lay_out(
+            len(pending), W, N, a, b, b - 1 if b > a else 0, parents, c, d
+        )
+        ids = gather_ids(gather, pending, window, tokens, c) if bad < 0 else pending
+        return tokens, parents, labels, order, groups, bounds, bad, mine, gather, depth_of, mask_of, rows, ids
+
+    return plan_loop
+
+
+_plan_loop = _compile(sources_digest(draft_loops, loops, mask, partition_loops))
+
+# a plan of a given tree: no growth (the growth's arguments of no sources)
+_NONE, _NO_ROWS = np.zeros(0, dtype=np.int64), np.zeros((1, 1), dtype=np.int32)
+_GIVEN = (
+    False, 0, 1, _NONE, 0, np.zeros((0, 1, 2), np.int64), _NONE, 0, False, 0, 0, np.zeros((0, 2), np.int64),
+    np.zeros((0, 1, 2), np.int64), np.zeros((0, 3), np.int64), _NONE, np.zeros((2, 0), np.int64), False, False,
+    _NONE, 0, 0, np.zeros((0, 1)), np.ones(1, np.int64), _NO_ROWS, _NO_ROWS, np.full((1, 2), -1, np.int64),
+)  # fmt: skip
+_NO_TREE = (_NONE, _NONE, _NONE)  # grown: no given tree
+_NO_WINDOW = np.zeros((1, 0), dtype=np.int64)
 
 
 def compile_kernels() -> None:
@@ -73,4 +198,5 @@ def compile_kernels() -> None:
     its first step (seconds on a fresh install, about 0.3 s from the cache, once per process)."""
     tree = DraftTree(np.zeros(2, dtype=np.int64), (-1, 0))
     plans, _ = rank_share(1, tree, W=1, N=2, P=2, rank=0)
+    partition(1, 2, 2, 2, (1, 1), 1)
     merge(np.zeros((2, message_size(1, 3, 4, 1)), dtype=np.int64), plans, 3, 1)

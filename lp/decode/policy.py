@@ -5,16 +5,21 @@ recycled top-k tokens), kept identical on every rank by feeding them the same me
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
+from lp import message
+from lp.compiled import sources_digest
 from lp.config import DecodeConfig
 from lp.errors import LPError
-from lp.lookahead import JacobiWindow, NGramPool
+from lp.lookahead import JacobiWindow, NGramPool, draft_loops, loops
+from lp.lookahead.draft_loops import feed_step
 from lp.lookahead.drafts import TextIndex, as_tuples, step_drafts
-from lp.lookahead.grow import Chains, Grown, grow
+from lp.lookahead.grow import Chains, Grown, grow, successor_arrays
+from lp.lookahead.loops import count_rates, observe_step
 from lp.lookahead.rates import DraftRates
-from lp.lookahead.successors import SuccessorTable, observe_step
+from lp.lookahead.successors import SuccessorTable
 from lp.lookahead.tree import DraftTree, TreeBuilder, pair_key
-from lp.message import Outcome
+from lp.message import HEADER, merge_loop, step_message_size
 
 # the draft sources whose acceptance rates are counted apart (DraftRates): the text drafts, the
 # pool's context-matched and plain n-grams, the text drafts of x0's lone matches, each by rank
@@ -42,9 +47,19 @@ class DraftSources:
         self.pool = NGramPool(N, cfg.pool_capacity)
         self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
         self._grown: Grown | None = None  # the last step's growth, until its outcome is counted
+        # `growth`'s settings, read once: the text drafts' length and count, the pool's order
+        self._depth = cfg.max_draft
+        self._text_args = (cfg.draft_len, cfg.text_drafts if cfg.drafts == "pool+text" else 0)
+        self._pool_args = (cfg.order == "context" and N > 2, cfg.order == "frequent")
+        # `observe`'s: the window slots' start in a message, the successors a row sends, the
+        # most tokens a step commits, the rates' arrays (flat chances), what it pools
+        self._start, self._k, self._most = HEADER + cfg.max_commit, k, cfg.max_commit
+        self._rates = (self.rates.hits, self.rates.offered, self.rates.chances.reshape(-1))
         self._drafted = DraftTree(np.zeros(0, dtype=np.int64), ())  # the last step's tree
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
         self._keys: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
+        self._pooled = G > 0 and self.pool.capacity > 0
+        self._from_text = self._pooled and cfg.pool_from_output
         self.text = TextIndex(
             prompt_ids,
             indexed=cfg.drafts == "pool+text" and budget > 0,
@@ -69,35 +84,81 @@ class DraftSources:
         )
         return self._drafted
 
+    def growth(self, pending: int) -> tuple | None:
+        """The next step's tree growth (`tree(pending)`'s, where it grows one) as the arguments
+        of lp/decode/plan.py's compiled plan, which grows the same tree in the same call as it
+        splits and lays out the step: (True, the budget, the depth, the text's arrays and its
+        drafts' settings, the pool's arrays and settings, the window's row-0 guesses taken, their
+        source, the chances, the successor table's arrays). None where `tree(pending)` grows none
+        (`cfg.tree` false, or no budget left)."""
+        budget = self.cfg.tree_budget(pending)
+        if not (budget and self.cfg.tree):
+            return None
+        text, pool, window = self.text, self.pool, self.window
+        row = self._depth if window is not None and window.ready and window.W > 1 else 0
+        return (
+            True, budget, self._depth, text.seq, text.n, text.grams, text.head, text.longest, text.lone,
+            *self._text_args, pool.table, pool.rows, pool.rings, pool.state, pool.queue, *self._pool_args,
+            _RANKS, row, WINDOW_SOURCE, self.rates.chances, *successor_arrays(self.successors),
+        )  # fmt: skip
+
+    def grew(self, grown: Grown) -> None:
+        """The next step's tree, grown from `growth`'s arguments (as `tree` keeps its own)."""
+        self._drafted, self._grown = grown.tree, grown
+
     def prepare(self) -> None:
         """The part of `observe` that needs no outcome, done while the device computes the step's
-        forward (lp/decode/loop.py: before the all-gather): the pool's queued n-grams land, and
-        the successor rows' pair keys are made (`_pair_keys`)."""
+        forward (lp/decode/loop.py: before the all-gather): the pool's queued n-grams land, the
+        successor rows' pair keys are made (`_pair_keys`), and the text, the pool and the
+        successor table make room for what the step may bring."""
         self.pool.flush()
+        W = self.window.W if self.window is not None else 0
+        self.text.reserve(self._most)
+        if self._pooled:  # the window's n-grams and those ending in the committed tokens
+            self.pool.reserve(W + self._most)
         if self.successors is not None:
             self._keys = self._pair_keys()
+            self.successors.reserve(1 + W + self._drafted.size)  # x0's row, the columns', the nodes'
 
-    def observe(self, outcome: Outcome, tokens: list[int]) -> None:
-        """Feed a step's merged outcome (after `prepare`): the window's new level and its
-        n-grams, the successor rows, then the committed `tokens` (and, with `pool_from_output`,
-        the n-grams ending in them: free candidates, as in prompt lookup)."""
+    def observe(
+        self, gathered: np.ndarray, bounds: np.ndarray, remaining: int, eos: np.ndarray
+    ) -> tuple[list[int], bool]:
+        """Merge a step's gathered messages `[P, K]` (of ranks whose shares are the rows of
+        `bounds`: `StepPlan.bounds`) and feed the outcome to the sources (after `prepare`), in
+        one compiled call (`_observe_loop`): the committed tokens, cut at `remaining` and after
+        the first of the int64 `eos` tokens, and whether one ended them. In this order: the
+        messages merged (lp.message.merge: an LPError where the ranks drifted apart); the grown
+        tree's rates counted; with a successor table, the committed tokens' ranks counted and the
+        step's successor rows written (`x0`, the token before it and the new ones counted on the
+        table the drafts used); the window's n-grams pooled, the committed tokens added to the
+        text and (with `pool_from_output`) their n-grams pooled, as prompt lookup's free
+        candidates; the window moved up a level."""
         grown, self._grown = self._grown, None
-        new = np.asarray(tokens, dtype=np.int64)
-        if self.successors is not None:
-            # before the tokens join the text: x0, the token before it and the new ones are
-            # counted on the table the drafts used, then the step's rows land
-            first, nodes = self._keys
-            observe_step(self.successors, self.rates, grown, outcome, self.text, new, nodes, first)
-        elif grown is not None:
-            self.rates.observe(grown, outcome.tokens[: outcome.accepted])
-        if self.window is not None:
-            if self.G and self.window.ready:
-                self.pool.add_rows(self.window.ngrams(self.text.tokens[-1], outcome.new))
-            self.window.update(outcome.new)
-        self.text.extend(new)
-        out, n = self.text.tokens, len(tokens)
-        if self.G and self.cfg.pool_from_output:  # the n-grams that end in the new tokens
-            self.pool.add_sequence(out[-(n + self.N - 1) :])
+        tree = grown if grown is not None else _NOT_GROWN
+        table, text, pool, window = self.successors, self.text, self.pool, self.window
+        if table is not None:
+            first, keys = self._keys
+            pairs, made_pairs = (table.table, table.pairs, table.index), table.n_pairs
+        else:
+            first, keys, pairs, made_pairs = -1, _NO_ROW, _NO_PAIRS, 0
+        hits = table.hits if table is not None else _NO_ROW
+        rows = window.rows if window is not None else _NO_WINDOW
+        ready = self._pooled and window is not None and window.ready
+        best, new, stopped, ids, pair_rows = _observe_loop(
+            gathered, bounds, self._start, self._k, remaining, eos, tree.tree.tokens, tree.parents, tree.labels,
+            *self._rates, *pairs, made_pairs, hits, keys, first, text.seq, text.grams, text.head, text.table, text.n,
+            text.ids, text.longest, text.lone, pool.state, pool.queue, rows, ready, self._from_text,
+        )  # fmt: skip
+        if best == -2:
+            raise LPError(
+                f"ranks diverged: output lengths {gathered[:, 3].tolist()}, checksums {gathered[:, 4].tolist()}"
+            )
+        text.appended(len(new), ids)
+        if table is not None:
+            table.n_pairs = pair_rows
+        if window is not None:
+            window.updates += 1
+        return new.tolist(), stopped
 
     def _pair_keys(self) -> tuple[int, np.ndarray]:
         """The pair keys (`pair_key`) of the step's successor rows whose input's
@@ -192,14 +253,84 @@ def step_tree(
     return builder.tree(), None
 
 
+def _compile(digest: str):
+    """`_observe_loop`, keyed in numba's cache by `digest` too (lp/compiled.py)."""
+
+    @njit(cache=True)
+    def observe_loop(
+        gathered, bounds, start, k, remaining, eos, tree, parents, labels, rate_hits, offered, chances,
+        table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
+        state, queue, window, from_window, from_text,
+    ):  # fmt: skip
+        """`DraftSources.observe`'s work: the winning rank (-2: the ranks drifted apart), the
+        committed tokens, whether an EOS ended them, the text's ids and the successor table's
+        pair rows after."""
+        if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
+            raise ValueError("no digest of the loops' sources")
+        best, level, rows = merge_loop(gathered, bounds, start, k)
+        if best == -2:
+            return best, gathered[0, :0], False, made, n_pairs
+        accepted = gathered[best, 2] if best >= 0 else 0
+        path = gathered[best, HEADER : HEADER + accepted + 1] if best >= 0 else gathered[0, :1]
+        cut, stopped = min(len(path), remaining), False
+        for i in range(cut):
+            for token in eos:
+                stopped = stopped or path[i] == token
+            if stopped:
+                cut = i + 1
+                break
+        new = path[:cut]
+        if k:  # before the tokens join the text: counted on the table the drafts used
+            n_pairs = observe_step(
+                tree, parents, labels, path[:accepted], rate_hits, offered, chances,
+                table, pairs, index, n_pairs, seq, n, new, hits, rows, keys, first,
+            )  # fmt: skip
+        else:
+            count_rates(tree, parents, labels, path[:accepted], rate_hits, offered, chances)
+        made = feed_step(
+            seq,
+            grams,
+            head,
+            text_table,
+            n,
+            made,
+            new,
+            longest,
+            lone,
+            state,
+            queue,
+            window,
+            level,
+            from_window,
+            from_text,
+        )
+        levels = window.shape[0]
+        if window.shape[1]:  # `JacobiWindow.update`
+            for lvl in range(levels - 1):
+                window[lvl, :] = window[lvl + 1, :]
+            window[levels - 1, :] = level
+        return best, new, stopped, made, n_pairs
+
+    return observe_loop
+
+
+_observe_loop = _compile(sources_digest(draft_loops, loops, message))
+_NOT_GROWN = Grown(DraftTree(_NO_ROW, ()), _NO_ROW, _NO_ROW, _NO_ROW)
+_NO_PAIRS = (np.full((1, 1), -1, np.int32), np.zeros((1, 1), np.int32), np.full((1, 2), -1, np.int64))
+_NO_WINDOW = np.zeros((1, 0), np.int64)
+
+
 def compile_kernels() -> None:
     """Compile the drafting's numba loops (text index, pool, tree growth, successor table,
-    rates), or load them from numba's cache, on two steps of a tiny decode: before a decode's
-    clock starts rather than in its first step (seconds on a fresh install, once per process)."""
-    cfg = DecodeConfig(W=2, N=3, G=2, recycle=2)
-    sources = DraftSources(cfg, [1, 2, 1, 2, 1], vocab_size=16)
-    for _ in range(2):
-        tree = sources.tree(1)
-        sources.prepare()
-        rows = np.tile(np.arange(3, dtype=np.int64), (1 + cfg.W + tree.size, 1))
-        sources.observe(Outcome([1, 2], np.asarray([1, 2], dtype=np.int64), 1, rows), [1, 2])
+    rates, the step's plan and observe), or load them from numba's cache, on two steps of tiny
+    decodes with and without a successor table: before a decode's clock starts rather than in its
+    first step (seconds on a fresh install, once per process)."""
+    from lp.decode.plan import plan_next  # the plan's module reads these sources' growth
+
+    for recycle in (2, 0):
+        cfg = DecodeConfig(W=2, N=3, G=2, recycle=recycle)
+        sources = DraftSources(cfg, [1, 2, 1, 2, 1], vocab_size=16)
+        for _ in range(2):
+            step = plan_next([1], sources, W=cfg.W, N=cfg.N, P=1, rank=0)
+            sources.prepare()
+            sources.observe(np.zeros((1, step_message_size(cfg)), np.int64), step.bounds, 2, _NO_ROW)

@@ -366,6 +366,46 @@ def _pool_drafts(table, rows, rings, key, frequent, skip, after, tokens, starts,
     return c
 
 
+# -- a step's outcome ---------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _queue_gram(queue: np.ndarray, q: int, flat: np.ndarray, at: int) -> int:
+    """Queue the n-gram `flat[at : at + n]` as column q; the columns after."""
+    for t in range(queue.shape[0]):
+        queue[t, q] = flat[at + t]
+    return q + 1
+
+
+@njit(cache=True)
+def feed_step(
+    seq, grams, head, table, n, made, new, longest, lone, state, queue, window, level, from_window, from_text
+):
+    """A step's outcome fed to the text and the pool (`DraftSources.observe`): with
+    `from_window`, the W n-grams that the window `[N - 1, W]` closes with its new `level` are
+    queued for the pool (column j: x0 = `seq[n - 1]` or `window[0, j]`, the levels above,
+    `level[j]`); the committed `new` join the text (`index_tokens`); with `from_text`, the
+    n-grams that end in them are queued. `state`, `queue`: the pool's. The ids after. The caller
+    made room in the text and the queue."""
+    q, size = state[1], queue.shape[0]
+    levels, W = window.shape
+    if from_window:
+        for j in range(W):
+            queue[0, q] = seq[n - 1] if j == 0 else window[0, j]
+            for lvl in range(1, levels):
+                queue[lvl, q] = window[lvl, j]
+            queue[size - 1, q] = level[j]
+            q += 1
+    made = index_tokens(seq, grams, head, table, n, made, new, longest, lone)
+    if from_text:
+        for start in range(max(n - size + 1, 0), n + len(new) - size + 1):
+            for t in range(size):
+                queue[t, q] = seq[start + t]
+            q += 1
+    state[1] = q
+    return made
+
+
 # -- a step's chains ----------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ A step grows a few hundred nodes after its message is read, so the growth is one
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,8 +24,7 @@ from lp.lookahead.successors import SuccessorTable
 from lp.lookahead.tree import DraftTree
 
 
-@dataclass(frozen=True)
-class Chains:
+class Chains(NamedTuple):
     """Drafts for `grow`: draft c is `tokens[starts[c] : starts[c + 1]]`, from source
     `sources[c]` (its row of chances, and its nodes' labels)."""
 
@@ -37,11 +36,12 @@ class Chains:
 NO_CHAINS = Chains(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64))
 
 
-@dataclass(frozen=True)
-class Grown:
+class Grown(NamedTuple):
     """A grown tree (in subtree order, lp/lookahead/tree.py) and, per node: its label (source s's
     token i: `s * depth + i`, the counted rate's index; -1: the successor table's), its parent
-    as an array, and its place in the growth (most likely first)."""
+    as an array, and its place in the growth (most likely first). Named tuples, as `Chains`: a
+    step makes one of each after its message is read, where frozen dataclasses cost several
+    times more to make."""
 
     tree: DraftTree
     labels: np.ndarray
@@ -77,19 +77,34 @@ def grow(
     chain's next token."""
     if chances is None:
         chances = np.zeros((0, 1))
-    if table is None:
-        hits, rows, pairs, index = _NO_HITS, _NO_ROWS, _NO_ROWS, _NO_INDEX
-    else:
-        hits, rows, pairs, index = table.hits, table.table, table.pairs, table.index
     tokens, parents, labels, order, groups = grow_tree(
-        budget, x0, before, depth, chains.tokens, chains.starts, chains.sources, chances,
-        hits, rows, pairs, index,
-    )  # fmt: skip
+        budget, x0, before, depth, chains.tokens, chains.starts, chains.sources, chances, *successor_arrays(table)
+    )
+    return grown_of(tokens, parents, labels, order, groups)
+
+
+def successor_arrays(table: SuccessorTable | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What `grow_tree` reads of a successor table: its rank counts, token rows, pair rows and
+    pair index (without one: a table of no successors)."""
+    if table is None:
+        return _NO_TABLE
+    return table.hits, table.table, table.pairs, table.index
+
+
+def grown_of(
+    tokens: np.ndarray, parents: np.ndarray, labels: np.ndarray, order: np.ndarray, groups: np.ndarray
+) -> Grown:
+    """`grow_tree`'s arrays as a Grown."""
     return Grown(DraftTree(tokens, tuple(parents.tolist()), tuple(groups.tolist()), parents), labels, parents, order)
 
 
 # no successor table: no counts past the "none of them" one (k = 0), one empty row and slot
-_NO_HITS, _NO_ROWS, _NO_INDEX = np.ones(1, np.int64), np.zeros((1, 1), np.int32), np.full((1, 2), -1, np.int64)
+_NO_TABLE = (
+    np.ones(1, np.int64),
+    np.zeros((1, 1), np.int32),
+    np.zeros((1, 1), np.int32),
+    np.full((1, 2), -1, np.int64),
+)
 
 
-__all__ = ["NO_CHAINS", "Chains", "Grown", "grow"]
+__all__ = ["NO_CHAINS", "Chains", "Grown", "grow", "grown_of", "successor_arrays"]

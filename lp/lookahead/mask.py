@@ -23,7 +23,7 @@ from lp.lookahead.tree import chain_parents
 Token = tuple
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)  # not frozen: made after most message reads, and a frozen one costs 4x to make
 class StepLayout:
     """Everything about a step that depends only on its shape.
 
@@ -110,19 +110,36 @@ def share_layout(m: int, W: int, N: int, columns: range, parents: np.ndarray, no
     if m < 1 or N < 2 or not shape_ok:
         raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} nodes={nodes} of {len(parents)}")
     prefix = columns[-1] if len(columns) else 0  # the row-0 tokens rows[0, 1..prefix]
-    bad, mine, gather, depth, mask, rows = _lay_out(
-        m, W, N, columns.start, columns.stop, prefix, parents, nodes.start, nodes.stop
-    )
+    arrays = lay_out(m, W, N, columns.start, columns.stop, prefix, parents, nodes.start, nodes.stop)
+    return layout_of(m, W, N, columns, parents, nodes, *arrays)
+
+
+def layout_of(
+    m: int,
+    W: int,
+    N: int,
+    columns: range,
+    parents: np.ndarray,
+    nodes: range,
+    bad: int,
+    mine: np.ndarray,
+    gather: np.ndarray,
+    depth: np.ndarray,
+    mask: np.ndarray,
+    rows: np.ndarray,
+) -> StepLayout:
+    """`lay_out`'s answer for `share_layout`'s step as a StepLayout (a ValueError where a node's
+    parent is neither x0 nor an earlier one of `nodes`)."""
     if bad >= 0:
         a, p = nodes.start, int(parents[nodes.start + bad])
         where = f"is {p}" if p < -1 else f"{p - a} does not precede it" if p >= a else f"{p} is not one of nodes {a}.."
         raise ValueError(f"bad tree: node {bad}'s parent {where}")
     key = (m, W, N, columns.start, columns.stop, mine.tobytes())
-    return StepLayout(m, columns, prefix, N - 2, gather, depth, mask, rows, mine, key)
+    return StepLayout(m, columns, columns[-1] if len(columns) else 0, N - 2, gather, depth, mask, rows, mine, key)
 
 
 @njit(cache=True)
-def _lay_out(
+def lay_out(
     m: int, W: int, N: int, start: int, stop: int, prefix: int, tree: np.ndarray, a: int, b: int
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """`share_layout`'s arrays for nodes a..b-1 of a tree of parents `tree`: the first of them

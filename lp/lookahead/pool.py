@@ -54,15 +54,17 @@ class NGramPool:
         """Queue n-grams i < k, `flat[i * stride : i * stride + N]`, in order."""
         if k < 1 or not self.capacity:
             return
-        if not pool_queue(self.table, self.rings, self.state, self.queue, flat, stride, k):
-            self._grow(k)
-            pool_queue(self.table, self.rings, self.state, self.queue, flat, stride, k)
+        self.reserve(k)
+        pool_queue(self.table, self.rings, self.state, self.queue, flat, stride, k)
 
-    def _grow(self, k: int) -> None:
-        """Room for k more queued n-grams and for a block each: twice what they need, the table
-        at most half full."""
+    def reserve(self, k: int) -> None:
+        """Room for k more queued n-grams and for a block each (the table at most half full):
+        twice what they need, where they do not fit."""
         made, queued = self.state.tolist()
-        size = 2 * (made + queued + k)
+        need = made + queued + k
+        if queued + k <= self.queue.shape[1] and need <= len(self.rings) and 2 * need <= len(self.table):
+            return
+        size = 2 * need
         if size > len(self.rings) or size > len(self.table):
             more = size - len(self.rings)
             self.rows = np.concatenate([self.rows, np.zeros((more, *self.rows.shape[1:]), np.int64)])

@@ -14,19 +14,11 @@ microseconds for and array ops (a call per row) more."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lp.lookahead.loops import NO_ROW, count_ranks, find_row, rehash, update_rows
-from lp.lookahead.loops import observe_step as _observe_step
 from lp.lookahead.tree import pair_key
-
-if TYPE_CHECKING:  # annotations only: grow.py, which rates.py imports, imports this module
-    from lp.lookahead.drafts import TextIndex
-    from lp.lookahead.grow import Grown
-    from lp.lookahead.rates import DraftRates
-    from lp.message import Outcome
 
 _NO_KEYS = np.zeros(0, dtype=np.int64)
 MOST_PAIRS_UP_FRONT = 1 << 17  # pair rows sized up front at most (4 MiB at k = 8); more grow
@@ -93,29 +85,4 @@ class SuccessorTable:
             count_ranks(self.table, self.pairs, self.index, np.asarray(tokens, dtype=np.int64), self.hits)
 
 
-def observe_step(
-    table: SuccessorTable,
-    rates: DraftRates,
-    grown: Grown | None,
-    outcome: Outcome,
-    text: TextIndex,
-    new: np.ndarray,
-    keys: np.ndarray,
-    first: int,
-) -> None:
-    """A step's outcome counted and recorded in one compiled call (lp/lookahead/loops.py): what
-    `rates.observe(grown, accepted draft tokens)`, `table.observe(the text's last two tokens and
-    the committed `new`)` and `table.update(outcome.successors, keys, first)` do, in that order,
-    before `new` joins `text`."""
-    rows = outcome.successors
-    table.reserve(len(rows))
-    tree = grown.tree.tokens if grown is not None else _NO_KEYS
-    parents, labels = (grown.parents, grown.labels) if grown is not None else (_NO_KEYS, _NO_KEYS)
-    accepted = np.asarray(outcome.tokens[: outcome.accepted], dtype=np.int64)
-    table.n_pairs = _observe_step(
-        tree, parents, labels, accepted, rates.hits, rates.offered, rates.chances.reshape(-1),
-        table.table, table.pairs, table.index, table.n_pairs, text.seq, text.n, new, table.hits, rows, keys, first,
-    )  # fmt: skip
-
-
-__all__ = ["SuccessorTable", "observe_step", "pair_key"]
+__all__ = ["SuccessorTable", "pair_key"]

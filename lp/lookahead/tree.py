@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)  # not frozen: made after every message read, and a frozen one costs 4x to make
 class DraftTree:
     """`tokens[i]` is node i's draft token, `parents[i]` its parent node (-1: x0); `parent_array`
     the same as int64 (made from `parents` unless the maker has it)."""
@@ -27,8 +27,8 @@ class DraftTree:
     parent_array: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        if self.parent_array is None:  # frozen: the dataclass's own way to set a derived field
-            object.__setattr__(self, "parent_array", np.asarray(self.parents, dtype=np.int64))
+        if self.parent_array is None:
+            self.parent_array = np.asarray(self.parents, dtype=np.int64)
 
     @property
     def size(self) -> int:

@@ -29,14 +29,6 @@ class JacobiWindow:
         (N-2 updates): only then are the window's n-grams worth pooling."""
         return self.updates >= self.N - 2
 
-    def ngrams(self, x0: int, new: np.ndarray) -> np.ndarray:
-        """The W n-grams `[W, N]` that this step's trajectory closes with `new`."""
-        grams = np.empty((self.W, self.N), dtype=np.int64)
-        grams[:, :-1] = self.rows.T
-        grams[:, -1] = new
-        grams[0, 0] = x0
-        return grams
-
     def update(self, new: np.ndarray) -> None:
         """Advance one Jacobi iteration: drop the oldest level, append `new`, re-anchor at the
         next input token (row 0 takes level 1 shifted by one position)."""

@@ -1,0 +1,151 @@
+"""A step's host work after its message is read, compiled (the plan: lp/decode/plan.py
+`plan_next`; the merge and the sources' update: lp/decode/policy.py `DraftSources.observe`),
+against the plain reference (tests/reference_observe.py, `DraftSources.tree`, `plan_step`):
+random configurations and messages, two twin sources fed alike, every step's tree, plans, layout
+and ids, committed tokens and the sources' state equal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lp.config import DecodeConfig
+from lp.decode.plan import StepPlan, plan_next, plan_step
+from lp.decode.policy import DraftSources
+from lp.errors import LPError
+from lp.lookahead import JacobiWindow
+from lp.message import HEADER, step_message_size
+from tests import reference_observe
+
+
+def random_config(rng: np.random.Generator) -> DecodeConfig:
+    N = int(rng.integers(2, 6))
+    return DecodeConfig(
+        W=int(rng.integers(1, 5)),
+        N=N,
+        G=int(rng.integers(0, 6)),
+        budget=int(rng.integers(0, 30)) if rng.integers(2) else None,
+        drafts=str(rng.choice(["pool", "pool+text"])),
+        order=str(rng.choice(["recent", "frequent", "context"])),
+        draft_len=int(rng.integers(1, 8)),
+        text_drafts=int(rng.integers(1, 5)),
+        text_match=int(rng.choice([1, 2])),
+        recycle=int(rng.choice([0, 2, 4])),
+        pool_from_output=bool(rng.integers(4)),
+        step_limit=int(rng.integers(N + 6, 40)) if rng.integers(2) else None,
+        max_new_tokens=200,
+    )
+
+
+def message(
+    rng: np.random.Generator, cfg: DecodeConfig, step: StepPlan, vocab: int, state: tuple[int, int]
+) -> np.ndarray:
+    """A rank's message for `step` (one rank): a random node's path accepted (or none), random
+    new window tokens and successor rows, the output's length and checksum `state`."""
+    W, k, tree = cfg.W, cfg.successors_sent, step.tree
+    out = np.full(step_message_size(cfg), -1, dtype=np.int64)
+    out[0], out[3], out[4] = rng.integers(vocab), *state
+    if tree.size and rng.integers(4):
+        node = int(rng.integers(tree.size))
+        path = [node]
+        while tree.parents[path[-1]] >= 0:
+            path.append(tree.parents[path[-1]])
+        tokens = [int(tree.tokens[v]) for v in reversed(path)]
+        out[1], out[2] = node, len(tokens)
+        out[HEADER : HEADER + len(tokens) + 1] = [*tokens, rng.integers(vocab)]
+    start = HEADER + cfg.max_commit
+    out[start : start + W] = rng.integers(0, vocab, W)
+    if k:
+        rows = 1 + W + tree.size
+        out[start + W : start + W + rows * (1 + k)] = rng.integers(0, vocab, rows * (1 + k))
+    return out[None, :]
+
+
+def same_sources(a: DraftSources, b: DraftSources) -> None:
+    assert a.text.tokens.tolist() == b.text.tokens.tolist()
+    assert a.text.drafts(8, 8) == b.text.drafts(8, 8)
+    a.pool.flush()
+    b.pool.flush()
+    assert all(a.pool.lookup(key) == b.pool.lookup(key) for key in range(-1, 16))
+    if a.window is not None:
+        assert np.array_equal(a.window.rows, b.window.rows) and a.window.updates == b.window.updates
+    assert np.array_equal(a.rates.hits, b.rates.hits) and np.array_equal(a.rates.offered, b.rates.offered)
+    assert np.array_equal(a.rates.chances, b.rates.chances)
+    if a.successors is not None:
+        ta, tb = a.successors, b.successors
+        assert np.array_equal(ta.table, tb.table) and np.array_equal(ta.hits, tb.hits)
+        assert ta.n_pairs == tb.n_pairs and np.array_equal(ta.pairs[: ta.n_pairs], tb.pairs[: tb.n_pairs])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_steps_equal_the_reference(seed):
+    rng = np.random.default_rng(seed)
+    cfg, vocab = random_config(rng), int(rng.integers(4, 16))
+    prompt = rng.integers(0, vocab, int(rng.integers(1, 30))).tolist()
+    fused, plain = DraftSources(cfg, prompt, vocab), DraftSources(cfg, prompt, vocab)
+    eos = {int(rng.integers(vocab))} if rng.integers(3) else set()
+    eos_ids = np.array(sorted(eos), dtype=np.int64)
+    pending, length = [prompt[-1]], 0
+    for _ in range(25):
+        step = plan_next(pending, fused, W=cfg.W, N=cfg.N, P=1, rank=0)
+        want = plan_step(pending, plain.window, plain.tree(len(pending)), W=cfg.W, N=cfg.N, P=1, rank=0)
+        assert step.tree.tokens.tolist() == want.tree.tokens.tolist() and step.tree.parents == want.tree.parents
+        assert step.plans == want.plans and step.layout.key == want.layout.key
+        assert np.array_equal(step.ids, want.ids) and np.array_equal(step.layout.mask, want.layout.mask)
+        fused.prepare()
+        plain.prepare()
+        gathered = message(rng, cfg, step, vocab, (length, 7))
+        remaining = int(rng.integers(1, 8))
+        got = fused.observe(gathered, step.bounds, remaining, eos_ids)
+        assert got == reference_observe.observe(plain, gathered, want.plans, remaining, eos)
+        same_sources(fused, plain)
+        pending, length = got[0], length + len(got[0])
+
+
+@pytest.mark.parametrize("P", [2, 3, 5])
+@pytest.mark.parametrize("seed", range(8))
+def test_compiled_plans_equal_the_reference_at_several_ranks(P, seed):
+    """Each rank's grown plan (`plan_next`) is the plan of the same tree given (`plan_step`)."""
+    rng = np.random.default_rng(100 + seed)
+    cfg, vocab = random_config(rng), int(rng.integers(4, 16))
+    prompt = rng.integers(0, vocab, 40).tolist()
+    for rank in range(P):
+        fused, plain = DraftSources(cfg, prompt, vocab), DraftSources(cfg, prompt, vocab)
+        step = plan_next(prompt[-2:], fused, W=cfg.W, N=cfg.N, P=P, rank=rank)
+        want = plan_step(prompt[-2:], plain.window, plain.tree(2), W=cfg.W, N=cfg.N, P=P, rank=rank)
+        assert step.plans == want.plans and step.layout.key == want.layout.key
+        assert np.array_equal(step.ids, want.ids) and np.array_equal(step.bounds, want.bounds)
+
+
+def test_ranks_that_drift_apart_are_an_error():
+    cfg = DecodeConfig(W=2, N=3, G=2)
+    sources = DraftSources(cfg, [1, 2, 3], 8)
+    step = plan_next([3], sources, W=2, N=3, P=2, rank=0)
+    sources.prepare()
+    gathered = np.zeros((2, step_message_size(cfg)), dtype=np.int64)
+    gathered[1, 3] = 1  # another output length
+    with pytest.raises(LPError, match="ranks diverged"):
+        sources.observe(gathered, step.bounds, 8, np.zeros(0, np.int64))
+
+
+@pytest.mark.parametrize("W,N", [(1, 2), (5, 2), (3, 3), (5, 4), (7, 5)])
+def test_window_ngrams_pooled_by_column(W, N):
+    """The n-grams a step pools from the window: column j's x0 (j = 0) or row-0 guess, its
+    levels above, then the new level's token; then the window moves up a level."""
+    cfg = DecodeConfig(W=W, N=N, G=3, pool_from_output=False, recycle=0, drafts="pool")
+    sources = DraftSources(cfg, [7], vocab_size=2000)
+    window: JacobiWindow = sources.window
+    window.rows = np.arange((N - 1) * W, dtype=np.int64).reshape(N - 1, W) + 500
+    window.updates = N  # ready
+    before, level = window.rows.copy(), np.arange(W, dtype=np.int64) + 900
+    step = plan_next([7], sources, W=W, N=N, P=1, rank=0)
+    sources.prepare()
+    gathered = np.full((1, step_message_size(cfg)), -1, dtype=np.int64)
+    gathered[0, :5] = [1, -1, 0, 0, 0]
+    gathered[0, HEADER + cfg.max_commit : HEADER + cfg.max_commit + W] = level
+    assert sources.observe(gathered, step.bounds, 8, np.zeros(0, np.int64)) == ([1], False)
+    for j in range(W):
+        first = 7 if j == 0 else before[0, j]
+        expect = (*(before[lvl, j] for lvl in range(1, N - 1)), level[j])
+        assert expect in sources.pool.lookup(first), (j, sources.pool.lookup(first), expect)
+    assert np.array_equal(window.rows, np.concatenate([before[1:], level[None, :]]))
