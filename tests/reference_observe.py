@@ -38,12 +38,12 @@ def observe(
         table.observe([*text.tokens[-2:].tolist(), *tokens])
         first, keys = sources._keys
         table.update(outcome.successors, keys, first)
-    pooled = cfg.G > 0 and pool.capacity > 0
+    pooled = sources.G > 0 and pool.capacity > 0  # the step shape's G (none in `mode=ar`)
     if window is not None:
         if pooled and window.ready:
             pool.add_rows(window_ngrams(window.rows, int(text.tokens[-1]), outcome.new))
         window.update(outcome.new)
     text.extend(tokens)
     if pooled and cfg.pool_from_output:
-        pool.add_sequence(text.tokens[-(len(tokens) + cfg.N - 1) :])
+        pool.add_sequence(text.tokens[-(len(tokens) + sources.N - 1) :])
     return tokens, stopped

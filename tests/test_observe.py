@@ -14,14 +14,18 @@ from lp.decode.plan import StepPlan, plan_next, plan_step
 from lp.decode.policy import DraftSources
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow
+from lp.lookahead.tree import DraftTree
 from lp.message import HEADER, step_message_size
 from tests import reference_observe
 
 
 def random_config(rng: np.random.Generator) -> DecodeConfig:
-    N = int(rng.integers(2, 6))
+    W, N = int(rng.integers(1, 5)), int(rng.integers(2, 6))
+    fixed = 1 + (W - 1) + (N - 2) * W  # x0 and the window's tokens: a step limit leaves the tree more
     return DecodeConfig(
-        W=int(rng.integers(1, 5)),
+        mode="ar" if not rng.integers(8) else "lookahead",
+        tree=bool(rng.integers(5)),
+        W=W,
         N=N,
         G=int(rng.integers(0, 6)),
         budget=int(rng.integers(0, 30)) if rng.integers(2) else None,
@@ -32,9 +36,9 @@ def random_config(rng: np.random.Generator) -> DecodeConfig:
         text_match=int(rng.choice([1, 2])),
         recycle=int(rng.choice([0, 2, 4])),
         pool_from_output=bool(rng.integers(4)),
-        step_limit=int(rng.integers(N + 6, 40)) if rng.integers(2) else None,
+        step_limit=fixed + int(rng.integers(1, 30)) if rng.integers(2) else None,
         max_new_tokens=200,
-    )
+    ).validate()
 
 
 def message(
@@ -42,7 +46,7 @@ def message(
 ) -> np.ndarray:
     """A rank's message for `step` (one rank): a random node's path accepted (or none), random
     new window tokens and successor rows, the output's length and checksum `state`."""
-    W, k, tree = cfg.W, cfg.successors_sent, step.tree
+    W, k, tree = cfg.step_shape[0], cfg.successors_sent, step.tree
     out = np.full(step_message_size(cfg), -1, dtype=np.int64)
     out[0], out[3], out[4] = rng.integers(vocab), *state
     if tree.size and rng.integers(4):
@@ -86,9 +90,10 @@ def test_compiled_steps_equal_the_reference(seed):
     eos = {int(rng.integers(vocab))} if rng.integers(3) else set()
     eos_ids = np.array(sorted(eos), dtype=np.int64)
     pending, length = [prompt[-1]], 0
+    W, N, _, _ = cfg.step_shape
     for _ in range(25):
-        step = plan_next(pending, fused, W=cfg.W, N=cfg.N, P=1, rank=0)
-        want = plan_step(pending, plain.window, plain.tree(len(pending)), W=cfg.W, N=cfg.N, P=1, rank=0)
+        step = plan_next(pending, fused, W=W, N=N, P=1, rank=0)
+        want = plan_step(pending, plain.window, plain.tree(len(pending)), W=W, N=N, P=1, rank=0)
         assert step.tree.tokens.tolist() == want.tree.tokens.tolist() and step.tree.parents == want.tree.parents
         assert step.plans == want.plans and step.layout.key == want.layout.key
         assert np.array_equal(step.ids, want.ids) and np.array_equal(step.layout.mask, want.layout.mask)
@@ -109,10 +114,11 @@ def test_compiled_plans_equal_the_reference_at_several_ranks(P, seed):
     rng = np.random.default_rng(100 + seed)
     cfg, vocab = random_config(rng), int(rng.integers(4, 16))
     prompt = rng.integers(0, vocab, 40).tolist()
+    W, N, _, _ = cfg.step_shape
     for rank in range(P):
         fused, plain = DraftSources(cfg, prompt, vocab), DraftSources(cfg, prompt, vocab)
-        step = plan_next(prompt[-2:], fused, W=cfg.W, N=cfg.N, P=P, rank=rank)
-        want = plan_step(prompt[-2:], plain.window, plain.tree(2), W=cfg.W, N=cfg.N, P=P, rank=rank)
+        step = plan_next(prompt[-2:], fused, W=W, N=N, P=P, rank=rank)
+        want = plan_step(prompt[-2:], plain.window, plain.tree(2), W=W, N=N, P=P, rank=rank)
         assert step.plans == want.plans and step.layout.key == want.layout.key
         assert np.array_equal(step.ids, want.ids) and np.array_equal(step.bounds, want.bounds)
 
@@ -149,3 +155,32 @@ def test_window_ngrams_pooled_by_column(W, N):
         expect = (*(before[lvl, j] for lvl in range(1, N - 1)), level[j])
         assert expect in sources.pool.lookup(first), (j, sources.pool.lookup(first), expect)
     assert np.array_equal(window.rows, np.concatenate([before[1:], level[None, :]]))
+
+
+def test_a_share_without_a_window_reads_no_tree_token_for_a_window_one():
+    """`rank_share` (no window: tools lay out recorded steps) gathers zeros for the window's
+    tokens and the tree's own tokens for its nodes."""
+    from lp.decode.plan import rank_share
+
+    tree = DraftTree(np.array([5, 6, 7], dtype=np.int64), (-1, 0, -1))
+    step = plan_step([9], None, tree, W=3, N=3, P=2, rank=1)
+    plans, layout = rank_share(1, tree, W=3, N=3, P=2, rank=1)
+    assert plans == step.plans and layout.key == step.layout.key
+    nodes = step.plan.candidates
+    assert step.ids[layout.node_tokens].tolist() == tree.tokens[nodes.start : nodes.stop].tolist()
+    assert set(step.ids[: layout.node_tokens.start].tolist()) <= {0, 9}
+    with pytest.raises(ValueError, match="window's rows"):
+        plan_step([9], JacobiWindow(2, 3, [1, 2], 0), tree, W=3, N=3, P=1, rank=0)
+
+
+def test_observe_needs_prepare_and_a_message_within_the_step():
+    cfg = DecodeConfig(W=2, N=3, G=2)
+    sources = DraftSources(cfg, [1, 2, 3], 8)
+    step = plan_next([3], sources, W=2, N=3, P=1, rank=0)
+    gathered = np.zeros((1, step_message_size(cfg)), dtype=np.int64)
+    with pytest.raises(LPError, match="prepare"):
+        sources.observe(gathered, step.bounds, 8, np.zeros(0, np.int64))
+    sources.prepare()
+    gathered[0, 2] = cfg.max_commit  # more accepted draft tokens than the step holds
+    with pytest.raises(LPError, match="more than the step's"):
+        sources.observe(gathered, step.bounds, 8, np.zeros(0, np.int64))

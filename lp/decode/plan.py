@@ -104,7 +104,9 @@ def _plan(
     m = len(fed)
     if m < 1 or N < 2 or not 0 <= rank < P:
         raise ValueError(f"bad step shape m={m} N={N} P={P} rank={rank}")
-    rows = window.rows if window is not None else _NO_WINDOW
+    rows = window.rows if window is not None else np.zeros((N - 1, W), dtype=np.int64)  # ids read its shape
+    if rows.shape != (N - 1, W):
+        raise ValueError(f"the window's rows are {rows.shape}, not (N - 1, W) = {(N - 1, W)}")
     tokens, parents, labels, order, groups, bounds, *layout, ids = _plan_loop(
         *growth, rows, *arrays, fed, W, N, P, rank
     )
@@ -189,13 +191,13 @@ _GIVEN = (
     _NONE, 0, 0, np.zeros((0, 1)), np.ones(1, np.int64), _NO_ROWS, _NO_ROWS, np.full((1, 2), -1, np.int64),
 )  # fmt: skip
 _NO_TREE = (_NONE, _NONE, _NONE)  # grown: no given tree
-_NO_WINDOW = np.zeros((1, 0), dtype=np.int64)
 
 
 def compile_kernels() -> None:
-    """Compile the step's numba kernels (partition, layout, merge), or load them from numba's
-    cache, on a two-rank step of a two-node tree: before a decode's clock starts rather than in
-    its first step (seconds on a fresh install, about 0.3 s from the cache, once per process)."""
+    """Compile the step's numba kernels (the plan of a given tree, the partitioner's search, the
+    merge), or load them from numba's cache, on a two-rank step of a two-node tree: before a
+    decode's clock starts rather than in its first step (seconds on a fresh install, about 0.3 s
+    from the cache, once per process). The plan of a grown tree: lp/decode/policy.py's."""
     tree = DraftTree(np.zeros(2, dtype=np.int64), (-1, 0))
     plans, _ = rank_share(1, tree, W=1, N=2, P=2, rank=0)
     partition(1, 2, 2, 2, (1, 1), 1)

@@ -30,8 +30,11 @@ WINDOW_SOURCE = sum(KINDS)
 
 
 class DraftSources:
-    """One sequence's draft sources. `tree()` builds the next step's verification tree;
-    `observe` feeds them a step's merged outcome (before the tokens join the text)."""
+    """One sequence's draft sources. `tree()` builds the next step's verification tree, or
+    `growth()` hands lp/decode/plan.py what it needs to grow it in the step's compiled plan
+    (`grew()` takes it back); `prepare()` does, while the device computes, what the step's
+    outcome does not decide; `observe()` merges the step's messages and feeds the outcome to
+    the sources, the committed tokens joining the text last."""
 
     def __init__(self, cfg: DecodeConfig, prompt_ids: list[int], vocab_size: int) -> None:
         W, N, G, budget = cfg.step_shape
@@ -40,13 +43,14 @@ class DraftSources:
             raise LPError(f"recycle={k} is more than the model's {vocab_size} tokens")
         self.cfg, self.N, self.G, self.budget = cfg, N, G, budget
         # every step keys at most a row per tree node and x0's
-        self.successors = SuccessorTable(k, vocab_size, cfg.max_new_tokens * (budget + 1) // 4) if k else None
+        self.successors = SuccessorTable(k, vocab_size, cfg.max_new_tokens * (budget + 1)) if k else None
         self.window = JacobiWindow(W, N, prompt_ids, cfg.seed) if W else None
         # the prompt's n-grams and text index: host work on the prompt's length, which the caller
         # times with the prefill (a GPU prefills meanwhile)
         self.pool = NGramPool(N, cfg.pool_capacity)
         self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
         self._grown: Grown | None = None  # the last step's growth, until its outcome is counted
+        self._prepared = False  # whether `prepare` made room for the next `observe`
         # `growth`'s settings, read once: the text drafts' length and count, the pool's order
         self._depth = cfg.max_draft
         self._text_args = (cfg.draft_len, cfg.text_drafts if cfg.drafts == "pool+text" else 0)
@@ -59,7 +63,7 @@ class DraftSources:
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
         self._keys: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
         self._pooled = G > 0 and self.pool.capacity > 0
-        self._from_text = self._pooled and cfg.pool_from_output
+        self._from_text = self._pooled and bool(cfg.pool_from_output)  # a bool: one compiled signature
         self.text = TextIndex(
             prompt_ids,
             indexed=cfg.drafts == "pool+text" and budget > 0,
@@ -112,6 +116,7 @@ class DraftSources:
         successor rows' pair keys are made (`_pair_keys`), and the text, the pool and the
         successor table make room for what the step may bring."""
         self.pool.flush()
+        self._prepared = True
         W = self.window.W if self.window is not None else 0
         self.text.reserve(self._most)
         if self._pooled:  # the window's n-grams and those ending in the committed tokens
@@ -133,25 +138,29 @@ class DraftSources:
         table the drafts used); the window's n-grams pooled, the committed tokens added to the
         text and (with `pool_from_output`) their n-grams pooled, as prompt lookup's free
         candidates; the window moved up a level."""
+        if not self._prepared:  # the compiled call writes into the room `prepare` made
+            raise LPError("DraftSources.observe needs a prepare() after the step's plan")
+        self._prepared = False
         grown, self._grown = self._grown, None
         tree = grown if grown is not None else _NOT_GROWN
         table, text, pool, window = self.successors, self.text, self.pool, self.window
-        if table is not None:
-            first, keys = self._keys
-            pairs, made_pairs = (table.table, table.pairs, table.index), table.n_pairs
-        else:
-            first, keys, pairs, made_pairs = -1, _NO_ROW, _NO_PAIRS, 0
-        hits = table.hits if table is not None else _NO_ROW
+        first, keys = self._keys
+        made_pairs = table.n_pairs if table is not None else 0
+        hits, *pairs = successor_arrays(table)
         rows = window.rows if window is not None else _NO_WINDOW
         ready = self._pooled and window is not None and window.ready
         best, new, stopped, ids, pair_rows = _observe_loop(
             gathered, bounds, self._start, self._k, remaining, eos, tree.tree.tokens, tree.parents, tree.labels,
             *self._rates, *pairs, made_pairs, hits, keys, first, text.seq, text.grams, text.head, text.table, text.n,
-            text.ids, text.longest, text.lone, pool.state, pool.queue, rows, ready, self._from_text,
+            text.n_ids, text.longest, text.lone, pool.state, pool.queue, rows, ready, self._from_text,
         )  # fmt: skip
         if best == -2:
             raise LPError(
                 f"ranks diverged: output lengths {gathered[:, 3].tolist()}, checksums {gathered[:, 4].tolist()}"
+            )
+        if best == -3:
+            raise LPError(
+                f"a message accepts more than the step's {self._most - 1} draft tokens: {gathered[:, 2].tolist()}"
             )
         text.appended(len(new), ids)
         if table is not None:
@@ -271,6 +280,8 @@ def _compile(digest: str):
         if best == -2:
             return best, gathered[0, :0], False, made, n_pairs
         accepted = gathered[best, 2] if best >= 0 else 0
+        if accepted >= start - HEADER:  # the path's slots hold max_commit tokens
+            return -3, gathered[0, :0], False, made, n_pairs
         path = gathered[best, HEADER : HEADER + accepted + 1] if best >= 0 else gathered[0, :1]
         cut, stopped = min(len(path), remaining), False
         for i in range(cut):
@@ -316,7 +327,6 @@ def _compile(digest: str):
 
 _observe_loop = _compile(sources_digest(draft_loops, loops, message))
 _NOT_GROWN = Grown(DraftTree(_NO_ROW, ()), _NO_ROW, _NO_ROW, _NO_ROW)
-_NO_PAIRS = (np.full((1, 1), -1, np.int32), np.zeros((1, 1), np.int32), np.full((1, 2), -1, np.int64))
 _NO_WINDOW = np.zeros((1, 0), np.int64)
 
 

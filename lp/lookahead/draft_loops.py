@@ -370,14 +370,6 @@ def _pool_drafts(table, rows, rings, key, frequent, skip, after, tokens, starts,
 
 
 @njit(cache=True)
-def _queue_gram(queue: np.ndarray, q: int, flat: np.ndarray, at: int) -> int:
-    """Queue the n-gram `flat[at : at + n]` as column q; the columns after."""
-    for t in range(queue.shape[0]):
-        queue[t, q] = flat[at + t]
-    return q + 1
-
-
-@njit(cache=True)
 def feed_step(
     seq, grams, head, table, n, made, new, longest, lone, state, queue, window, level, from_window, from_text
 ):

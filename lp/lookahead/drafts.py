@@ -45,7 +45,7 @@ class TextIndex:
         self.head = np.zeros(0, np.int64)
         self.table = np.full((256, 4), -1, np.int64)
         self.n = 0
-        self.ids = 0  # L-gram ids made
+        self.n_ids = 0  # L-gram ids made (the next id)
         if room:
             self._grow(room)
             self._fit(0, room)
@@ -60,23 +60,23 @@ class TextIndex:
         """Append committed tokens."""
         new = np.asarray(tokens, dtype=np.int64)
         self.reserve(len(new))
-        self.ids = index_tokens(
-            self.seq, self.grams, self.head, self.table, self.n, self.ids, new, self.longest, self.lone
+        self.n_ids = index_tokens(
+            self.seq, self.grams, self.head, self.table, self.n, self.n_ids, new, self.longest, self.lone
         )
         self.n += len(new)
 
-    def appended(self, tokens: int, ids: int) -> None:
+    def appended(self, tokens: int, n_ids: int) -> None:
         """`tokens` more tokens were appended and indexed in place (`index_tokens`, by the caller's
-        compiled loop, after `reserve`), the ids made now `ids`."""
+        compiled loop, after `reserve`), the L-gram ids made now `n_ids`."""
         self.n += tokens
-        self.ids = ids
+        self.n_ids = n_ids
 
     def reserve(self, tokens: int) -> None:
         """Room for `tokens` more tokens and their ids."""
         need = self.n + tokens
         if need > len(self.seq):
             self._grow(2 * need)
-        self._fit(self.ids, tokens)
+        self._fit(self.n_ids, tokens)
 
     def _fit(self, ids: int, tokens: int) -> None:
         """Room in the ids' hash table for the ids of `tokens` more tokens after `ids` ids."""

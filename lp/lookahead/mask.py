@@ -1,5 +1,5 @@
 """One step's layout: which tokens a rank feeds, at which positions, under which mask, and
-which rows need logits. Pure in its shape, so it is built once per shape and cached.
+which rows need logits. Pure in its shape: a worker keeps one device copy per shape.
 
 A step's input is, in order: the m pending tokens (committed to the output but not yet to the
 KV cache; the last one is x0 at position t), the row-0 prefix rows[0, 1..J-1] that this rank's
@@ -82,7 +82,7 @@ class StepLayout:
     @property
     def node_tokens(self) -> slice:
         """Input positions of the tree nodes (they come last)."""
-        return slice(self.size - len(self.tree), self.size)
+        return slice(self.size - len(self.parents), self.size)
 
 
 @lru_cache(maxsize=4096)
@@ -91,27 +91,17 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
     contiguous range inside 0..W-1) and a verification tree given by its parent pointers
     (`DraftTree.parents`: -1 is x0, parents precede children), or an int G: G unshared
     n-grams of N-1 tokens, the classic branch. Cached: tools and tests lay out a few shapes
-    many times (a decode lays out its rank's share with `share_layout`)."""
+    many times (a decode lays out its rank's share in lp/decode/plan.py's compiled plan)."""
     if isinstance(tree, int):
         if tree < 0:
             raise ValueError(f"bad step shape: {tree} candidates")
         return step_layout(m, W, N, columns, chain_parents(tree, N - 1))
     parents = np.fromiter(tree, dtype=np.int64, count=len(tree))
-    return share_layout(m, W, N, columns, parents, range(len(tree)))
-
-
-def share_layout(m: int, W: int, N: int, columns: range, parents: np.ndarray, nodes: range) -> StepLayout:
-    """The layout of a rank's share of a step: `m` pending tokens, window `columns` (a
-    contiguous range inside 0..W-1) and the nodes `nodes` of a tree of int64 `parents` (-1:
-    x0, parents precede children), which must be whole root subtrees (lp/partition.py), as a
-    tree of their own. One compiled call: a decode lays out a new share after most message
-    reads."""
-    shape_ok = 0 <= columns.start <= columns.stop <= W and 0 <= nodes.start <= nodes.stop <= len(parents)
-    if m < 1 or N < 2 or not shape_ok:
-        raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns} nodes={nodes} of {len(parents)}")
+    if m < 1 or N < 2 or not 0 <= columns.start <= columns.stop <= W:
+        raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns}")
     prefix = columns[-1] if len(columns) else 0  # the row-0 tokens rows[0, 1..prefix]
-    arrays = lay_out(m, W, N, columns.start, columns.stop, prefix, parents, nodes.start, nodes.stop)
-    return layout_of(m, W, N, columns, parents, nodes, *arrays)
+    arrays = lay_out(m, W, N, columns.start, columns.stop, prefix, parents, 0, len(parents))
+    return layout_of(m, W, N, columns, parents, range(len(parents)), *arrays)
 
 
 def layout_of(
@@ -128,7 +118,8 @@ def layout_of(
     mask: np.ndarray,
     rows: np.ndarray,
 ) -> StepLayout:
-    """`lay_out`'s answer for `share_layout`'s step as a StepLayout (a ValueError where a node's
+    """`lay_out`'s answer for a step of `m` pending tokens, window `columns` and the nodes `nodes`
+    of a tree of `parents` as a StepLayout (a ValueError where a node's
     parent is neither x0 nor an earlier one of `nodes`)."""
     if bad >= 0:
         a, p = nodes.start, int(parents[nodes.start + bad])
@@ -142,7 +133,7 @@ def layout_of(
 def lay_out(
     m: int, W: int, N: int, start: int, stop: int, prefix: int, tree: np.ndarray, a: int, b: int
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`share_layout`'s arrays for nodes a..b-1 of a tree of parents `tree`: the first of them
+    """The layout's arrays (`layout_of`) for nodes a..b-1 of a tree of parents `tree`: the first of them
     whose parent is neither -1 nor an earlier one of them (-1: none); their parents as a tree
     of their own; gather, depth, `[T, T]` mask and logit rows of a step with m pending tokens,
     window columns start..stop-1 (and the row-0 prefix rows[0, 1..prefix]), then those nodes.
@@ -189,10 +180,10 @@ def lay_out(
         if p != -1 and not 0 <= p < i:
             return i, parents, gather, depth, mask, rows
         depth[q] = 1 if p < 0 else depth[first + p] + 1
-        a = i
-        while a >= 0:  # up the parents, which precede their children: depth steps
-            mask[q, first + a] = True
-            a = parents[a]
+        up = i
+        while up >= 0:  # up the parents, which precede their children: depth steps
+            mask[q, first + up] = True
+            up = parents[up]
         gather[q] = m + (N - 1) * W + i
         rows[1 + nc + i] = q
     return -1, parents, gather, depth, mask, rows

@@ -55,7 +55,8 @@ class NGramPool:
         if k < 1 or not self.capacity:
             return
         self.reserve(k)
-        pool_queue(self.table, self.rings, self.state, self.queue, flat, stride, k)
+        if not pool_queue(self.table, self.rings, self.state, self.queue, flat, stride, k):
+            raise RuntimeError("the pool's queue has no room after its reserve")
 
     def reserve(self, k: int) -> None:
         """Room for k more queued n-grams and for a block each (the table at most half full):
