@@ -157,6 +157,8 @@ class Worker:
     def upload(self, ids: np.ndarray) -> torch.Tensor:
         """A step's token ids on the device."""
         host = torch.from_numpy(ids)
+        if self.device.type == "cpu":  # used where it lies (a step's ids are its own array)
+            return host
         if self._staging is None:
             return host.to(self.device)
         self._staged.synchronize()  # done long ago in practice: the last step was read since

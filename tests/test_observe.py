@@ -1,8 +1,9 @@
 """A step's host work after its message is read, compiled (the plan: lp/decode/plan.py
-`plan_next`; the merge and the sources' update: lp/decode/policy.py `DraftSources.observe`),
-against the plain reference (tests/reference_observe.py, `DraftSources.tree`, `plan_step`):
-random configurations and messages, two twin sources fed alike, every step's tree, plans, layout
-and ids, committed tokens and the sources' state equal."""
+`plan_next`; the merge and the sources' update: lp/decode/policy.py `DraftSources.observe`; both
+in one call: `observe_next`), against the plain reference (tests/reference_observe.py,
+`DraftSources.tree`, `plan_step`) and against each other: random configurations and messages, two
+twin sources fed alike, every step's tree, plans, layout and ids, committed tokens and the
+sources' state equal."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from lp.config import DecodeConfig
-from lp.decode.plan import StepPlan, plan_next, plan_step
+from lp.decode.plan import StepPlan, observe_next, plan_next, plan_step
 from lp.decode.policy import DraftSources
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow
@@ -105,6 +106,48 @@ def test_compiled_steps_equal_the_reference(seed):
         assert got == reference_observe.observe(plain, gathered, want.plans, remaining, eos)
         same_sources(fused, plain)
         pending, length = got[0], length + len(got[0])
+
+
+def same_step(a: StepPlan, b: StepPlan) -> None:
+    assert a.tree.tokens.tolist() == b.tree.tokens.tolist() and a.tree.parents == b.tree.parents
+    assert a.plans == b.plans and a.layout.key == b.layout.key and np.array_equal(a.bounds, b.bounds)
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.layout.mask, b.layout.mask)
+    assert np.array_equal(a.layout.logit_rows, b.layout.logit_rows) and np.array_equal(a.layout.depth, b.layout.depth)
+    # a CPU worker's tensors share these arrays' memory
+    arrays = (a.ids, a.layout.mask, a.layout.depth, a.layout.logit_rows, a.layout.parents, a.tree.parent_array)
+    assert all(x.flags.writeable for x in arrays)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_observe_and_plan_in_one_call_equal_the_two_calls(seed):
+    """`observe_next` (the outcome fed and the next step planned in one compiled call where the
+    sources grow their tree there, else the two calls) against `observe`, then `plan_next`: the same
+    tokens, end, sources and next step, and no step where the decode ends."""
+    rng = np.random.default_rng(1000 + seed)
+    cfg, vocab = random_config(rng), int(rng.integers(4, 16))
+    prompt = rng.integers(0, vocab, int(rng.integers(1, 30))).tolist()
+    one, two = DraftSources(cfg, prompt, vocab), DraftSources(cfg, prompt, vocab)
+    eos_ids = np.array([int(rng.integers(vocab))] if rng.integers(3) else [], dtype=np.int64)
+    W, N, _, _ = cfg.step_shape
+    step = want = plan_next([prompt[-1]], one, W=W, N=N, P=1, rank=0)
+    same_step(step, plan_next([prompt[-1]], two, W=W, N=N, P=1, rank=0))
+    length, fused = 0, 0
+    for _ in range(25):
+        one.prepare()
+        two.prepare()
+        fused += one.next_growth is not None
+        gathered = message(rng, cfg, want, vocab, (length, 7))
+        remaining = int(rng.integers(1, 8))
+        tokens, stopped, step = observe_next(gathered, want.bounds, remaining, eos_ids, one, W=W, N=N, P=1, rank=0)
+        assert (tokens, stopped) == two.observe(gathered, want.bounds, remaining, eos_ids)
+        same_sources(one, two)
+        assert (step is None) == (stopped or len(tokens) >= remaining)
+        if step is None:  # go on as the next decode of these sources would
+            step = plan_next(tokens, one, W=W, N=N, P=1, rank=0)
+        want = plan_next(tokens, two, W=W, N=N, P=1, rank=0)
+        same_step(step, want)
+        length += len(tokens)
+    assert fused or not (cfg.tree and cfg.step_shape[3] and cfg.step_limit is None)
 
 
 @pytest.mark.parametrize("P", [2, 3, 5])

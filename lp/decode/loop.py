@@ -13,7 +13,7 @@ import torch
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode import plan, policy
-from lp.decode.plan import StepPlan, largest_step, plan_next, plan_step
+from lp.decode.plan import StepPlan, largest_step, observe_next, plan_next, plan_step
 from lp.decode.policy import DraftSources
 from lp.decode.record import Generation, collector_paused
 from lp.decode.state import DecodeState, decide, fingerprint, message
@@ -144,10 +144,10 @@ class Decoder:
     ) -> None:
         """Lookahead decoding (and plain decoding, its W = G = 0 case) until `max_new_tokens` or an EOS."""
         W, N, _, budget = cfg.step_shape
-        k, rows, P = cfg.successors_sent, successor_rows(W, budget), self.comm.world_size
-        while len(state.output) < cfg.max_new_tokens and not state.stopped:
-            # plan: drafts -> tree -> this rank's ids and layout
-            step = plan_next(state.pending, sources, W=W, N=N, P=P, rank=self.comm.rank)
+        k, rows, P, rank = cfg.successors_sent, successor_rows(W, budget), self.comm.world_size, self.comm.rank
+        # plan: drafts -> tree -> this rank's ids and layout (later steps: planned with the last one's observe)
+        step: StepPlan | None = plan_next(state.pending, sources, W=W, N=N, P=P, rank=rank)
+        while step is not None:
             observe.planned(step, state.length - 1)
             # a new layout goes to the device once, before the forward is queued (which waits for it)
             on_device = self.worker.on_device(step.layout)
@@ -178,10 +178,12 @@ class Decoder:
             gathered = self.comm.all_gather(mine).cpu().numpy()
             observe.message_read()
 
-            # merge and advance: draft sources, state
-            tokens, stopped = sources.observe(gathered, step.bounds, cfg.max_new_tokens - len(state.output), self._eos)
-            state.advance(tokens, step.layout.size)
-            state.stopped = stopped
+            # merge and advance: draft sources, state; the next step's plan, unless the decode ends
+            fed, remaining = step.layout.size, cfg.max_new_tokens - len(state.output)
+            tokens, state.stopped, step = observe_next(
+                gathered, step.bounds, remaining, self._eos, sources, W=W, N=N, P=P, rank=rank
+            )
+            state.advance(tokens, fed)
 
     def _decode_ahead(self, state: DecodeState, cfg: DecodeConfig, observe: StepObserver) -> None:
         """Greedy `mode=ar` with the device one step ahead of the host: a step's input is the

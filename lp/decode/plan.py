@@ -2,21 +2,27 @@
 ranks (lp.partition) and this rank's share laid out as one forward (lp.lookahead.mask), with
 its input ids. Pure host work, the same on every rank.
 
-Most of a decode's steps plan right after a message read, while the device waits: the drafts,
-the growth, the partition, the layout and the ids are one compiled call there (`_plan_loop`),
+Most of a decode's steps plan right after a message read, while the device waits: there the
+step's merge and the sources' update (lp/decode/policy.py `observe_body`), then the next step's
+drafts, growth, partition, layout and ids (`plan_body`) are one compiled call (`observe_next`),
 each the loop of its own module, since a call and its Python glue cost microseconds each, on
-an instruction cache that the step's other work has just evicted (its cache key: lp/compiled.py)."""
+an instruction cache that the step's other work has just evicted (its cache key: lp/compiled.py).
+A decode's first step, and the steps of sources that grow no tree in that call, plan in a call
+of their own (`plan_next`, `plan_step`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
+from lp import message
 from lp import partition as partition_loops
 from lp.compiled import sources_digest
 from lp.config import DecodeConfig
+from lp.decode import policy
+from lp.decode.policy import DraftSources, observe_body
 from lp.lookahead import JacobiWindow, draft_loops, loops, mask
 from lp.lookahead.draft_loops import step_chains
 from lp.lookahead.grow import Grown, grown_of
@@ -26,26 +32,30 @@ from lp.lookahead.tree import DraftTree
 from lp.message import merge, message_size
 from lp.partition import RankPlan, partition, plans_of, search
 
-if TYPE_CHECKING:  # annotations only: the policy's module imports the tree's and the message's
-    from lp.decode.policy import DraftSources
-
 
 class StepPlan(NamedTuple):
     """One rank's share of a step, all host-side: its input ids (in `layout`'s order) and layout,
-    every rank's plan, and the step's whole tree (this rank's nodes: `plan.candidates`). (A
-    named tuple: made after every message read, where a frozen dataclass costs several times
-    more to make.)"""
+    the step's whole tree (this rank's nodes: `plan.candidates`) and every rank's share as a row
+    of `bounds` (`plans`). (A named tuple, its plans made when read: it is made after every
+    message read, where a frozen dataclass costs several times more to make, and the plans are
+    read after the forward is queued.)"""
 
     ids: np.ndarray
     layout: StepLayout
-    plans: tuple[RankPlan, ...]
     rank: int
     tree: DraftTree
-    bounds: np.ndarray  # `plans` as rows (first column, column stop, first candidate, candidate stop)
+    bounds: np.ndarray  # each rank's share: (first column, column stop, first candidate, candidate stop)
+
+    @property
+    def plans(self) -> tuple[RankPlan, ...]:
+        """Every rank's plan."""
+        return plans_of(self.bounds)
 
     @property
     def plan(self) -> RankPlan:
-        return self.plans[self.rank]
+        """This rank's plan."""
+        a, b, c, d = self.bounds[self.rank].tolist()
+        return RankPlan(range(a, b), range(c, d))
 
 
 def largest_step(cfg: DecodeConfig) -> int:
@@ -101,90 +111,149 @@ def _plan(
     """`_plan_loop` on `growth` (or `_GIVEN`, and the `given` tree's `arrays`: tokens, parents,
     groups) and its answer as a StepPlan, with the growth (None where the tree was given)."""
     fed = np.asarray(pending, dtype=np.int64)
-    m = len(fed)
-    if m < 1 or N < 2 or not 0 <= rank < P:
-        raise ValueError(f"bad step shape m={m} N={N} P={P} rank={rank}")
+    if len(fed) < 1 or N < 2 or not 0 <= rank < P:
+        raise ValueError(f"bad step shape m={len(fed)} N={N} P={P} rank={rank}")
     rows = window.rows if window is not None else np.zeros((N - 1, W), dtype=np.int64)  # ids read its shape
     if rows.shape != (N - 1, W):
         raise ValueError(f"the window's rows are {rows.shape}, not (N - 1, W) = {(N - 1, W)}")
-    tokens, parents, labels, order, groups, bounds, *layout, ids = _plan_loop(
-        *growth, rows, *arrays, fed, W, N, P, rank
-    )
+    return _step_of(_plan_loop(*growth, rows, *arrays, fed, W, N, P, rank), len(fed), W, N, P, rank, given)
+
+
+def _step_of(
+    planned: tuple, m: int, W: int, N: int, P: int, rank: int, given: DraftTree | None = None
+) -> tuple[StepPlan, Grown | None]:
+    """`plan_body`'s answer `planned` for a step of `m` pending tokens as a StepPlan, with the
+    growth (None where the tree was `given`)."""
+    tokens, parents, labels, order, groups, bounds, *layout, ids = planned
     if not len(bounds):
         raise ValueError(f"bad partition request W={W} N={N} G={len(tokens)} P={P} groups={tuple(groups.tolist())}")
     grown = grown_of(tokens, parents, labels, order, groups) if given is None else None
-    plans = (RankPlan(range(W), range(len(tokens))),) if P == 1 else plans_of(bounds)
-    plan = plans[rank]
-    layout_ = layout_of(m, W, N, plan.columns, parents, plan.candidates, *layout)
-    return StepPlan(ids, layout_, plans, rank, given if grown is None else grown.tree, bounds), grown
+    a, b, c, d = bounds[rank].tolist()
+    layout_ = layout_of(m, W, N, range(a, b), parents, range(c, d), *layout)
+    return StepPlan(ids, layout_, rank, given if grown is None else grown.tree, bounds), grown
+
+
+def observe_next(
+    gathered: np.ndarray,
+    bounds: np.ndarray,
+    remaining: int,
+    eos: np.ndarray,
+    sources: DraftSources,
+    *,
+    W: int,
+    N: int,
+    P: int,
+    rank: int,
+) -> tuple[list[int], bool, StepPlan | None]:
+    """A step's outcome fed to `sources` (`DraftSources.observe`, after `prepare`: the committed
+    tokens and whether an EOS ended them) and the next step's plan (`plan_next`; None where the
+    decode ends: at an EOS or `remaining` tokens), in one compiled call where the sources grow
+    the tree in it (`DraftSources.next_growth`), else in two."""
+    growth = sources.next_growth
+    if growth is None:
+        tokens, stopped = sources.observe(gathered, bounds, remaining, eos)
+        if stopped or len(tokens) >= remaining:
+            return tokens, stopped, None
+        return tokens, stopped, plan_next(tokens, sources, W=W, N=N, P=P, rank=rank)
+    best, new, stopped, ids, pair_rows, planned, plan = _observe_plan_loop(
+        gathered, bounds, remaining, eos, *sources.take(), *growth, W, N, P, rank
+    )
+    tokens = sources.observed(gathered, best, new, ids, pair_rows)
+    if not planned:
+        return tokens, stopped, None
+    step, grown = _step_of(plan, len(tokens), W, N, P, rank)
+    sources.grew(grown)
+    return tokens, stopped, step
+
+
+@njit
+def plan_body(
+    grow, budget, depth, seq, n, grams, head, longest, lone, length, count,
+    ptable, prows, prings, pstate, pqueue, context, frequent, ranks, row_len, row_source,
+    chances, hits, table, pairs, index, window, tokens, parents, groups, pending, W, N, P, rank,
+):  # fmt: skip
+    """A step's plan: with `grow`, its tree of at most `budget` nodes grown from the drafts
+    (`step_chains` over the text's, the pool's and the window's row 0, guesses 1..`row_len`)
+    and the successor rows (`grow_tree`), below x0 = `seq[n - 1]` (the token before it:
+    `seq[n - 2]`); else the given `tokens`, `parents` and root `groups`. Then the ranks'
+    shares (`search`; one rank: the whole step), rank `rank`'s layout (`lay_out`) and its
+    ids (`gather_ids`). The tree's arrays (labels and order: grown only), the shares (none
+    where the groups cannot be split), the layout's arrays and the ids. Not cached itself: the
+    cached calls that run it are keyed by its sources (lp/compiled.py)."""
+    labels, order = np.empty(0, np.int64), np.empty(0, np.int64)
+    if grow:
+        row = window[0, 1 : 1 + row_len]
+        flat, starts, sources = step_chains(
+            seq, n, grams, head, longest, lone, length, count,
+            ptable, prows, prings, pstate, pqueue, context, frequent, ranks, row, row_source,
+        )  # fmt: skip
+        before = seq[n - 2] if n > 1 else -1
+        tokens, parents, labels, order, groups = grow_tree(
+            budget, seq[n - 1], before, depth, flat, starts, sources, chances, hits, table, pairs, index
+        )
+    size = len(tokens)
+    if P == 1:
+        bounds = np.empty((1, 4), np.int64)
+        bounds[0, 0], bounds[0, 1], bounds[0, 2], bounds[0, 3] = 0, W, 0, size
+    else:
+        bounds = search(W, N, groups, P, 1, size)
+        if not len(bounds):
+            none = np.zeros((0, 0), np.bool_)
+            return tokens, parents, labels, order, groups, bounds, -1, parents, pending, pending, none, pending, pending
+    a, b, c, d = bounds[rank, 0], bounds[rank, 1], bounds[rank, 2], bounds[rank, 3]
+    bad, mine, gather, depth_of, mask_of, rows = lay_out(len(pending), W, N, a, b, b - 1 if b > a else 0, parents, c, d)
+    ids = gather_ids(gather, pending, window, tokens, c) if bad < 0 else pending
+    return tokens, parents, labels, order, groups, bounds, bad, mine, gather, depth_of, mask_of, rows, ids
 
 
 def _compile(digest: str):
-    """`_plan_loop`, keyed in numba's cache by `digest` too (lp/compiled.py)."""
+    """`_plan_loop` and `_observe_plan_loop`, keyed in numba's cache by `digest` too
+    (lp/compiled.py)."""
 
     @njit(cache=True)
-    def plan_loop(
-        grow, budget, depth, seq, n, grams, head, longest, lone, length, count,
-        ptable, prows, prings, pstate, pqueue, context, frequent, ranks, row_len, row_source,
-        chances, hits, table, pairs, index, window, tokens, parents, groups, pending, W, N, P, rank,
-    ):  # fmt: skip
-        """A step's plan: with `grow`, its tree of at most `budget` nodes grown from the drafts
-        (`step_chains` over the text's, the pool's and the window's row 0, guesses 1..`row_len`)
-        and the successor rows (`grow_tree`), below x0 = `seq[n - 1]` (the token before it:
-        `seq[n - 2]`); else the given `tokens`, `parents` and root `groups`. Then the ranks'
-        shares (`search`; one rank: the whole step), rank `rank`'s layout (`lay_out`) and its
-        ids (`gather_ids`). The tree's arrays (labels and order: grown only), the shares (none
-        where the groups cannot be split), the layout's arrays and the ids."""
+    def plan_loop(*args):
+        """`plan_body` on its arguments."""
         if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
             raise ValueError("no digest of the loops' sources")
-        labels, order = np.empty(0, np.int64), np.empty(0, np.int64)
-        if grow:
-            row = window[0, 1 : 1 + row_len]
-            flat, starts, sources = step_chains(
-                seq, n, grams, head, longest, lone, length, count,
-                ptable, prows, prings, pstate, pqueue, context, frequent, ranks, row, row_source,
-            )  # fmt: skip
-            before = seq[n - 2] if n > 1 else -1
-            tokens, parents, labels, order, groups = grow_tree(
-                budget, seq[n - 1], before, depth, flat, starts, sources, chances, hits, table, pairs, index
-            )
-        size = len(tokens)
-        if P == 1:
-            bounds = np.empty((1, 4), np.int64)
-            bounds[0, 0], bounds[0, 1], bounds[0, 2], bounds[0, 3] = 0, W, 0, size
-        else:
-            bounds = search(W, N, groups, P, 1, size)
-            if not len(bounds):
-                none = np.zeros((0, 0), np.bool_)
-                return (
-                    tokens,
-                    parents,
-                    labels,
-                    order,
-                    groups,
-                    bounds,
-                    -1,
-                    parents,
-                    pending,
-                    pending,
-                    none,
-                    pending,
-                    pending,
-                )
-        a, b, c, d = bounds[rank, 0], bounds[rank, 1], bounds[rank, 2], bounds[rank, 3]
-        bad, mine, gather, depth_of, mask_of, rows = lay_out(
-            len(pending), W, N, a, b, b - 1 if b > a else 0, parents, c, d
-        )
-        ids = gather_ids(gather, pending, window, tokens, c) if bad < 0 else pending
-        return tokens, parents, labels, order, groups, bounds, bad, mine, gather, depth_of, mask_of, rows, ids
+        return plan_body(*args)
 
-    return plan_loop
+    @njit(cache=True)
+    def observe_plan_loop(
+        gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered, chances,
+        table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
+        state, queue, window, from_window, from_text,
+        budget, depth, length, count, ptable, prows, prings, context, frequent, ranks, row_len, row_source, rates,
+        W, N, P, rank,
+    ):  # fmt: skip
+        """`observe_body` (lp/decode/policy.py) on its arguments (the messages to `from_text`),
+        then, unless the step ended the decode, `plan_body` on the next step's growth (`budget`
+        to `rates`, the chances by source and position; the other arrays the observe's), the
+        committed tokens pending: the observe's answer, whether it planned, the plan's."""
+        if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
+            raise ValueError("no digest of the loops' sources")
+        best, new, stopped, made, n_pairs = observe_body(
+            gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered, chances,
+            table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
+            state, queue, window, from_window, from_text,
+        )  # fmt: skip
+        e = np.empty(0, np.int64)  # not a global's: numba types those read-only, and so the arrays they meet
+        if best < -1 or stopped or len(new) >= remaining:
+            none = (e, e, e, e, e, np.empty((0, 4), np.int64), -1, e, e, e, np.zeros((0, 0), np.bool_), e, e)
+            return best, new, stopped, made, n_pairs, False, none
+        plan = plan_body(
+            True, budget, depth, seq, n + len(new), grams, head, longest, lone, length, count,
+            ptable, prows, prings, state, queue, context, frequent, ranks, row_len, row_source,
+            rates, hits, table, pairs, index, window, e, e, e, new, W, N, P, rank,
+        )  # fmt: skip
+        return best, new, stopped, made, n_pairs, True, plan
 
+    return plan_loop, observe_plan_loop
 
-_plan_loop = _compile(sources_digest(draft_loops, loops, mask, partition_loops))
 
 # a plan of a given tree: no growth (the growth's arguments of no sources)
 _NONE, _NO_ROWS = np.zeros(0, dtype=np.int64), np.zeros((1, 1), dtype=np.int32)
+_plan_loop, _observe_plan_loop = _compile(sources_digest(draft_loops, loops, mask, partition_loops, message, policy))
+
 _GIVEN = (
     False, 0, 1, _NONE, 0, np.zeros((0, 1, 2), np.int64), _NONE, 0, False, 0, 0, np.zeros((0, 2), np.int64),
     np.zeros((0, 1, 2), np.int64), np.zeros((0, 3), np.int64), _NONE, np.zeros((2, 0), np.int64), False, False,
@@ -196,8 +265,9 @@ _NO_TREE = (_NONE, _NONE, _NONE)  # grown: no given tree
 def compile_kernels() -> None:
     """Compile the step's numba kernels (the plan of a given tree, the partitioner's search, the
     merge), or load them from numba's cache, on a two-rank step of a two-node tree: before a
-    decode's clock starts rather than in its first step (seconds on a fresh install, about 0.3 s
-    from the cache, once per process). The plan of a grown tree: lp/decode/policy.py's."""
+    decode's clock starts rather than in its first step (seconds on a fresh install, a fraction
+    of a second from the cache, once per process). The plan of a grown tree, and the observe
+    with the next step's plan: lp/decode/policy.py's."""
     tree = DraftTree(np.zeros(2, dtype=np.int64), (-1, 0))
     plans, _ = rank_share(1, tree, W=1, N=2, P=2, rank=0)
     partition(1, 2, 2, 2, (1, 1), 1)

@@ -33,8 +33,12 @@ class DraftSources:
     """One sequence's draft sources. `tree()` builds the next step's verification tree, or
     `growth()` hands lp/decode/plan.py what it needs to grow it in the step's compiled plan
     (`grew()` takes it back); `prepare()` does, while the device computes, what the step's
-    outcome does not decide; `observe()` merges the step's messages and feeds the outcome to
-    the sources, the committed tokens joining the text last."""
+    outcome does not decide, the compiled calls' arguments among it; `observe()` merges the
+    step's messages and feeds the outcome to the sources, the committed tokens joining the text
+    last. lp/decode/plan.py's `observe_next` does the same and plans the next step in one
+    compiled call, from `take()`'s arguments and `next_growth`, finishing with `observed()`.
+    The text's, the pool's and the successor table's arrays are replaced only in `__init__` and
+    `prepare()` (room made), which take them for the calls afresh."""
 
     def __init__(self, cfg: DecodeConfig, prompt_ids: list[int], vocab_size: int) -> None:
         W, N, G, budget = cfg.step_shape
@@ -50,7 +54,8 @@ class DraftSources:
         self.pool = NGramPool(N, cfg.pool_capacity)
         self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
         self._grown: Grown | None = None  # the last step's growth, until its outcome is counted
-        self._prepared = False  # whether `prepare` made room for the next `observe`
+        self._observing: tuple | None = None  # `observe`'s arguments, which `prepare` makes
+        self.next_growth: tuple | None = None  # the next step's growth's, with them (`prepare`)
         # `growth`'s settings, read once: the text drafts' length and count, the pool's order
         self._depth = cfg.max_draft
         self._text_args = (cfg.draft_len, cfg.text_drafts if cfg.drafts == "pool+text" else 0)
@@ -73,6 +78,8 @@ class DraftSources:
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
             self.pool.flush()
+        self._limited = cfg.step_limit is not None  # whether a step's tree budget depends on its pending tokens
+        self._arrays()
 
     def tree(self, pending: int) -> DraftTree:
         """The next step's verification tree (`step_tree`), for a step that re-feeds `pending`
@@ -95,16 +102,24 @@ class DraftSources:
         drafts' settings, the pool's arrays and settings, the window's row-0 guesses taken, their
         source, the chances, the successor table's arrays). None where `tree(pending)` grows none
         (`cfg.tree` false, or no budget left)."""
-        budget = self.cfg.tree_budget(pending)
+        budget = self.cfg.tree_budget(pending) if self._limited else self.budget
         if not (budget and self.cfg.tree):
             return None
-        text, pool, window = self.text, self.pool, self.window
+        window = self.window
         row = self._depth if window is not None and window.ready and window.W > 1 else 0
-        return (
-            True, budget, self._depth, text.seq, text.n, text.grams, text.head, text.longest, text.lone,
-            *self._text_args, pool.table, pool.rows, pool.rings, pool.state, pool.queue, *self._pool_args,
-            _RANKS, row, WINDOW_SOURCE, self.rates.chances, *successor_arrays(self.successors),
+        # the arrays as `_arrays` took them (the step's outcome writes into them, and only the
+        # text's length changes), so that little Python runs between the read and the plan
+        return (True, budget, self._depth, self.text.seq, self.text.n, *self._drafting, row, *self._recycling)
+
+    def _arrays(self) -> None:
+        """Take the sources' arrays for `growth`, after whatever replaced some (the pool's flush,
+        the room made for a step)."""
+        text, pool = self.text, self.pool
+        self._drafting = (
+            text.grams, text.head, text.longest, text.lone, *self._text_args, pool.table, pool.rows, pool.rings,
+            pool.state, pool.queue, *self._pool_args, _RANKS,
         )  # fmt: skip
+        self._recycling = (WINDOW_SOURCE, self.rates.chances, *successor_arrays(self.successors))
 
     def grew(self, grown: Grown) -> None:
         """The next step's tree, grown from `growth`'s arguments (as `tree` keeps its own)."""
@@ -113,17 +128,38 @@ class DraftSources:
     def prepare(self) -> None:
         """The part of `observe` that needs no outcome, done while the device computes the step's
         forward (lp/decode/loop.py: before the all-gather): the pool's queued n-grams land, the
-        successor rows' pair keys are made (`_pair_keys`), and the text, the pool and the
-        successor table make room for what the step may bring."""
+        successor rows' pair keys are made (`_pair_keys`), the text, the pool and the successor
+        table make room for what the step may bring, and the compiled call's arguments but the
+        messages are gathered (`observe`'s, and the arrays of the next `growth`)."""
         self.pool.flush()
-        self._prepared = True
-        W = self.window.W if self.window is not None else 0
-        self.text.reserve(self._most)
+        window, table, text, pool = self.window, self.successors, self.text, self.pool
+        W = window.W if window is not None else 0
+        text.reserve(self._most)
         if self._pooled:  # the window's n-grams and those ending in the committed tokens
-            self.pool.reserve(W + self._most)
-        if self.successors is not None:
+            pool.reserve(W + self._most)
+        if table is not None:
             self._keys = self._pair_keys()
-            self.successors.reserve(1 + W + self._drafted.size)  # x0's row, the columns', the nodes'
+            table.reserve(1 + W + self._drafted.size)  # x0's row, the columns', the nodes'
+        self._arrays()
+        tree = self._grown if self._grown is not None else _NOT_GROWN
+        first, keys = self._keys
+        hits, *pairs = successor_arrays(table)
+        self._observing = (
+            self._start, self._k, tree.tree.tokens, tree.parents, tree.labels, *self._rates, *pairs,
+            table.n_pairs if table is not None else 0, hits, keys, first, text.seq, text.grams, text.head,
+            text.table, text.n, text.n_ids, text.longest, text.lone, pool.state, pool.queue,
+            window.rows if window is not None else _NO_WINDOW, self._pooled and window is not None and window.ready,
+            self._from_text,
+        )  # fmt: skip
+        # the next step's growth where the observe's compiled call can grow it (lp/decode/plan.py
+        # `observe_next`): its budget fixed, the window ready once the call moves it up a level
+        self.next_growth = None
+        if self.cfg.tree and self.budget and not self._limited:
+            ready = window is not None and window.W > 1 and window.updates + 1 >= window.N - 2  # `window.ready` then
+            self.next_growth = (
+                self.budget, self._depth, *self._text_args, pool.table, pool.rows, pool.rings, *self._pool_args,
+                _RANKS, self._depth if ready else 0, WINDOW_SOURCE, self.rates.chances,
+            )  # fmt: skip
 
     def observe(
         self, gathered: np.ndarray, bounds: np.ndarray, remaining: int, eos: np.ndarray
@@ -138,22 +174,21 @@ class DraftSources:
         table the drafts used); the window's n-grams pooled, the committed tokens added to the
         text and (with `pool_from_output`) their n-grams pooled, as prompt lookup's free
         candidates; the window moved up a level."""
-        if not self._prepared:  # the compiled call writes into the room `prepare` made
+        best, new, stopped, ids, pair_rows = _observe_loop(gathered, bounds, remaining, eos, *self.take())
+        return self.observed(gathered, best, new, ids, pair_rows), stopped
+
+    def take(self) -> tuple:
+        """`observe`'s compiled call's arguments after the messages, the remaining tokens and the
+        EOS ids (`observe_body`'s), as `prepare` made them: taken once per step."""
+        args, self._observing = self._observing, None
+        if args is None:  # the compiled call writes into the room `prepare` made
             raise LPError("DraftSources.observe needs a prepare() after the step's plan")
-        self._prepared = False
-        grown, self._grown = self._grown, None
-        tree = grown if grown is not None else _NOT_GROWN
-        table, text, pool, window = self.successors, self.text, self.pool, self.window
-        first, keys = self._keys
-        made_pairs = table.n_pairs if table is not None else 0
-        hits, *pairs = successor_arrays(table)
-        rows = window.rows if window is not None else _NO_WINDOW
-        ready = self._pooled and window is not None and window.ready
-        best, new, stopped, ids, pair_rows = _observe_loop(
-            gathered, bounds, self._start, self._k, remaining, eos, tree.tree.tokens, tree.parents, tree.labels,
-            *self._rates, *pairs, made_pairs, hits, keys, first, text.seq, text.grams, text.head, text.table, text.n,
-            text.n_ids, text.longest, text.lone, pool.state, pool.queue, rows, ready, self._from_text,
-        )  # fmt: skip
+        self._grown = None  # its outcome is counted in the call
+        return args
+
+    def observed(self, gathered: np.ndarray, best: int, new: np.ndarray, ids: int, pair_rows: int) -> list[int]:
+        """The committed tokens of the compiled observe's answer (`observe_body`'s), after its errors
+        are raised and the counts kept outside the arrays are brought up to date."""
         if best == -2:
             raise LPError(
                 f"ranks diverged: output lengths {gathered[:, 3].tolist()}, checksums {gathered[:, 4].tolist()}"
@@ -162,12 +197,12 @@ class DraftSources:
             raise LPError(
                 f"a message accepts more than the step's {self._most - 1} draft tokens: {gathered[:, 2].tolist()}"
             )
-        text.appended(len(new), ids)
-        if table is not None:
-            table.n_pairs = pair_rows
-        if window is not None:
-            window.updates += 1
-        return new.tolist(), stopped
+        self.text.appended(len(new), ids)
+        if self.successors is not None:
+            self.successors.n_pairs = pair_rows
+        if self.window is not None:
+            self.window.updates += 1
+        return new.tolist()
 
     def _pair_keys(self) -> tuple[int, np.ndarray]:
         """The pair keys (`pair_key`) of the step's successor rows whose input's
@@ -262,65 +297,58 @@ def step_tree(
     return builder.tree(), None
 
 
+@njit
+def observe_body(
+    gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered, chances,
+    table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
+    state, queue, window, from_window, from_text,
+):  # fmt: skip
+    """`DraftSources.observe`'s work: the winning rank (-2: the ranks drifted apart, -3: a message
+    accepts more than a step holds), the committed tokens, whether an EOS ended them, the text's
+    ids and the successor table's pair rows after. Not cached itself: the cached calls that run
+    it (`_observe_loop`, lp/decode/plan.py's) are keyed by its sources (lp/compiled.py)."""
+    best, level, rows = merge_loop(gathered, bounds, start, k)
+    if best == -2:
+        return best, gathered[0, :0], False, made, n_pairs
+    accepted = gathered[best, 2] if best >= 0 else 0
+    if accepted >= start - HEADER:  # the path's slots hold max_commit tokens
+        return -3, gathered[0, :0], False, made, n_pairs
+    path = gathered[best, HEADER : HEADER + accepted + 1] if best >= 0 else gathered[0, :1]
+    cut, stopped = min(len(path), remaining), False
+    for i in range(cut):
+        for token in eos:
+            stopped = stopped or path[i] == token
+        if stopped:
+            cut = i + 1
+            break
+    new = path[:cut]
+    if k:  # before the tokens join the text: counted on the table the drafts used
+        n_pairs = observe_step(
+            tree, parents, labels, path[:accepted], rate_hits, offered, chances,
+            table, pairs, index, n_pairs, seq, n, new, hits, rows, keys, first,
+        )  # fmt: skip
+    else:
+        count_rates(tree, parents, labels, path[:accepted], rate_hits, offered, chances)
+    made = feed_step(
+        seq, grams, head, text_table, n, made, new, longest, lone, state, queue, window, level, from_window, from_text
+    )
+    levels = window.shape[0]
+    if window.shape[1]:  # `JacobiWindow.update`
+        for lvl in range(levels - 1):
+            window[lvl, :] = window[lvl + 1, :]
+        window[levels - 1, :] = level
+    return best, new, stopped, made, n_pairs
+
+
 def _compile(digest: str):
     """`_observe_loop`, keyed in numba's cache by `digest` too (lp/compiled.py)."""
 
     @njit(cache=True)
-    def observe_loop(
-        gathered, bounds, start, k, remaining, eos, tree, parents, labels, rate_hits, offered, chances,
-        table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
-        state, queue, window, from_window, from_text,
-    ):  # fmt: skip
-        """`DraftSources.observe`'s work: the winning rank (-2: the ranks drifted apart), the
-        committed tokens, whether an EOS ended them, the text's ids and the successor table's
-        pair rows after."""
+    def observe_loop(*args):
+        """`observe_body` on `DraftSources.observe`'s arguments."""
         if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
             raise ValueError("no digest of the loops' sources")
-        best, level, rows = merge_loop(gathered, bounds, start, k)
-        if best == -2:
-            return best, gathered[0, :0], False, made, n_pairs
-        accepted = gathered[best, 2] if best >= 0 else 0
-        if accepted >= start - HEADER:  # the path's slots hold max_commit tokens
-            return -3, gathered[0, :0], False, made, n_pairs
-        path = gathered[best, HEADER : HEADER + accepted + 1] if best >= 0 else gathered[0, :1]
-        cut, stopped = min(len(path), remaining), False
-        for i in range(cut):
-            for token in eos:
-                stopped = stopped or path[i] == token
-            if stopped:
-                cut = i + 1
-                break
-        new = path[:cut]
-        if k:  # before the tokens join the text: counted on the table the drafts used
-            n_pairs = observe_step(
-                tree, parents, labels, path[:accepted], rate_hits, offered, chances,
-                table, pairs, index, n_pairs, seq, n, new, hits, rows, keys, first,
-            )  # fmt: skip
-        else:
-            count_rates(tree, parents, labels, path[:accepted], rate_hits, offered, chances)
-        made = feed_step(
-            seq,
-            grams,
-            head,
-            text_table,
-            n,
-            made,
-            new,
-            longest,
-            lone,
-            state,
-            queue,
-            window,
-            level,
-            from_window,
-            from_text,
-        )
-        levels = window.shape[0]
-        if window.shape[1]:  # `JacobiWindow.update`
-            for lvl in range(levels - 1):
-                window[lvl, :] = window[lvl + 1, :]
-            window[levels - 1, :] = level
-        return best, new, stopped, made, n_pairs
+        return observe_body(*args)
 
     return observe_loop
 
@@ -335,12 +363,14 @@ def compile_kernels() -> None:
     rates, the step's plan and observe), or load them from numba's cache, on two steps of tiny
     decodes with and without a successor table: before a decode's clock starts rather than in its
     first step (seconds on a fresh install, once per process)."""
-    from lp.decode.plan import plan_next  # the plan's module reads these sources' growth
+    from lp.decode.plan import observe_next, plan_next  # the plan's module reads these sources' growth
 
     for recycle in (2, 0):
         cfg = DecodeConfig(W=2, N=3, G=2, recycle=recycle)
         sources = DraftSources(cfg, [1, 2, 1, 2, 1], vocab_size=16)
-        for _ in range(2):
-            step = plan_next([1], sources, W=cfg.W, N=cfg.N, P=1, rank=0)
-            sources.prepare()
-            sources.observe(np.zeros((1, step_message_size(cfg)), np.int64), step.bounds, 2, _NO_ROW)
+        gathered = np.zeros((1, step_message_size(cfg)), np.int64)
+        step = plan_next([1], sources, W=cfg.W, N=cfg.N, P=1, rank=0)
+        sources.prepare()  # the observe that plans the next step, then the one that does not
+        _, _, step = observe_next(gathered, step.bounds, 2, _NO_ROW, sources, W=cfg.W, N=cfg.N, P=1, rank=0)
+        sources.prepare()
+        sources.observe(gathered, step.bounds, 2, _NO_ROW)

@@ -95,7 +95,7 @@ def grown_of(
     tokens: np.ndarray, parents: np.ndarray, labels: np.ndarray, order: np.ndarray, groups: np.ndarray
 ) -> Grown:
     """`grow_tree`'s arrays as a Grown."""
-    return Grown(DraftTree(tokens, tuple(parents.tolist()), tuple(groups.tolist()), parents), labels, parents, order)
+    return Grown(DraftTree(tokens, parents, groups), labels, parents, order)
 
 
 # no successor table: no counts past the "none of them" one (k = 0), one empty row and slot

@@ -12,27 +12,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 
 @dataclass(eq=False)  # not frozen: made after every message read, and a frozen one costs 4x to make
 class DraftTree:
-    """`tokens[i]` is node i's draft token, `parents[i]` its parent node (-1: x0); `parent_array`
-    the same as int64 (made from `parents` unless the maker has it)."""
+    """`tokens[i]` is node i's draft token, `parent_array[i]` its parent node (-1: x0), int64
+    (given as any sequence of ints); `parents` the same as a tuple, made when first read (the
+    decode reads the array: a tuple of a few hundred ints costs microseconds after every
+    message read)."""
 
     tokens: np.ndarray
-    parents: tuple[int, ...]
-    known_groups: tuple[int, ...] | None = field(default=None, repr=False)  # `groups()`, if the maker knows
-    parent_array: np.ndarray = field(default=None, repr=False)  # type: ignore[assignment]
+    parent_array: np.ndarray
+    known_groups: np.ndarray | tuple[int, ...] | None = field(default=None, repr=False)  # `groups()`, if known
 
     def __post_init__(self) -> None:
-        if self.parent_array is None:
-            self.parent_array = np.asarray(self.parents, dtype=np.int64)
+        if not isinstance(self.parent_array, np.ndarray) or self.parent_array.dtype != np.int64:
+            self.parent_array = np.asarray(self.parent_array, dtype=np.int64)
+
+    @cached_property
+    def parents(self) -> tuple[int, ...]:
+        return tuple(self.parent_array.tolist())
 
     @property
     def size(self) -> int:
-        return len(self.parents)
+        return len(self.parent_array)
 
     @property
     def depth(self) -> np.ndarray:
@@ -47,7 +53,7 @@ class DraftTree:
     def groups(self) -> tuple[int, ...]:
         """Node counts of the runs of adjacent root subtrees that share their first token."""
         if self.known_groups is not None:
-            return self.known_groups
+            return tuple(self.known_groups.tolist()) if isinstance(self.known_groups, np.ndarray) else self.known_groups
         roots = self.roots
         if not len(roots):
             return ()
@@ -147,7 +153,7 @@ class TreeBuilder:
         where[order] = np.arange(len(order))
         where[-1] = -1
         parents = where[np.asarray(self.parents, dtype=np.int64)[order]]
-        return DraftTree(tokens[order], tuple(parents.tolist()), groups, parents)
+        return DraftTree(tokens[order], parents, groups)
 
 
 def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True) -> DraftTree:
