@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from lp.config import DecodeConfig
@@ -16,9 +17,15 @@ from tools.host import load_recording, main, record, replay
 
 
 @pytest.fixture(scope="module")
-def recorded():
+def recording_file(tmp_path_factory):
     cfg = DecodeConfig(W=8, N=4, G=8, max_new_tokens=24)
-    return cfg, record(cfg, 2, "random")
+    path = tmp_path_factory.mktemp("host") / "rec.npz"
+    return cfg, record(cfg, 2, "random", path=str(path)), path
+
+
+@pytest.fixture(scope="module")
+def recorded(recording_file):
+    return recording_file[:2]
 
 
 def test_replay_times_every_step_of_the_recorded_decode(recorded):
@@ -153,3 +160,29 @@ def test_a_terminated_recording_stops_its_ranks():
     finally:
         tool.kill()
         tool.wait()
+
+
+def test_ab_report_takes_each_steps_least_time_then_the_slowest_rank():
+    from tools.host import ab_report
+
+    # [rank, replay, step] seconds: base's steps cost 2 and 4 ms at best (rank 1 the slower);
+    # this version's 1 and 2 ms, its second run slower throughout
+    base = [np.array([[[0.001, 0.003], [0.002, 0.004]], [[0.002, 0.004], [0.003, 0.005]]])]
+    this = [np.full((2, 1, 2), 0.001), np.full((2, 1, 2), 0.009)]
+    this[0][1, 0, 1] = 0.002
+    out = ab_report(base, this, "old", "new")
+    assert "old: median 3.000 ms" in out and "new: median 1.500 ms" in out
+    assert "ratio (this / base): 0.50" in out and "each run's own median: 1.500 9.000 ms" in out
+
+
+def test_cli_compares_two_checkouts_on_one_recording(recording_file, tmp_path, capsys):
+    _, _, rec = recording_file
+    args = ["W=8", "N=4", "G=8", "P=2", "tokens=24", "replays=1", "allgather=0"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    main([*args, f"recording={rec}", f"ab={root}", "rounds=1"])  # this checkout against itself
+    out = capsys.readouterr().out
+    assert out.count("median") == 4 and "ratio (this / base)" in out and "1 runs x 1 replays per rank" in out
+    with pytest.raises(SystemExit, match="is not a checkout of lp"):
+        main([*args, f"recording={rec}", f"ab={tmp_path}"])
+    with pytest.raises(SystemExit, match="give recording=FILE"):
+        main([*args, f"ab={root}"])

@@ -66,6 +66,32 @@ def message(
     return out[None, :]
 
 
+def rank_messages(
+    rng: np.random.Generator, cfg: DecodeConfig, step: StepPlan, vocab: int, state: tuple[int, int]
+) -> np.ndarray:
+    """Every rank's message for `step` (`[P, K]`, its shares the rows of `step.bounds`): one
+    random rank accepts a random path of its own nodes (or none does); each sends random new
+    tokens for its columns and random successor rows for its x0, columns and nodes."""
+    W, k, tree = cfg.step_shape[0], cfg.successors_sent, step.tree
+    start = HEADER + cfg.max_commit
+    out = np.full((len(step.bounds), step_message_size(cfg)), -1, dtype=np.int64)
+    out[:, 0], out[:, 3], out[:, 4] = rng.integers(vocab), *state
+    winner = int(rng.integers(len(step.bounds)))
+    for r, (a, b, c, d) in enumerate(step.bounds.tolist()):
+        if r == winner and d > c and rng.integers(4):
+            path = [int(rng.integers(c, d))]  # a rank holds whole root subtrees: the path is its own
+            while tree.parents[path[-1]] >= 0:
+                path.append(tree.parents[path[-1]])
+            tokens = [int(tree.tokens[v]) for v in reversed(path)]
+            out[r, 1], out[r, 2] = path[0], len(tokens)
+            out[r, HEADER : HEADER + len(tokens) + 1] = [*tokens, out[r, 0]]
+        out[r, start : start + b - a] = rng.integers(0, vocab, b - a)
+        if k:
+            rows = (1 + (b - a) + (d - c)) * (1 + k)
+            out[r, start + W : start + W + rows] = rng.integers(0, vocab, rows)
+    return out
+
+
 def same_sources(a: DraftSources, b: DraftSources) -> None:
     assert a.text.tokens.tolist() == b.text.tokens.tolist()
     assert a.text.drafts(8, 8) == b.text.drafts(8, 8)
@@ -148,6 +174,35 @@ def test_observe_and_plan_in_one_call_equal_the_two_calls(seed):
         same_step(step, want)
         length += len(tokens)
     assert fused or not (cfg.tree and cfg.step_shape[3] and cfg.step_limit is None)
+
+
+@pytest.mark.parametrize("P", [2, 3])
+@pytest.mark.parametrize("seed", range(6))
+def test_observe_and_plan_in_one_call_at_several_ranks(P, seed):
+    """`observe_next` against `observe` then `plan_next` on every rank's messages, for one rank of
+    P, over the steps of sources that grow their trees in the one call."""
+    rng = np.random.default_rng(2000 + seed)
+    vocab, rank = int(rng.integers(4, 16)), seed % P
+    cfg = DecodeConfig(
+        W=int(rng.integers(1, 6)), N=int(rng.integers(2, 5)), G=int(rng.integers(2, 8)), recycle=int(rng.choice([0, 4]))
+    ).validate()
+    prompt = rng.integers(0, vocab, 30).tolist()
+    one, two = DraftSources(cfg, prompt, vocab), DraftSources(cfg, prompt, vocab)
+    W, N, _, _ = cfg.step_shape
+    step = want = plan_next(prompt[-1:], one, W=W, N=N, P=P, rank=rank)
+    same_step(step, plan_next(prompt[-1:], two, W=W, N=N, P=P, rank=rank))
+    length, none = 0, np.zeros(0, np.int64)
+    for _ in range(20):
+        one.prepare()
+        two.prepare()
+        assert one.next_growth is not None
+        gathered = rank_messages(rng, cfg, want, vocab, (length, 7))
+        tokens, stopped, step = observe_next(gathered, want.bounds, 200, none, one, W=W, N=N, P=P, rank=rank)
+        assert (tokens, stopped) == two.observe(gathered, want.bounds, 200, none) and not stopped
+        same_sources(one, two)
+        want = plan_next(tokens, two, W=W, N=N, P=P, rank=rank)
+        same_step(step, want)
+        length += len(tokens)
 
 
 @pytest.mark.parametrize("P", [2, 3, 5])

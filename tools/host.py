@@ -21,9 +21,11 @@ what other processes on a shared machine add to some), of
     of a step, the dispatch of the acceptance ops included (they compute nothing here);
   * the part after the message read: what an asynchronous device (a GPU) waits for, since the
     ops queued after its forward run while it computes.
-The all-gather itself is timed apart, between P gloo processes (`allgather=1`).
+The all-gather itself is timed apart, between P gloo processes (`allgather=1`). With
+`ab=DIR`, it compares the lp of another checkout with this one on a kept recording (`ab`).
 
     python -m tools.host W=60 N=5 G=60 P=8
+    python -m tools.host W=60 N=5 G=60 P=8 recording=FILE ab=../base rounds=8 replays=1
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import queue
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -422,6 +425,9 @@ DEFAULTS: dict[str, int | str] = {
     "threads": 1,
     "allgather": 1,
     "recording": "",
+    "dump": "",
+    "ab": "",
+    "rounds": 8,
 }
 HELP = {
     "W": "lookahead columns",
@@ -436,6 +442,9 @@ HELP = {
     "threads": "torch threads of the replay",
     "allgather": "1: also time a gloo all-gather between P processes",
     "recording": "a .npz file: replay it if it exists, else record into it (A/B of two lp versions)",
+    "dump": "a .npy file: also keep every replay's times after the read, [rank, replay, step]",
+    "ab": "another checkout of lp: replay `recording` with its lp and with this one, alternating (ab_report)",
+    "rounds": "with ab: runs of each version",
 }
 
 
@@ -471,6 +480,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run(s: dict[str, int | str], given: set[str]) -> None:
     """The tool, given its settings `s` (those on the command line: `given`)."""
+    if s["ab"]:
+        return ab(s, given)
     try:
         cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], recycle=s["recycle"], max_new_tokens=s["tokens"]).validate()
         if min(s["P"], s["prompts"], s["replays"]) < 1:
@@ -493,6 +504,8 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
         runs = [[replay(cfg, rec, rank) for _ in range(s["replays"])] for rank in range(rec.world_size)]
     except LPError as e:
         sys.exit(f"lp: error: {e}")
+    if s["dump"]:
+        np.save(s["dump"], np.array([[r.exposed for r in rank] for rank in runs]))
     ranks = [fastest(r) for r in runs]
     print(
         f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.successors_sent}, P={rec.world_size}, "
@@ -525,6 +538,67 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
             f"all-gather of {size} int64 between {s['P']} gloo processes on this machine: "
             f"median {med:.3f} ms, p95 {p95:.3f} ms"
         )
+
+
+def ab(s: dict[str, int | str], given: set[str]) -> None:
+    """`ab=DIR`: the recording's host work by the lp of checkout DIR ("base") and by this one
+    ("this"), `rounds` runs of each, alternating (base first in odd rounds, this first in even
+    ones), each a process of this tool importing its version's lp (its `replays` per rank kept
+    with `dump`), then `ab_report`. On a machine whose speed swings between runs, every step's
+    least time over all of a version's runs is what its code costs: both versions get the fast
+    spells, in turn. Only the time after the message read is compared: work that a change moves
+    before the read (while a device computes) is not counted."""
+    file, base = str(s["recording"]), os.path.abspath(str(s["ab"]))
+    if not (file and os.path.exists(_npz(file))):
+        sys.exit("lp: error: ab= replays a recording: give recording=FILE of one that exists")
+    if not os.path.isfile(os.path.join(base, "lp", "__init__.py")):
+        sys.exit(f"lp: error: ab={s['ab']} is not a checkout of lp (no lp/__init__.py)")
+    if s["rounds"] < 1:
+        sys.exit(f"lp: error: rounds must be >= 1, got {s['rounds']}")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    keys = set(DEFAULTS) - {"ab", "rounds", "dump", "allgather", "recording", "model", "prompts"}
+    common = [f"{k}={s[k]}" for k in sorted(keys)] + ["allgather=0", f"recording={os.path.abspath(_npz(file))}"]
+    dumps: dict[str, list[np.ndarray]] = {"base": [], "this": []}
+    versions = (("base", base), ("this", here))
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(int(s["rounds"])):
+            for name, root in versions if i % 2 == 0 else versions[::-1]:
+                out = os.path.join(tmp, f"{name}{i}.npy")
+                run = subprocess.run(  # this file, run as a script: its lp is the first on the path
+                    [sys.executable, os.path.abspath(__file__), *common, f"dump={out}"],
+                    cwd=root,
+                    env={**os.environ, "PYTHONPATH": root},
+                    capture_output=True,
+                    text=True,
+                )
+                if run.returncode:
+                    last = (run.stderr.strip().splitlines() or ["no message"])[-1]
+                    sys.exit(f"lp: error: the {name} run ({root}) failed: {last}")
+                dumps[name].append(np.load(out))
+                print(f"tools.host: round {i + 1}/{s['rounds']}: {name} done", file=sys.stderr, flush=True)
+    print(ab_report(dumps["base"], dumps["this"], base, here))
+
+
+def ab_report(base: list[np.ndarray], this: list[np.ndarray], base_name: str, this_name: str) -> str:
+    """Two versions' host work after the message read from their runs' dumps (`[rank, replay,
+    step]` seconds each): per version, each rank's least time for each step over all its runs'
+    replays, then each step's slowest rank: median and p95 (ms), the ratio of the medians, and
+    each run's own median (the same over that run's replays alone: how the machine's speed swung)."""
+
+    def steps(runs: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(runs, axis=1).min(axis=1).max(axis=0) * 1e3
+
+    lines, medians = [], []
+    for name, runs in ((base_name, base), (this_name, this)):
+        worst = steps(runs)
+        medians.append(float(np.median(worst)))
+        own = " ".join(f"{np.median(steps([r])):.3f}" for r in runs)
+        lines.append(
+            f"  {name}: median {medians[-1]:.3f} ms, p95 {np.percentile(worst, 95):.3f} ms over {len(worst)} steps "
+            f"({len(runs)} runs x {runs[0].shape[1]} replays per rank; each run's own median: {own} ms)"
+        )
+    head = "host work after the message read, slowest rank of each step, each step's least over all runs:"
+    return "\n".join([head, *lines, f"  ratio (this / base): {medians[1] / medians[0]:.2f}"])
 
 
 def _cpu_name() -> str:
