@@ -54,8 +54,7 @@ class StepPlan(NamedTuple):
     @property
     def plan(self) -> RankPlan:
         """This rank's plan."""
-        a, b, c, d = self.bounds[self.rank].tolist()
-        return RankPlan(range(a, b), range(c, d))
+        return plans_of(self.bounds[self.rank : self.rank + 1])[0]
 
 
 def largest_step(cfg: DecodeConfig) -> int:
@@ -156,7 +155,7 @@ def observe_next(
             return tokens, stopped, None
         return tokens, stopped, plan_next(tokens, sources, W=W, N=N, P=P, rank=rank)
     best, new, stopped, ids, pair_rows, planned, plan = _observe_plan_loop(
-        gathered, bounds, remaining, eos, *sources.take(), *growth, W, N, P, rank
+        W, N, P, rank, gathered, bounds, remaining, eos, *sources.take(), *growth
     )
     tokens = sources.observed(gathered, best, new, ids, pair_rows)
     if not planned:
@@ -219,16 +218,15 @@ def _compile(digest: str):
 
     @njit(cache=True)
     def observe_plan_loop(
-        gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered, chances,
-        table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
-        state, queue, window, from_window, from_text,
-        budget, depth, length, count, ptable, prows, prings, context, frequent, ranks, row_len, row_source, rates,
-        W, N, P, rank,
+        W, N, P, rank, gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered,
+        chances, table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest,
+        lone, state, queue, window, from_window, from_text, budget, depth, *growth,
     ):  # fmt: skip
         """`observe_body` (lp/decode/policy.py) on its arguments (the messages to `from_text`),
-        then, unless the step ended the decode, `plan_body` on the next step's growth (`budget`
-        to `rates`, the chances by source and position; the other arrays the observe's), the
-        committed tokens pending: the observe's answer, whether it planned, the plan's."""
+        then, unless the step ended the decode, `plan_body` for rank `rank` of P on the next
+        step's growth (`DraftSources.next_growth`: `budget`, `depth`, then `plan_body`'s
+        arguments after the text's length up to the window's), the committed tokens pending: the
+        observe's answer, whether it planned, the plan's."""
         if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
             raise ValueError("no digest of the loops' sources")
         best, new, stopped, made, n_pairs = observe_body(
@@ -240,11 +238,7 @@ def _compile(digest: str):
         if best < -1 or stopped or len(new) >= remaining:
             none = (e, e, e, e, e, np.empty((0, 4), np.int64), -1, e, e, e, np.zeros((0, 0), np.bool_), e, e)
             return best, new, stopped, made, n_pairs, False, none
-        plan = plan_body(
-            True, budget, depth, seq, n + len(new), grams, head, longest, lone, length, count,
-            ptable, prows, prings, state, queue, context, frequent, ranks, row_len, row_source,
-            rates, hits, table, pairs, index, window, e, e, e, new, W, N, P, rank,
-        )  # fmt: skip
+        plan = plan_body(*((True, budget, depth, seq, n + len(new)) + growth + (window, e, e, e, new, W, N, P, rank)))
         return best, new, stopped, made, n_pairs, True, plan
 
     return plan_loop, observe_plan_loop

@@ -105,11 +105,15 @@ class DraftSources:
         budget = self.cfg.tree_budget(pending) if self._limited else self.budget
         if not (budget and self.cfg.tree):
             return None
-        window = self.window
-        row = self._depth if window is not None and window.ready and window.W > 1 else 0
         # the arrays as `_arrays` took them (the step's outcome writes into them, and only the
         # text's length changes), so that little Python runs between the read and the plan
-        return (True, budget, self._depth, self.text.seq, self.text.n, *self._drafting, row, *self._recycling)
+        text = self.text
+        return (True, budget, self._depth, text.seq, text.n, *self._drafting, self._guesses(0), *self._recycling)
+
+    def _guesses(self, updates: int) -> int:
+        """The window's row-0 guesses a growth takes once the window is `updates` updates on."""
+        window = self.window
+        return self._depth if window is not None and window.W > 1 and window.ready_after(updates) else 0
 
     def _arrays(self) -> None:
         """Take the sources' arrays for `growth`, after whatever replaced some (the pool's flush,
@@ -151,15 +155,12 @@ class DraftSources:
             window.rows if window is not None else _NO_WINDOW, self._pooled and window is not None and window.ready,
             self._from_text,
         )  # fmt: skip
-        # the next step's growth where the observe's compiled call can grow it (lp/decode/plan.py
-        # `observe_next`): its budget fixed, the window ready once the call moves it up a level
+        # the next step's growth (`growth`'s but the text's arrays) where the observe's compiled
+        # call can grow it (lp/decode/plan.py `observe_next`): its budget fixed, the window's
+        # guesses taken as the call leaves it, one update on
         self.next_growth = None
         if self.cfg.tree and self.budget and not self._limited:
-            ready = window is not None and window.W > 1 and window.updates + 1 >= window.N - 2  # `window.ready` then
-            self.next_growth = (
-                self.budget, self._depth, *self._text_args, pool.table, pool.rows, pool.rings, *self._pool_args,
-                _RANKS, self._depth if ready else 0, WINDOW_SOURCE, self.rates.chances,
-            )  # fmt: skip
+            self.next_growth = (self.budget, self._depth, *self._drafting, self._guesses(1), *self._recycling)
 
     def observe(
         self, gathered: np.ndarray, bounds: np.ndarray, remaining: int, eos: np.ndarray

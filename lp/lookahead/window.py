@@ -27,7 +27,11 @@ class JacobiWindow:
     def ready(self) -> bool:
         """True once every level above row 0 comes from a Jacobi step, not from the random start
         (N-2 updates): only then are the window's n-grams worth pooling."""
-        return self.updates >= self.N - 2
+        return self.ready_after(0)
+
+    def ready_after(self, updates: int) -> bool:
+        """Whether the window is `ready` once `updates` more updates are made."""
+        return self.updates + updates >= self.N - 2
 
     def update(self, new: np.ndarray) -> None:
         """Advance one Jacobi iteration: drop the oldest level, append `new`, re-anchor at the
