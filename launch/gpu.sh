@@ -8,6 +8,9 @@
 #            from PyPI where the machine reaches it. Quick when already done; other parts need it.
 #   tests    `pytest -m cuda tests tests_distributed`: the CUDA tests, real-model ones included
 #            (exactness of 1, 2 and 4 ranks sharing the GPU), no capture once a decode started.
+#   host     tools.host on this machine's CPU: the host work of a step, after the message read above
+#            all, replayed from the decodes kept in results/host/recordings (W15 N5 G15 at P=1,
+#            W60 N5 G60 at P=8): what the GPU waits for between two forwards, on its own host.
 #   steps    tools.steps for llama-7b (random weights, bf16): step cost against step tokens, and
 #            lp mode=ar against transformers' eager and static-cache generate.
 #   bench    lp.bench on SmolLM2, Spec-Bench (PER_CATEGORY prompts a category): hf-greedy,
@@ -15,9 +18,9 @@
 #   ranks    lp.bench with RANKS ranks sharing the GPU (gloo, host-staged), one prompt a category.
 #   project  tools.project: LP's strong scaling projected for llama-7b from SmolLM2's decode.
 # `--dry-run` prints the plan (each step's limit, each part's budget, their sum) and runs nothing.
-# All parts' budgets sum to less than 25 minutes. Where one command may run only 10 minutes,
+# All parts' budgets sum to less than 30 minutes. Where one command may run only 10 minutes,
 # run the parts in groups under 600 s, setup first in each (seconds once done), on the same
-# machine: e.g. `setup steps`, `setup tests`, `setup bench`, `setup ranks project`.
+# machine: e.g. `setup tests host`, `setup steps`, `setup bench`, `setup ranks project`.
 # Results under $OUT (default results/gpu/run): PART.log (everything printed, each step's exit
 # status), one folder per step (its log and files: lp.bench rewrites rows.jsonl and summary.csv
 # after every prompt), copies of the tables to read first. A failed or timed-out step does not
@@ -27,7 +30,7 @@
 set -uo pipefail
 DRY=0
 [[ "${1:-}" == --dry-run ]] && { DRY=1; shift; }
-ALL=(setup tests steps bench ranks project)
+ALL=(setup tests host steps bench ranks project)
 PARTS=("$@")
 ((${#PARTS[@]})) || PARTS=("${ALL[@]}")
 for p in "${PARTS[@]}"; do
@@ -104,6 +107,14 @@ tests() {
     --junitxml "$OUT/pytest-cuda/junit.xml" tests tests_distributed
 }
 
+host() {
+  local recordings="$ROOT/results/host/recordings"
+  step host-W15N5G15-P1 60 "$PYTHON" -m tools.host W=15 N=5 G=15 P=1 replays=8 \
+    "recording=$recordings/W15N5G15_P1.npz"
+  step host-W60N5G60-P8 120 "$PYTHON" -m tools.host W=60 N=5 G=60 P=8 replays=3 \
+    "recording=$recordings/W60N5G60_P8.npz"
+}
+
 steps() {
   step "steps-$STEPS_ARCH" 240 "$PYTHON" -m tools.steps "arch=$STEPS_ARCH" "device=$DEVICE" \
     "out=$OUT/steps-$STEPS_ARCH"
@@ -144,8 +155,8 @@ if ((DRY)); then
     "$p"
     echo "  = $p budget $((PLANNED - before)) s"
   done
-  echo "total budget $PLANNED s of 1500 s (25 minutes)"
-  exit $((PLANNED > 1500))
+  echo "total budget $PLANNED s of 1800 s (30 minutes)"
+  exit $((PLANNED > 1800))
 fi
 mkdir -p "$OUT"
 run() {
