@@ -1,6 +1,7 @@
 """Shared by both test folders (tests/, tests_distributed/): tests/ goes on sys.path, so both
 import the one helper module, tests/helpers.py, as `helpers`; tests marked `cuda` need a GPU and
-are skipped where torch sees none, so the CPU suite stays green on machines without one."""
+are skipped where torch sees none, so the CPU suite stays green on machines without one; lp's
+compiled loops are compiled (or loaded from numba's cache) once, before any test starts ranks."""
 
 from __future__ import annotations
 
@@ -10,6 +11,17 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile lp's numba loops in this process first: on a fresh checkout, ranks started
+    together before their cache is written would each compile them (about 30 s of CPU each,
+    minutes for a batch of processes on two cores, beyond the time limits of the tests that
+    launch them)."""
+    from lp.decode import plan, policy
+
+    plan.compile_kernels()
+    policy.compile_kernels()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -20,7 +20,8 @@ what other processes on a shared machine add to some), of
   * all of it (the gap between forwards, less the replayed all-gather): the host's whole share
     of a step, the dispatch of the acceptance ops included (they compute nothing here);
   * the part after the message read: what an asynchronous device (a GPU) waits for, since the
-    ops queued after its forward run while it computes.
+    ops queued after its forward run while it computes; and, timed apart, the one piece of it
+    that only a GPU's fixed-shape steps do: the step's layout padded and packed for one upload.
 The all-gather itself is timed apart, between P gloo processes (`allgather=1`). With
 `ab=DIR`, it compares the lp of another checkout with this one on a kept recording (`ab`).
 
@@ -49,12 +50,15 @@ import torch
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
+from lp.decode.plan import StepPlan
+from lp.engine.fixed_steps import device_layout
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.message import HEADER, step_message_size
 from lp.partition import partition
 from lp.worker import Worker
 
+CPU = torch.device("cpu")
 RANDOM_VOCAB, RANDOM_PROMPT = 512, 400  # model=random: its vocabulary and its prompt's length
 
 
@@ -65,6 +69,10 @@ class _Spans(StepObserver):
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.reads: list[float] = []
+        self.layouts: list[StepLayout] = []
+
+    def planned(self, step: StepPlan, position: int) -> None:
+        self.layouts.append(step.layout)
 
     def forward_start(self) -> None:
         self.starts.append(time.perf_counter())
@@ -195,11 +203,15 @@ class Recording:
 @dataclass(frozen=True)
 class HostTimes:
     """Seconds of host work per step (between consecutive forwards): `total`, and `exposed`,
-    the part after the step's messages were read; `step_tokens`: the forward sizes."""
+    the part after the step's messages were read; `step_tokens`: the forward sizes; `packing`:
+    the step's layout padded and packed for one upload, as a GPU's fixed-shape steps take it
+    (lp/engine/fixed_steps.py `device_layout`), timed apart on this CPU, without the pinned copy
+    and the upload: host work after the read that the CPU replay does not do."""
 
     total: list[float]
     exposed: list[float]
     step_tokens: list[int]
+    packing: list[float]
 
 
 def _free_port() -> int:
@@ -347,7 +359,7 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
     worker = _NoForward(_model(rec.vocab, context), max(2, cfg.successors_sent + 1))
     ranks = _Replay(rec.world_size, rec.gathered, cfg.W, cfg.max_commit, cfg.successors_sent, rank)
     decoder = Decoder(worker, ranks, rec.eos_ids, context)
-    times = HostTimes([], [], [])
+    times = HostTimes([], [], [], [])
     for prompt in rec.prompts:
         watch = _Spans()
         calls = len(ranks.seconds)
@@ -357,6 +369,10 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
             times.total.append(start - end - gather)
             times.exposed.append(start - read)
         times.step_tokens.extend(g.step_tokens)
+        for layout in watch.layouts:
+            t = time.perf_counter()
+            device_layout(layout, CPU, fixed=True, packed=True)
+            times.packing.append(time.perf_counter() - t)
     if next(ranks.kept, None) is not None:
         raise LPError("the replay ended before the recorded decode did")
     return times
@@ -365,7 +381,10 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
 def _each_step(runs: list[HostTimes], pick) -> HostTimes:
     """`pick` (min or max) of each step's figures over several runs of one decode."""
     return HostTimes(
-        *([pick(t) for t in zip(*(getattr(r, f) for r in runs))] for f in ("total", "exposed", "step_tokens"))
+        *(
+            [pick(t) for t in zip(*(getattr(r, f) for r in runs))]
+            for f in ("total", "exposed", "step_tokens", "packing")
+        )
     )
 
 
@@ -523,6 +542,12 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
             f"for): median {after_med:.3f} ms, p95 {after_p95:.3f} ms "
             f"({statistics.mean(times.step_tokens):.0f} tokens per {tokens} on average)"
         )
+    med, p95 = _ms(slowest(ranks).packing)
+    print(
+        f"  on a GPU (fixed-shape steps), also after the read: the step's layout padded and packed for one "
+        f"upload, slowest rank, timed apart: median {med:.3f} ms, p95 {p95:.3f} ms (the pinned copy and "
+        f"upload not counted)"
+    )
     print("  after the read, median per rank: " + ", ".join(f"{_ms(t.exposed)[0]:.3f}" for t in ranks) + " ms")
     # replay i of every rank, then each step's slowest rank: noise and lp's own pauses stay in
     pooled = [t for i in range(s["replays"]) for t in slowest([r[i] for r in runs]).exposed]

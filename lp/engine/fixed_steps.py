@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numba import njit
 
 from lp.engine.attention import FlexMask
 from lp.engine.forward import Forward, StepInputs
@@ -77,40 +78,70 @@ def device_layout(layout: StepLayout, device: torch.device, fixed: bool, packed:
     """`layout` on the device: padded to its bucket when `fixed`, else exactly its used tokens and
     R used rows. `packed` (default: on a GPU): its four arrays travel as one buffer, in one
     copy from pinned memory that does not block the host, rather than four (most steps of a
-    real decode bring a new tree, so this runs before most forwards); on a CPU they are used
-    where they lie, so the tensors share memory with the cached `layout` (nothing writes them)."""
+    real decode bring a new tree, so this runs after most message reads, before the forward);
+    on a CPU they are used where they lie, so the tensors share memory with the cached `layout`
+    (nothing writes them)."""
     used, R = layout.size, len(layout.logit_rows)
     B = bucket(used) if fixed else used
-    if fixed:
-        block = np.eye(B, dtype=bool)
-        block[:used, :used] = layout.mask
-        depth = np.zeros(B, dtype=np.int64)
-        depth[:used] = layout.depth
-        rows = np.zeros(B, dtype=np.int64)
-        rows[:R] = layout.logit_rows
-    else:
-        block, depth, rows = layout.mask, layout.depth, layout.logit_rows
-    parents, kind = layout.parents, device.type
+    kind = device.type
     if not (kind == "cuda" if packed is None else packed):
-        tensors = [torch.from_numpy(a) for a in (block, depth, rows, parents)]
+        if fixed:
+            block, depth, rows = _padded(layout.mask, layout.depth, layout.logit_rows, B)
+        else:
+            block, depth, rows = layout.mask, layout.depth, layout.logit_rows
+        tensors = [torch.from_numpy(a) for a in (block, depth, rows, layout.parents)]
         return DeviceLayout(*(tensors if kind == "cpu" else (t.to(device) for t in tensors)), used, R)
-    # the int64 arrays after the mask's B*B bytes, padded to a multiple of 8 (aligned views)
-    head = -(-B * B // 8) * 8
-    buffer = np.zeros(head + 8 * (len(depth) + len(rows) + len(parents)), dtype=np.uint8)
-    buffer[: B * B] = block.ravel().view(np.uint8)
-    buffer[head:] = np.concatenate([depth, rows, parents]).view(np.uint8)
-    host = torch.from_numpy(buffer)
+    n_rows = B if fixed else R
+    host = torch.from_numpy(_packed(layout.mask, layout.depth, layout.logit_rows, layout.parents, B, n_rows))
     pinned = kind == "cuda"  # a pageable host-to-device copy would wait for the device
     buf = (host.pin_memory() if pinned else host).to(device, non_blocking=pinned)
-    values = buf[head:].view(torch.int64)
+    values = buf[_head(B) :].view(torch.int64)
     return DeviceLayout(
-        buf[: B * B].view(torch.bool).view(B, B),
-        values[:B],
-        values[B : B + len(rows)],
-        values[B + len(rows) :],
-        size=used,
-        n_rows=R,
+        buf[: B * B].view(torch.bool).view(B, B), values[:B], values[B : B + n_rows], values[B + n_rows :], used, R
     )
+
+
+@njit(cache=True)
+def _head(B: int) -> int:
+    """Bytes of a packed layout before its int64 arrays: the `[B, B]` mask's, rounded up to 8
+    (aligned views)."""
+    return -(-B * B // 8) * 8
+
+
+@njit(cache=True)
+def _padded(mask: np.ndarray, depth: np.ndarray, rows: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A layout's mask, depths and logit rows padded to B tokens: pad tokens see only
+    themselves, at depth 0; pad rows read row 0. (Compiled: it runs after most message reads.)"""
+    used = len(depth)
+    block = np.zeros((B, B), np.bool_)
+    block[:used, :used] = mask
+    for i in range(used, B):
+        block[i, i] = True
+    depth_ = np.zeros(B, np.int64)
+    depth_[:used] = depth
+    rows_ = np.zeros(B, np.int64)
+    rows_[: len(rows)] = rows
+    return block, depth_, rows_
+
+
+@njit(cache=True)
+def _packed(
+    mask: np.ndarray, depth: np.ndarray, rows: np.ndarray, parents: np.ndarray, B: int, n_rows: int
+) -> np.ndarray:
+    """A layout padded to B tokens (`_padded`, its rows to `n_rows`) as one byte buffer: the
+    `[B, B]` mask row by row, then from byte `_head(B)` the int64 depths, rows and tree parents."""
+    used, head = len(depth), _head(B)
+    buffer = np.zeros(head + 8 * (B + n_rows + len(parents)), np.uint8)
+    for i in range(used):
+        for j in range(used):
+            buffer[i * B + j] = mask[i, j]
+    for i in range(used, B):
+        buffer[i * B + i] = 1
+    values = buffer[head:].view(np.int64)
+    values[:used] = depth
+    values[B : B + len(rows)] = rows
+    values[B + n_rows :] = parents
+    return buffer
 
 
 class _Bucket:
