@@ -19,9 +19,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     minutes for a batch of processes on two cores, beyond the time limits of the tests that
     launch them)."""
     from lp.decode import plan, policy
+    from lp.engine import fixed_steps
 
     plan.compile_kernels()
     policy.compile_kernels()
+    fixed_steps.compile_kernels()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,6 +11,10 @@
 #   host     tools.host on this machine's CPU: the host work of a step, after the message read above
 #            all, replayed from the decodes kept in results/host/recordings (W15 N5 G15 at P=1,
 #            W60 N5 G60 at P=8): what the GPU waits for between two forwards, on its own host.
+#   sweep    lp.bench.sweep on SmolLM2: S against step tokens (11 to 1024) on Spec-Bench's 48
+#            prompts (8 a category), with Token Recycling and prompt lookup, every output checked
+#            against greedy `generate` (fp32 on the CPU, cached); resume=true: a second call
+#            on the same machine goes on where the first stopped.
 #   steps    tools.steps for llama-7b (random weights, bf16): step cost against step tokens, and
 #            lp mode=ar against transformers' eager and static-cache generate.
 #   bench    lp.bench on SmolLM2, Spec-Bench (PER_CATEGORY prompts a category): hf-greedy,
@@ -18,9 +22,9 @@
 #   ranks    lp.bench with RANKS ranks sharing the GPU (gloo, host-staged), one prompt a category.
 #   project  tools.project: LP's strong scaling projected for llama-7b from SmolLM2's decode.
 # `--dry-run` prints the plan (each step's limit, each part's budget, their sum) and runs nothing.
-# All parts' budgets sum to less than 30 minutes. Where one command may run only 10 minutes,
+# All parts' budgets sum to less than 40 minutes. Where one command may run only 10 minutes,
 # run the parts in groups under 600 s, setup first in each (seconds once done), on the same
-# machine: e.g. `setup tests host`, `setup steps`, `setup bench`, `setup ranks project`.
+# machine: e.g. `setup tests host`, `setup sweep`, `setup steps`, `setup bench`, `setup ranks project`.
 # Results under $OUT (default results/gpu/run): PART.log (everything printed, each step's exit
 # status), one folder per step (its log and files: lp.bench rewrites rows.jsonl and summary.csv
 # after every prompt), copies of the tables to read first. A failed or timed-out step does not
@@ -30,7 +34,7 @@
 set -uo pipefail
 DRY=0
 [[ "${1:-}" == --dry-run ]] && { DRY=1; shift; }
-ALL=(setup tests host steps bench ranks project)
+ALL=(setup tests host sweep steps bench ranks project)
 PARTS=("$@")
 ((${#PARTS[@]})) || PARTS=("${ALL[@]}")
 for p in "${PARTS[@]}"; do
@@ -115,6 +119,12 @@ host() {
     "recording=$recordings/W60N5G60_P8.npz"
 }
 
+sweep() {
+  step sweep-spec_bench_48 420 "$PYTHON" -m lp.bench.sweep dataset=spec_bench "${PROMPTS[@]}" per_category=8 \
+    "device=$DEVICE" progress=false resume=true "out=$OUT/sweep-spec_bench_48"
+  keep "$OUT/sweep-spec_bench_48/sweep.md" sweep-spec_bench_48.md
+}
+
 steps() {
   step "steps-$STEPS_ARCH" 240 "$PYTHON" -m tools.steps "arch=$STEPS_ARCH" "device=$DEVICE" \
     "out=$OUT/steps-$STEPS_ARCH"
@@ -155,8 +165,8 @@ if ((DRY)); then
     "$p"
     echo "  = $p budget $((PLANNED - before)) s"
   done
-  echo "total budget $PLANNED s of 1800 s (30 minutes)"
-  exit $((PLANNED > 1800))
+  echo "total budget $PLANNED s of 2400 s (40 minutes)"
+  exit $((PLANNED > 2400))
 fi
 mkdir -p "$OUT"
 run() {

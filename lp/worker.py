@@ -185,7 +185,7 @@ class Worker:
         key = layout.key
         dev = self._layouts.get(key)
         if dev is None:
-            # draft trees make many shapes: keep the recent ones (most steps repeat a shape)
+            # draft trees make many shapes: keep the recent ones (a rank's share of a split step often repeats one)
             if len(self._layouts) >= LAYOUTS_KEPT:
                 self._layouts.popitem(last=False)
             dev = self._layouts[key] = device_layout(layout, self.device, self.fixed is not None)

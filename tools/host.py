@@ -20,8 +20,9 @@ what other processes on a shared machine add to some), of
   * all of it (the gap between forwards, less the replayed all-gather): the host's whole share
     of a step, the dispatch of the acceptance ops included (they compute nothing here);
   * the part after the message read: what an asynchronous device (a GPU) waits for, since the
-    ops queued after its forward run while it computes; and, timed apart, the one piece of it
-    that only a GPU's fixed-shape steps do: the step's layout padded and packed for one upload.
+    ops queued after its forward run while it computes; and, timed apart, the piece of it that a
+    GPU does and this replay does not: a new layout padded to its fixed-shape bucket and packed
+    for one upload.
 The all-gather itself is timed apart, between P gloo processes (`allgather=1`). With
 `ab=DIR`, it compares the lp of another checkout with this one on a kept recording (`ab`).
 
@@ -50,8 +51,7 @@ import torch
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
-from lp.decode.plan import StepPlan
-from lp.engine.fixed_steps import device_layout
+from lp.engine.fixed_steps import DeviceLayout, device_layout
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.message import HEADER, step_message_size
@@ -69,10 +69,6 @@ class _Spans(StepObserver):
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.reads: list[float] = []
-        self.layouts: list[StepLayout] = []
-
-    def planned(self, step: StepPlan, position: int) -> None:
-        self.layouts.append(step.layout)
 
     def forward_start(self) -> None:
         self.starts.append(time.perf_counter())
@@ -167,9 +163,22 @@ class _NoForward(Worker):
     def __init__(self, model: torch.nn.Module, columns: int) -> None:
         super().__init__(model, graphs=False)
         self.columns = columns
+        self.packing: list[float] = []  # each step's layout packing as a GPU's (`HostTimes.packing`)
+        self._new: StepLayout | None = None
+
+    def on_device(self, layout: StepLayout) -> DeviceLayout:
+        if layout.key not in self._layouts:  # a layout the device does not hold yet: a GPU packs it
+            self._new = layout
+        return super().on_device(layout)
 
     def step(self, ids: torch.Tensor, layout: StepLayout, x0_position: int) -> torch.Tensor:
         self.on_device(layout)
+        packing = 0.0  # the GPU's packing of a new layout, timed here: apart from the host work between forwards
+        if self._new is not None:
+            t = time.perf_counter()
+            device_layout(self._new, CPU, fixed=True, packed=True)
+            packing, self._new = time.perf_counter() - t, None
+        self.packing.append(packing)
         return torch.zeros(len(layout.logit_rows), self.columns)
 
 
@@ -204,9 +213,10 @@ class Recording:
 class HostTimes:
     """Seconds of host work per step (between consecutive forwards): `total`, and `exposed`,
     the part after the step's messages were read; `step_tokens`: the forward sizes; `packing`:
-    the step's layout padded and packed for one upload, as a GPU's fixed-shape steps take it
+    where the step brings a layout the device does not hold (the worker keeps recent ones), that
+    layout padded and packed for one upload as a GPU's fixed-shape steps take it
     (lp/engine/fixed_steps.py `device_layout`), timed apart on this CPU, without the pinned copy
-    and the upload: host work after the read that the CPU replay does not do."""
+    and the upload (0 where it holds it): host work after the read that the CPU replay does not do."""
 
     total: list[float]
     exposed: list[float]
@@ -369,10 +379,7 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
             times.total.append(start - end - gather)
             times.exposed.append(start - read)
         times.step_tokens.extend(g.step_tokens)
-        for layout in watch.layouts:
-            t = time.perf_counter()
-            device_layout(layout, CPU, fixed=True, packed=True)
-            times.packing.append(time.perf_counter() - t)
+        times.packing.extend(worker.packing[-len(g.step_tokens) :])
     if next(ranks.kept, None) is not None:
         raise LPError("the replay ended before the recorded decode did")
     return times
@@ -544,9 +551,9 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
         )
     med, p95 = _ms(slowest(ranks).packing)
     print(
-        f"  on a GPU (fixed-shape steps), also after the read: the step's layout padded and packed for one "
-        f"upload, slowest rank, timed apart: median {med:.3f} ms, p95 {p95:.3f} ms (the pinned copy and "
-        f"upload not counted)"
+        f"  on a GPU (fixed-shape steps), also after the read: a new layout padded and packed for one "
+        f"upload, slowest rank, timed apart: median {med:.3f} ms, p95 {p95:.3f} ms (0 where the device holds "
+        f"the layout; the pinned copy and upload not counted)"
     )
     print("  after the read, median per rank: " + ", ".join(f"{_ms(t.exposed)[0]:.3f}" for t in ranks) + " ms")
     # replay i of every rank, then each step's slowest rank: noise and lp's own pauses stay in

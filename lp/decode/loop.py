@@ -17,6 +17,7 @@ from lp.decode.plan import StepPlan, largest_step, observe_next, plan_next, plan
 from lp.decode.policy import DraftSources
 from lp.decode.record import Generation, collector_paused
 from lp.decode.state import DecodeState, decide, fingerprint, message
+from lp.engine import fixed_steps
 from lp.errors import LPError
 from lp.lookahead.tree import TreeBuilder
 from lp.message import merge, successor_rows
@@ -65,8 +66,9 @@ class Decoder:
         self._eos = np.array(sorted(self.eos_ids), dtype=np.int64)  # as the compiled observe reads them
         self.max_context = max_context
         self.ahead = worker.device.type == "cuda" and not collective.staged if ahead is None else ahead
-        plan.compile_kernels()  # the step's loops and the drafting's: before any decode's clock starts
+        plan.compile_kernels()  # the step's loops, the drafting's and the layout's: before any decode's clock starts
         policy.compile_kernels()
+        fixed_steps.compile_kernels()
 
     def _handshake(self, prompt: list[int], cfg: DecodeConfig) -> None:
         """Refuse to decode unless every rank got the same prompt and settings (one all-gather

@@ -109,39 +109,51 @@ def _head(B: int) -> int:
 
 
 @njit(cache=True)
-def _padded(mask: np.ndarray, depth: np.ndarray, rows: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A layout's mask, depths and logit rows padded to B tokens: pad tokens see only
-    themselves, at depth 0; pad rows read row 0. (Compiled: it runs after most message reads.)"""
+def _pad(
+    mask: np.ndarray, depth: np.ndarray, rows: np.ndarray, block: np.ndarray, depth_to: np.ndarray, rows_to: np.ndarray
+) -> None:
+    """A layout's mask, depths and logit rows written padded into the zeroed `block` `[B, B]`,
+    `depth_to` `[B]` and `rows_to`: pad tokens see only themselves, at depth 0; pad rows read
+    row 0."""
     used = len(depth)
-    block = np.zeros((B, B), np.bool_)
-    block[:used, :used] = mask
-    for i in range(used, B):
+    for i in range(used):
+        for j in range(used):
+            block[i, j] = mask[i, j]
+    for i in range(used, block.shape[0]):
         block[i, i] = True
-    depth_ = np.zeros(B, np.int64)
-    depth_[:used] = depth
-    rows_ = np.zeros(B, np.int64)
-    rows_[: len(rows)] = rows
-    return block, depth_, rows_
+    depth_to[:used] = depth
+    rows_to[: len(rows)] = rows
+
+
+@njit(cache=True)
+def _padded(mask: np.ndarray, depth: np.ndarray, rows: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A layout's mask, depths and logit rows padded to B tokens (`_pad`), as three arrays."""
+    block, depth_to, rows_to = np.zeros((B, B), np.bool_), np.zeros(B, np.int64), np.zeros(B, np.int64)
+    _pad(mask, depth, rows, block, depth_to, rows_to)
+    return block, depth_to, rows_to
 
 
 @njit(cache=True)
 def _packed(
     mask: np.ndarray, depth: np.ndarray, rows: np.ndarray, parents: np.ndarray, B: int, n_rows: int
 ) -> np.ndarray:
-    """A layout padded to B tokens (`_padded`, its rows to `n_rows`) as one byte buffer: the
-    `[B, B]` mask row by row, then from byte `_head(B)` the int64 depths, rows and tree parents."""
-    used, head = len(depth), _head(B)
+    """A layout padded to B tokens (`_pad`, its rows to `n_rows`) as one byte buffer: the `[B, B]`
+    mask, then from byte `_head(B)` the int64 depths, rows and tree parents. (Compiled: on a GPU
+    it runs after most message reads, as a new tree brings a new layout.)"""
+    head = _head(B)
     buffer = np.zeros(head + 8 * (B + n_rows + len(parents)), np.uint8)
-    for i in range(used):
-        for j in range(used):
-            buffer[i * B + j] = mask[i, j]
-    for i in range(used, B):
-        buffer[i * B + i] = 1
     values = buffer[head:].view(np.int64)
-    values[:used] = depth
-    values[B : B + len(rows)] = rows
+    _pad(mask, depth, rows, buffer[: B * B].view(np.bool_).reshape((B, B)), values[:B], values[B : B + n_rows])
     values[B + n_rows :] = parents
     return buffer
+
+
+def compile_kernels() -> None:
+    """Compile the layout's padding and packing (numba), or load them from numba's cache, on a
+    tiny layout: before a decode's clock starts rather than in its first step."""
+    mask, depth, rows = np.ones((1, 1), np.bool_), np.zeros(1, np.int64), np.zeros(1, np.int64)
+    _padded(mask, depth, rows, 2)
+    _packed(mask, depth, rows, depth, 2, 2)
 
 
 class _Bucket:
@@ -282,7 +294,7 @@ class FixedSteps:
         x = b.inputs
         x.ids[:used].copy_(ids, non_blocking=True)
         torch.add(layout.depth, x0_position, out=x.positions)
-        if b.layout is not layout:  # consecutive steps mostly share a layout: copy only on change
+        if b.layout is not layout:  # copy only when the layout changes
             x.block.copy_(layout.block)
             x.rows.copy_(layout.rows)
             b.layout = layout
