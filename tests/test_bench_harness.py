@@ -97,6 +97,8 @@ def test_smoke_rows(smoke):
             assert sum(r["step_latencies"]) <= r["decode_seconds"] + 1e-6
             longest = DecodeConfig(W=r["W"], N=r["N"], G=r["G"]).max_draft + 1 if r["N"] else 1
             assert max(r["accepted_per_step"]) <= longest
+            if r.get("lp_mode", "lookahead") == "lookahead":  # each read to the next forward: inside a step
+                assert 0 < r["after_read_ms_median"] * 1e-3 < max(r["step_latencies"])
             assert r["step_tokens"] >= 1
         if r["kind"] in ("hf-greedy", "hf-prompt-lookup", "tp", "pp"):
             assert len(r["step_latencies"]) == r["steps"] - 1

@@ -64,13 +64,16 @@ class _ForwardTimer(StepObserver):
     forwards are timed by CUDA events, not by waiting for the device after each: a wait would
     stop lp from queueing the next ops (or, in `mode=ar`, the next step) during the forward, and
     the benchmark would time a slower decode than lp runs. Step starts are then the host's
-    queueing times, which the step's one message read keeps a step apart."""
+    queueing times, which the step's one message read keeps a step apart. From each message read
+    to the next forward's start (`after_read`) is what the device waits for the host after the
+    read; on a GPU, timed by an event recorded at the read, which the idle device passes at once."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.starts: list[float] = []
         self._seconds = 0.0  # the CPU's forwards
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # a GPU's forwards
+        self._reads: list[float | torch.cuda.Event] = []  # each step's message read
         self.prefill_end = 0.0  # set by the prefill, which every decode runs first
 
     def prefill_done(self) -> None:
@@ -88,6 +91,20 @@ class _ForwardTimer(StepObserver):
             self._events[-1][1].record()
         else:
             self._seconds += time.perf_counter() - self.starts[-1]
+
+    def message_read(self) -> None:
+        if self.device.type == "cuda":
+            self._reads.append(torch.cuda.Event(enable_timing=True))
+            self._reads[-1].record()
+        else:
+            self._reads.append(time.perf_counter())
+
+    def after_read(self) -> list[float]:
+        """Seconds from each message read to the next forward's start (read after the decode, in a
+        decode whose reads come before the next step is queued: lookahead's, not `mode=ar` ahead)."""
+        if self._events:
+            return [r.elapsed_time(start) / 1e3 for r, (start, _) in zip(self._reads, self._events[1:])]
+        return [start - r for r, start in zip(self._reads, self.starts[1:])]
 
     @property
     def forward_seconds(self) -> float:
@@ -142,6 +159,7 @@ class LPDecoder(BenchDecoder):
             step_tokens=list(r.step_tokens),
             step_latencies=lat,
             forward_seconds=timer.forward_seconds,
+            after_read=timer.after_read() if r.mode == "lookahead" else [],
             chosen=chosen,
         )
 

@@ -20,6 +20,7 @@ class DecodeOutput(Generation):
 
     step_latencies: list[float] = field(default_factory=list)
     forward_seconds: float | None = None  # lp: time inside the model forward (the rest is host + collective)
+    after_read: list[float] = field(default_factory=list)  # lookahead: each step's read to the next forward
     chosen: dict = field(default_factory=dict)  # lp with W/N/G auto: the shape used and why
 
 

@@ -86,6 +86,8 @@ def _row(
             row.update(
                 forward_seconds=o.forward_seconds, outside_forward=metrics.outside_forward(o.forward_seconds, o.seconds)
             )
+        if o.after_read:  # lookahead: from each message read to the next forward, median over the steps
+            row["after_read_ms_median"] = 1e3 * metrics.median(o.after_read)
         if o.chosen:  # W/N/G auto: the shape this prompt used
             row.update(
                 W=o.chosen["W"],
