@@ -18,12 +18,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     together before their cache is written would each compile them (about 30 s of CPU each,
     minutes for a batch of processes on two cores, beyond the time limits of the tests that
     launch them)."""
-    from lp.decode import plan, policy
-    from lp.engine import fixed_steps
+    from lp.decode.loop import compile_kernels
 
-    plan.compile_kernels()
-    policy.compile_kernels()
-    fixed_steps.compile_kernels()
+    compile_kernels()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

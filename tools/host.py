@@ -379,9 +379,9 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
             times.total.append(start - end - gather)
             times.exposed.append(start - read)
         times.step_tokens.extend(g.step_tokens)
-        times.packing.extend(worker.packing[-len(g.step_tokens) :])
     if next(ranks.kept, None) is not None:
         raise LPError("the replay ended before the recorded decode did")
+    times.packing.extend(worker.packing)  # one a forward, as step_tokens
     return times
 
 

@@ -51,6 +51,14 @@ class StepObserver:
         next step is queued before this read)."""
 
 
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) every compiled loop of a decode: the step's plan, the
+    drafting's and the layout's padding, before any decode's clock starts."""
+    plan.compile_kernels()
+    policy.compile_kernels()
+    fixed_steps.compile_kernels()
+
+
 class Decoder:
     """Decodes with one Worker per rank; all ranks call `generate` with the same arguments."""
 
@@ -66,9 +74,7 @@ class Decoder:
         self._eos = np.array(sorted(self.eos_ids), dtype=np.int64)  # as the compiled observe reads them
         self.max_context = max_context
         self.ahead = worker.device.type == "cuda" and not collective.staged if ahead is None else ahead
-        plan.compile_kernels()  # the step's loops, the drafting's and the layout's: before any decode's clock starts
-        policy.compile_kernels()
-        fixed_steps.compile_kernels()
+        compile_kernels()
 
     def _handshake(self, prompt: list[int], cfg: DecodeConfig) -> None:
         """Refuse to decode unless every rank got the same prompt and settings (one all-gather
@@ -250,4 +256,4 @@ class Decoder:
             read(unread)
 
 
-__all__ = ["Decoder", "StepObserver", "StepPlan"]
+__all__ = ["Decoder", "StepObserver", "StepPlan", "compile_kernels"]
