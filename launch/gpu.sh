@@ -13,8 +13,8 @@
 #            W60 N5 G60 at P=8): what the GPU waits for between two forwards, on its own host.
 #   sweep    lp.bench.sweep on SmolLM2: S against step tokens (11 to 1024) on Spec-Bench's 48
 #            prompts (8 a category), with Token Recycling and prompt lookup, every output checked
-#            against greedy `generate` (fp32 on the CPU, cached); resume=true: a second call
-#            on the same machine goes on where the first stopped.
+#            against greedy `generate` (fp32 on the CPU, cached in results/sweep/spec_bench_48);
+#            a second call on the same machine goes on where the first stopped.
 #   steps    tools.steps for llama-7b (random weights, bf16): step cost against step tokens, and
 #            lp mode=ar against transformers' eager and static-cache generate.
 #   bench    lp.bench on SmolLM2, Spec-Bench (PER_CATEGORY prompts a category): hf-greedy,
@@ -119,10 +119,15 @@ host() {
     "recording=$recordings/W60N5G60_P8.npz"
 }
 
+# Five processes at once (launch/sweep.sh: three groups of lp's sizes, each baseline apart), lp's
+# steps eager (graphs=false: the ladder's eight shapes would each compile and capture their
+# buckets), from the greedy references computed once on a CPU (results/sweep/spec_bench_48).
 sweep() {
-  step sweep-spec_bench_48 420 "$PYTHON" -m lp.bench.sweep dataset=spec_bench "${PROMPTS[@]}" per_category=8 \
-    "device=$DEVICE" progress=false resume=true "out=$OUT/sweep-spec_bench_48"
-  keep "$OUT/sweep-spec_bench_48/sweep.md" sweep-spec_bench_48.md
+  local out="$OUT/sweep-spec_bench_48" refs="$ROOT/results/sweep/spec_bench_48/references.json"
+  ((DRY)) || { mkdir -p "$out"; [[ -f "$refs" ]] && cp "$refs" "$out/"; }
+  step sweep-spec_bench_48 420 env PYTHON="$PYTHON" PART_LIMIT=380 bash launch/sweep.sh "$out" dataset=spec_bench \
+    "${PROMPTS[@]}" per_category=8 "device=$DEVICE" graphs=false threads=3
+  keep "$out/sweep.md" sweep-spec_bench_48.md
 }
 
 steps() {

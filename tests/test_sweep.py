@@ -1,10 +1,15 @@
 """The budget sweep (`lp.bench.sweep`) and its Token Recycling baseline (lp/bench/recycling.py):
 TR's output equals greedy, its template is the paper's, the default config ladder respects every
-step size, and a sweep on a tiny model writes the sweep file's keys."""
+step size, a sweep on a tiny model writes the sweep file's keys, one without decoders computes the
+references alone, and launch/sweep.sh joins its parallel parts into one table."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +18,8 @@ from helpers import build_tiny, make_prompt, peaked_llama, reference_greedy
 from lp.bench import sweep
 from lp.bench.recycling import Template, TokenRecycling
 from lp.errors import LPError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_template_is_the_papers_80_nodes_parents_first():
@@ -76,13 +83,18 @@ def test_ladder_rejects_a_config_larger_than_its_size():
         sweep.SweepSettings(sizes=[32, 64], configs=["W2N4G15-B16"]).ladder()
 
 
-def test_sweep_writes_the_schema(tiny_model_dir, tmp_path):
+def _prompts(tmp_path) -> Path:
     prompts = tmp_path / "prompts.jsonl"
     lines = [
         {"id": "a1", "category": "alpha", "prompt": "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2"},
         {"id": "b1", "category": "beta", "prompt": "w10 w11 w12 w13 w14"},
     ]
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return prompts
+
+
+def test_sweep_writes_the_schema(tiny_model_dir, tmp_path):
+    prompts = _prompts(tmp_path)
     settings = dict(
         model=str(tiny_model_dir),
         dataset="jsonl",
@@ -116,6 +128,37 @@ def test_sweep_writes_the_schema(tiny_model_dir, tmp_path):
     # resume: nothing left to do, the rows stay as they were
     again = sweep.run({**settings, "resume": True})
     assert again["rows"] == json.loads(json.dumps(res["rows"]))
+
+
+def test_sweep_without_decoders_computes_the_references_alone(tiny_model_dir, tmp_path):
+    settings = dict(model=str(tiny_model_dir), dataset="jsonl", prompts=str(_prompts(tmp_path)), per_category=None,
+                    max_new_tokens=6, sizes=[], baselines=[], out=str(tmp_path / "out"), progress=False)  # fmt: skip
+    assert sweep.run(settings)["rows"] == []
+    refs = json.loads((tmp_path / "out" / "references.json").read_text())
+    assert sorted(r["id"] for r in refs.values()) == ["a1", "b1"]
+    assert all(len(r["output_ids"]) == 6 for r in refs.values())
+
+
+def test_launch_sweep_joins_its_parallel_parts(tiny_model_dir, tmp_path):
+    """launch/sweep.sh: one process per group and baseline, from the references given; one table."""
+    out = tmp_path / "out"
+    common = [f"model={tiny_model_dir}", "dataset=jsonl", f"prompts={_prompts(tmp_path)}", "per_category=null",
+              "max_new_tokens=6", "threads=1"]  # fmt: skip
+    sweep.run(dict(model=str(tiny_model_dir), dataset="jsonl", prompts=str(_prompts(tmp_path)), per_category=None,
+                   max_new_tokens=6, sizes=[], baselines=[], out=str(out), progress=False))  # fmt: skip
+    env = dict(os.environ, PYTHON=sys.executable, SIZE_GROUPS="32 64:W3N3G15-B48", BASELINES="token-recycling")
+    run = subprocess.run(["bash", str(ROOT / "launch" / "sweep.sh"), str(out), *common], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert sorted(p.name for p in (out / "parts").iterdir()) == ["lp-32", "lp-64-W3N3G15-B48", "token-recycling"]
+    doc = json.loads((out / "sweep.json").read_text())
+    rows = [(r["decoder"], r["config"], r["step_tokens"], r["identical"], r["prompts"]) for r in doc["rows"]]
+    assert rows == [
+        ("lp", sweep.LADDER[32], 32, 2, 2),
+        ("lp", "W3N3G15-B48", 64, 2, 2),
+        ("token-recycling", "k8n80", 87, 2, 2),
+    ]
+    assert "decode=false" in doc["command"]
 
 
 def test_token_recycling_builds_without_a_model_off_rank_0():

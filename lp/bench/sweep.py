@@ -60,8 +60,10 @@ class SweepSettings(PromptKeys):
     seed: int = 0
     threads: int | None = None
     device: str = "cpu"
+    graphs: bool | str = "auto"
     out: str = "sweep-results/latest"
     resume: bool = False
+    decode: bool = True
     label: str | None = None
     progress: bool = True
 
@@ -78,8 +80,6 @@ class SweepSettings(PromptKeys):
 
     def ladder(self) -> list[tuple[int, str]]:
         """(size, lp config) per step size, each config's largest step checked against its size."""
-        if not self.sizes:
-            raise LPError("sizes is empty")
         if self.configs is None:
             missing = [n for n in self.sizes if n not in LADDER]
             if missing:
@@ -270,14 +270,14 @@ def run(cfg: Mapping | SweepSettings) -> dict:
         torch.set_num_threads(s.threads)
     if s.dtype not in DTYPES:
         raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
-    options = dict(dtype=s.dtype, device=s.device)
+    options = dict(dtype=s.dtype, device=s.device, graphs=s.graphs)
     lm = LP(s.model, **options)
     if lm.comm.world_size > 1:
         lm.close()
         raise LPError("lp.bench.sweep runs on one rank (its baselines and references run where lp does)")
     try:
         ctx = Context(lm, models.resolve(s.model), DTYPES[s.dtype], options)
-        reference, entries = _entries(s, ctx)
+        reference, entries = _entries(s, ctx) if s.decode else (None, [])
         out = Path(s.out)
         out.mkdir(parents=True, exist_ok=True)
         refs = References(out / "references.json")
@@ -300,8 +300,8 @@ def run(cfg: Mapping | SweepSettings) -> dict:
             for p in bar:
                 chat = s.chat if s.chat is not None else p.chat and lm.tokenizer.chat_template is not None
                 ids = lm.encode(p.text, bool(chat))
-                todo = [e for e in entries if (p.id, e.name, e.config) not in done]
-                if not todo:
+                todo = [e for e in entries if (p.id, e.name, e.config) not in done] if s.decode else []
+                if not todo and (entries or not s.decode):  # with no decoders at all: the references alone
                     continue
                 if len(ids) + s.max_new_tokens > limit:
                     new = [{"id": p.id, "category": p.category, "decoder": e.name, "config": e.config,
