@@ -55,7 +55,8 @@ STASH="${STASH:-/tmp/lp-gpu}"
 OUT="${OUT:-$ROOT/results/gpu/run}"
 QUESTIONS="$ROOT/.gpu2/question.jsonl"  # Spec-Bench, where launch/gpu_prep.sh put it
 PROMPTS=()
-[[ -f "$QUESTIONS" ]] && PROMPTS=("prompts=$QUESTIONS")
+# the benches take it as prompts=, the tests (and anything reading lp.bench.datasets' default) from LP_SPEC_BENCH
+[[ -f "$QUESTIONS" ]] && { PROMPTS=("prompts=$QUESTIONS"); export LP_SPEC_BENCH="$QUESTIONS"; }
 export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false MPLBACKEND=Agg \
   LP_CACHE="$STASH/cache"
 FAILED=0
@@ -119,14 +120,15 @@ host() {
     "recording=$recordings/W60N5G60_P8.npz"
 }
 
-# Five processes at once (launch/sweep.sh: three groups of lp's sizes, each baseline apart), lp's
-# steps eager (graphs=false: the ladder's eight shapes would each compile and capture their
-# buckets), from the greedy references computed once on a CPU (results/sweep/spec_bench_48).
+# One process (several on one GPU time-slice it: results/gpu/h100-2026-11-26b), lp's steps as CUDA
+# graphs without torch.compile (eager, a SmolLM2 step costs about 25 ms of this host's launches;
+# compiled, each of the ladder's eight shapes would compile its buckets), from the greedy
+# references computed once on a CPU (results/sweep/spec_bench_48).
 sweep() {
   local out="$OUT/sweep-spec_bench_48" refs="$ROOT/results/sweep/spec_bench_48/references.json"
   ((DRY)) || { mkdir -p "$out"; [[ -f "$refs" ]] && cp "$refs" "$out/"; }
-  step sweep-spec_bench_48 420 env PYTHON="$PYTHON" PART_LIMIT=380 bash launch/sweep.sh "$out" dataset=spec_bench \
-    "${PROMPTS[@]}" per_category=8 "device=$DEVICE" graphs=false threads=3
+  step sweep-spec_bench_48 420 "$PYTHON" -m lp.bench.sweep dataset=spec_bench "${PROMPTS[@]}" per_category=8 \
+    "device=$DEVICE" graphs=true compile=false progress=false resume=true "out=$out"
   keep "$out/sweep.md" sweep-spec_bench_48.md
 }
 

@@ -2,19 +2,20 @@
 # Runs lp.bench.sweep as parallel processes on one machine and joins them into one table:
 #   bash launch/sweep.sh OUT [KEY=VALUE ...]
 # One process per group of lp step sizes (SIZE_GROUPS) and one per baseline (BASELINES), each in
-# its own folder OUT/parts/NAME (log.txt beside its rows), all started together: lp's steps and the
-# baselines' leave a GPU and a many-core host mostly idle, so the groups overlap. Each part starts
-# from OUT/references.json where it exists (the greedy references, e.g. computed once on a CPU
-# with `sizes=[] baselines=[]`) and computes what it lacks. Then the parts' rows are joined into
-# OUT/rows.jsonl and one run that decodes nothing (`decode=false`) writes
-# OUT/sweep.json, sweep.md and sweep.png. KEY=VALUE go to every process (dataset,
-# per_category, device, threads, graphs, ...); `sizes`, `configs`, `baselines`, `out` and `resume`
-# are this script's. Exit status: 1 if a part failed (the table still joins what the others wrote).
+# its own folder OUT/parts/NAME (log.txt beside its rows), all started together: for a many-core
+# CPU (device=cpu threads=1). On one GPU run one process instead: processes time-slice a GPU
+# (sixteen on an H100 made each step 4 to 9 times slower: results/gpu/h100-2026-11-26b). Each part
+# starts from OUT/references.json where it exists (the greedy references, e.g. computed once on a
+# CPU with `sizes=[] baselines=[]`) and computes what it lacks. Then the parts' rows are joined
+# into OUT/rows.jsonl and one run that decodes nothing (`decode=false`) writes OUT/sweep.json,
+# sweep.md and sweep.png. KEY=VALUE go to every process (dataset, per_category, device, threads,
+# ...); `sizes`, `configs`, `baselines`, `out` and `resume` are this script's. Exit status: 1 if a
+# part failed (the table still joins what the others wrote).
 # Knobs: PYTHON; SIZE_GROUPS (default "11,16 32,64,128 256,512,1024": the sizes of a group run in
 # one process, one after the other; SIZE:CONFIG gives a size a config other than W=auto's ladder's,
 # in a group to every size or to none: "1024:W3N3G15-B1008 128:W2N3G15-B114"); BASELINES (default
-# "token-recycling hf-prompt-lookup"; empty: none); PART_LIMIT (seconds a part may run: one stopped keeps the
-# prompts it finished, and the table counts those).
+# "token-recycling hf-prompt-lookup"; empty: none); PART_LIMIT (seconds a part may run: one
+# stopped keeps the prompts it finished, and the table counts those).
 set -uo pipefail
 (($#)) || { echo "usage: launch/sweep.sh OUT [KEY=VALUE ...]" >&2; exit 2; }
 OUT="$1"

@@ -24,7 +24,7 @@ def test_tp3_ranks_sharing_one_gpu_equal_greedy(tmp_path):
     settings = {"N": 5, "W": 15, "G": 15, "max_new_tokens": 48}
     tasks = [
         {"id": f"q{i}", "model": "smollm2", "prompt": q, "chat": True, "settings": settings}
-        for i, q in enumerate(spec_bench_questions())
+        for i, q in enumerate(spec_bench_questions(2))
     ]
     spec = {"models": {"smollm2": str(REAL_MODEL)}, "device": "cuda", "timeout_s": 120, "tp": 3, "tasks": tasks}
     docs = completed(*run_api_worker(spec, 3, timeout=600, tmp=tmp_path), 3)

@@ -154,9 +154,10 @@ class TokenRecycling(BenchDecoder):
         state = DecodeState(list(prompt_ids))
         sync(dev)
         t0 = time.perf_counter()
+        # `past_key_values`: the cache's keyword in every transformers lp supports (5.17 has no `cache`)
         if len(prompt_ids) > 1:
             head = torch.tensor([prompt_ids[:-1]], dtype=torch.long, device=dev)
-            out = self.model(input_ids=head, cache=cache, use_cache=True)
+            out = self.model(input_ids=head, past_key_values=cache, use_cache=True)
             self._recycle(np.asarray(prompt_ids[:-1]), out.logits[0].float().cpu())
         sync(dev)
         t1 = time.perf_counter()
@@ -174,7 +175,7 @@ class TokenRecycling(BenchDecoder):
                 input_ids=torch.from_numpy(ids)[None].to(dev),
                 attention_mask=self._mask(cached, p, dtype).to(dev),
                 position_ids=(cached + depth)[None].to(dev),
-                cache=cache,
+                past_key_values=cache,
                 use_cache=True,
             )
             cache.crop(-n)  # keep the re-fed tokens' KV, drop the tree's

@@ -61,6 +61,7 @@ class SweepSettings(PromptKeys):
     threads: int | None = None
     device: str = "cpu"
     graphs: bool | str = "auto"
+    compile: bool | str = "auto"
     out: str = "sweep-results/latest"
     resume: bool = False
     decode: bool = True
@@ -270,7 +271,7 @@ def run(cfg: Mapping | SweepSettings) -> dict:
         torch.set_num_threads(s.threads)
     if s.dtype not in DTYPES:
         raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
-    options = dict(dtype=s.dtype, device=s.device, graphs=s.graphs)
+    options = dict(dtype=s.dtype, device=s.device, graphs=s.graphs, compile=s.compile)
     lm = LP(s.model, **options)
     if lm.comm.world_size > 1:
         lm.close()
