@@ -234,13 +234,16 @@ def _compile(digest: str):
     def observe_plan_loop(
         W, N, P, rank, gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered,
         chances, table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest,
-        lone, state, queue, window, from_window, from_text, budget, depth, *growth,
+        lone, state, queue, window, from_window, from_text, budget, depth, length, count, ptable, prows, prings,
+        context, frequent, ranks, row_len, row_source,
     ):  # fmt: skip
         """`observe_body` (lp/decode/policy.py) on its arguments (the messages to `from_text`),
         then, unless the step ended the decode, `plan_body` for rank `rank` of P on the next
-        step's growth (`DraftSources.next_growth`: `budget`, `depth`, then `plan_body`'s
-        arguments after the text's length up to the window's), the committed tokens pending: the
-        observe's answer, whether it planned, the plan's."""
+        step's growth (`DraftSources.next_growth`: from `budget` on, the rest of `plan_body`'s
+        arguments the observe's: the text's and the successor table's arrays, the pool's state
+        and queue, the `chances` as rows of `depth`), the committed tokens pending: the
+        observe's answer, whether it planned, the plan's. (One array passed once: each argument
+        costs the call's dispatch a tenth of a microsecond.)"""
         if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
             raise ValueError("no digest of the loops' sources")
         best, new, stopped, made, n_pairs = observe_body(
@@ -252,7 +255,12 @@ def _compile(digest: str):
         if best < -1 or stopped or len(new) >= remaining:
             none = (e, e, e, e, np.empty((0, 4), np.int64), -1, e, e, e, np.zeros((0, 0), np.bool_), e, e)
             return best, new, stopped, made, n_pairs, False, none
-        plan = plan_body(*((True, budget, depth, seq, n + len(new)) + growth + (window, e, e, e, new, W, N, P, rank)))
+        rates = chances.reshape((len(chances) // depth, depth))  # `DraftRates.chances`, flat in the observe
+        plan = plan_body(
+            True, budget, depth, seq, n + len(new), grams, head, longest, lone, length, count, ptable, prows, prings,
+            state, queue, context, frequent, ranks, row_len, row_source, rates, hits, table, pairs, index, window,
+            e, e, e, new, W, N, P, rank,
+        )  # fmt: skip
         return best, new, stopped, made, n_pairs, True, plan
 
     return plan_loop, observe_plan_loop

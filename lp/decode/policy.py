@@ -157,12 +157,16 @@ class DraftSources:
             window.rows if window is not None else _NO_WINDOW, self._pooled and window is not None and window.ready,
             self._from_text,
         )  # fmt: skip
-        # the next step's growth (`growth`'s but the text's arrays) where the observe's compiled
-        # call can grow it (lp/decode/plan.py `observe_next`): its budget fixed, the window's
-        # guesses taken as the call leaves it, one update on
+        # the next step's growth where the observe's compiled call can grow it (lp/decode/plan.py
+        # `observe_next`): `growth`'s arguments but those the observe's hold (the text's arrays,
+        # the pool's state and queue, the chances, the successor table's), its budget fixed, the
+        # window's guesses taken as the call leaves it, one update on
         self.next_growth = None
         if self.cfg.tree and self.budget and not self._limited:
-            self.next_growth = (self.budget, self._depth, *self._drafting, self._guesses(1), *self._recycling)
+            self.next_growth = (
+                self.budget, self._depth, *self._text_args, pool.table, pool.rows, pool.rings, *self._pool_args,
+                _RANKS, self._guesses(1), WINDOW_SOURCE,
+            )  # fmt: skip
 
     def observe(
         self, gathered: np.ndarray, bounds: np.ndarray, remaining: int, eos: np.ndarray
