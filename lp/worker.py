@@ -181,17 +181,22 @@ class Worker:
         self.kv.commit(n)
 
     def on_device(self, layout: StepLayout) -> DeviceLayout:
-        """`layout` on the device, uploaded once per shape and kept while it is among the recent ones."""
+        """`layout` on the device, uploaded once per shape and kept while it is among the recent
+        ones (`evict`)."""
         key = layout.key
         dev = self._layouts.get(key)
         if dev is None:
-            # draft trees make many shapes: keep the recent ones (a rank's share of a split step often repeats one)
-            if len(self._layouts) >= LAYOUTS_KEPT:
-                self._layouts.popitem(last=False)
             dev = self._layouts[key] = device_layout(layout, self.device, self.fixed is not None)
         else:
             self._layouts.move_to_end(key)
         return dev
+
+    def evict(self) -> None:
+        """Drop the device layouts beyond the `LAYOUTS_KEPT` most recent: draft trees make many
+        shapes, and a rank's share of a split step often repeats one. Called after a forward is
+        queued, where freeing a layout's tensors delays no forward."""
+        while len(self._layouts) > LAYOUTS_KEPT:
+            self._layouts.popitem(last=False)
 
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, layout: StepLayout, x0_position: int) -> torch.Tensor:

@@ -12,8 +12,6 @@ of their own (`plan_next`, `plan_step`)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 from numba import njit
 
@@ -25,7 +23,7 @@ from lp.decode import policy
 from lp.decode.policy import DraftSources, observe_body
 from lp.lookahead import JacobiWindow, draft_loops, loops, mask
 from lp.lookahead.draft_loops import step_chains
-from lp.lookahead.grow import Grown, grown_of
+from lp.lookahead.grow import Labelled
 from lp.lookahead.loops import grow_tree
 from lp.lookahead.mask import StepLayout, gather_ids, lay_out, layout_of
 from lp.lookahead.tree import DraftTree
@@ -33,18 +31,34 @@ from lp.message import merge, message_size
 from lp.partition import RankPlan, partition, plans_of, search
 
 
-class StepPlan(NamedTuple):
+class StepPlan:
     """One rank's share of a step, all host-side: its input ids (in `layout`'s order) and layout,
     the step's whole tree (this rank's nodes: `plan.candidates`) and every rank's share as a row
-    of `bounds` (`plans`). (A named tuple, its plans made when read: it is made after every
-    message read, where a frozen dataclass costs several times more to make, and the plans are
-    read after the forward is queued.)"""
+    of `bounds` (`plans`). Made after every message read, before the forward is queued: its tree
+    (given, or made from a grown one's arrays) and its plans are made when first read, after the
+    forward is queued, where making them delays no forward."""
 
-    ids: np.ndarray
-    layout: StepLayout
-    rank: int
-    tree: DraftTree
-    bounds: np.ndarray  # each rank's share: (first column, column stop, first candidate, candidate stop)
+    __slots__ = ("_tree", "bounds", "ids", "layout", "rank")
+
+    def __init__(
+        self,
+        ids: np.ndarray,
+        layout: StepLayout,
+        rank: int,
+        tree: DraftTree | tuple[np.ndarray, np.ndarray, np.ndarray],
+        bounds: np.ndarray,
+    ) -> None:
+        """`tree`: the step's tree, or its tokens, parents and root groups (`DraftTree`'s)."""
+        self.ids, self.layout, self.rank, self._tree = ids, layout, rank, tree
+        self.bounds = bounds  # each rank's share: (first column, column stop, first candidate, candidate stop)
+
+    @property
+    def tree(self) -> DraftTree:
+        """The step's whole tree."""
+        tree = self._tree
+        if not isinstance(tree, DraftTree):
+            tree = self._tree = DraftTree(*tree)
+        return tree
 
     @property
     def plans(self) -> tuple[RankPlan, ...]:
@@ -106,9 +120,9 @@ def _plan(
     growth: tuple,
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
     given: DraftTree | None = None,
-) -> tuple[StepPlan, Grown | None]:
+) -> tuple[StepPlan, Labelled]:
     """`_plan_loop` on `growth` (or `_GIVEN`, and the `given` tree's `arrays`: tokens, parents,
-    groups) and its answer as a StepPlan, with the growth (None where the tree was given)."""
+    groups) and its answer as a StepPlan, with the grown tree's `Labelled` arrays."""
     fed = np.asarray(pending, dtype=np.int64)
     if len(fed) < 1 or N < 2 or not 0 <= rank < P:
         raise ValueError(f"bad step shape m={len(fed)} N={N} P={P} rank={rank}")
@@ -120,16 +134,16 @@ def _plan(
 
 def _step_of(
     planned: tuple, m: int, W: int, N: int, P: int, rank: int, given: DraftTree | None = None
-) -> tuple[StepPlan, Grown | None]:
-    """`plan_body`'s answer `planned` for a step of `m` pending tokens as a StepPlan, with the
-    growth (None where the tree was `given`)."""
-    tokens, parents, labels, order, groups, bounds, *layout, ids = planned
+) -> tuple[StepPlan, Labelled]:
+    """`plan_body`'s answer `planned` for a step of `m` pending tokens as a StepPlan (its tree
+    `given`, or made from the grown arrays when read), with the tree's `Labelled` arrays."""
+    tokens, parents, labels, groups, bounds, *layout, ids = planned
     if not len(bounds):
         raise ValueError(f"bad partition request W={W} N={N} G={len(tokens)} P={P} groups={tuple(groups.tolist())}")
-    grown = grown_of(tokens, parents, labels, order, groups) if given is None else None
     a, b, c, d = bounds[rank].tolist()
     layout_ = layout_of(m, W, N, range(a, b), parents, range(c, d), *layout)
-    return StepPlan(ids, layout_, rank, given if grown is None else grown.tree, bounds), grown
+    tree = (tokens, parents, groups) if given is None else given
+    return StepPlan(ids, layout_, rank, tree, bounds), Labelled(tokens, parents, labels)
 
 
 def observe_next(
@@ -176,10 +190,10 @@ def plan_body(
     and the successor rows (`grow_tree`), below x0 = `seq[n - 1]` (the token before it:
     `seq[n - 2]`); else the given `tokens`, `parents` and root `groups`. Then the ranks'
     shares (`search`; one rank: the whole step), rank `rank`'s layout (`lay_out`) and its
-    ids (`gather_ids`). The tree's arrays (labels and order: grown only), the shares (none
+    ids (`gather_ids`). The tree's arrays (labels: grown only), the shares (none
     where the groups cannot be split), the layout's arrays and the ids. Not cached itself: the
     cached calls that run it are keyed by its sources (lp/compiled.py)."""
-    labels, order = np.empty(0, np.int64), np.empty(0, np.int64)
+    labels = np.empty(0, np.int64)
     if grow:
         row = window[0, 1 : 1 + row_len]
         flat, starts, sources = step_chains(
@@ -187,7 +201,7 @@ def plan_body(
             ptable, prows, prings, pstate, pqueue, context, frequent, ranks, row, row_source,
         )  # fmt: skip
         before = seq[n - 2] if n > 1 else -1
-        tokens, parents, labels, order, groups = grow_tree(
+        tokens, parents, labels, _, groups = grow_tree(
             budget, seq[n - 1], before, depth, flat, starts, sources, chances, hits, table, pairs, index
         )
     size = len(tokens)
@@ -198,11 +212,11 @@ def plan_body(
         bounds = search(W, N, groups, P, 1, size)
         if not len(bounds):
             none = np.zeros((0, 0), np.bool_)
-            return tokens, parents, labels, order, groups, bounds, -1, parents, pending, pending, none, pending, pending
+            return tokens, parents, labels, groups, bounds, -1, parents, pending, pending, none, pending, pending
     a, b, c, d = bounds[rank, 0], bounds[rank, 1], bounds[rank, 2], bounds[rank, 3]
     bad, mine, gather, depth_of, mask_of, rows = lay_out(len(pending), W, N, a, b, b - 1 if b > a else 0, parents, c, d)
     ids = gather_ids(gather, pending, window, tokens, c) if bad < 0 else pending
-    return tokens, parents, labels, order, groups, bounds, bad, mine, gather, depth_of, mask_of, rows, ids
+    return tokens, parents, labels, groups, bounds, bad, mine, gather, depth_of, mask_of, rows, ids
 
 
 def _compile(digest: str):
@@ -220,13 +234,16 @@ def _compile(digest: str):
     def observe_plan_loop(
         W, N, P, rank, gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered,
         chances, table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest,
-        lone, state, queue, window, from_window, from_text, budget, depth, *growth,
+        lone, state, queue, window, from_window, from_text, budget, depth, length, count, ptable, prows, prings,
+        context, frequent, ranks, row_len, row_source,
     ):  # fmt: skip
         """`observe_body` (lp/decode/policy.py) on its arguments (the messages to `from_text`),
         then, unless the step ended the decode, `plan_body` for rank `rank` of P on the next
-        step's growth (`DraftSources.next_growth`: `budget`, `depth`, then `plan_body`'s
-        arguments after the text's length up to the window's), the committed tokens pending: the
-        observe's answer, whether it planned, the plan's."""
+        step's growth (`DraftSources.next_growth`: from `budget` on, the rest of `plan_body`'s
+        arguments the observe's: the text's and the successor table's arrays, the pool's state
+        and queue, the `chances` as rows of `depth`), the committed tokens pending: the
+        observe's answer, whether it planned, the plan's. (One array passed once: each argument
+        costs the call's dispatch a tenth of a microsecond.)"""
         if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
             raise ValueError("no digest of the loops' sources")
         best, new, stopped, made, n_pairs = observe_body(
@@ -236,9 +253,14 @@ def _compile(digest: str):
         )  # fmt: skip
         e = np.empty(0, np.int64)  # not a global's: numba types those read-only, and so the arrays they meet
         if best < -1 or stopped or len(new) >= remaining:
-            none = (e, e, e, e, e, np.empty((0, 4), np.int64), -1, e, e, e, np.zeros((0, 0), np.bool_), e, e)
+            none = (e, e, e, e, np.empty((0, 4), np.int64), -1, e, e, e, np.zeros((0, 0), np.bool_), e, e)
             return best, new, stopped, made, n_pairs, False, none
-        plan = plan_body(*((True, budget, depth, seq, n + len(new)) + growth + (window, e, e, e, new, W, N, P, rank)))
+        rates = chances.reshape((len(chances) // depth, depth))  # `DraftRates.chances`, flat in the observe
+        plan = plan_body(
+            True, budget, depth, seq, n + len(new), grams, head, longest, lone, length, count, ptable, prows, prings,
+            state, queue, context, frequent, ranks, row_len, row_source, rates, hits, table, pairs, index, window,
+            e, e, e, new, W, N, P, rank,
+        )  # fmt: skip
         return best, new, stopped, made, n_pairs, True, plan
 
     return plan_loop, observe_plan_loop

@@ -14,7 +14,7 @@ from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool, draft_loops, loops
 from lp.lookahead.draft_loops import feed_step
 from lp.lookahead.drafts import TextIndex, as_tuples, step_drafts
-from lp.lookahead.grow import Chains, Grown, grow, successor_arrays
+from lp.lookahead.grow import Chains, Grown, Labelled, grow, successor_arrays
 from lp.lookahead.loops import count_rates, observe_step
 from lp.lookahead.rates import DraftRates
 from lp.lookahead.successors import SuccessorTable
@@ -53,7 +53,7 @@ class DraftSources:
         # times with the prefill (a GPU prefills meanwhile)
         self.pool = NGramPool(N, cfg.pool_capacity)
         self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
-        self._grown: Grown | None = None  # the last step's growth, until its outcome is counted
+        self._grown: Labelled | None = None  # the last step's growth, until its outcome is counted
         self._observing: tuple | None = None  # `observe`'s arguments, which `prepare` makes
         self.next_growth: tuple | None = None  # the next step's growth's, with them (`prepare`)
         # `growth`'s settings, read once: the text drafts' length and count, the pool's order
@@ -64,7 +64,7 @@ class DraftSources:
         # most tokens a step commits, the rates' arrays (flat chances), what it pools
         self._start, self._k, self._most = HEADER + cfg.max_commit, k, cfg.max_commit
         self._rates = (self.rates.hits, self.rates.offered, self.rates.chances.reshape(-1))
-        self._drafted = DraftTree(np.zeros(0, dtype=np.int64), ())  # the last step's tree
+        self._drafted = (_NO_ROW, _NO_ROW)  # the last step's tree's tokens and parents
         # `prepare`'s: the pair keys of x0's successor row and of the tree's nodes' (last first)
         self._keys: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
         self._pooled = G > 0 and self.pool.capacity > 0
@@ -84,7 +84,7 @@ class DraftSources:
     def tree(self, pending: int) -> DraftTree:
         """The next step's verification tree (`step_tree`), for a step that re-feeds `pending`
         tokens (its tree gets what they leave of a `step_limit`)."""
-        self._drafted, self._grown = step_tree(
+        tree, grown = step_tree(
             self.cfg,
             self.cfg.tree_budget(pending),
             self.pool,
@@ -93,7 +93,9 @@ class DraftSources:
             rates=self.rates,
             window=self.window,
         )
-        return self._drafted
+        self._drafted = (tree.tokens, tree.parent_array)
+        self._grown = None if grown is None else Labelled(grown.tokens, grown.parents, grown.labels)
+        return tree
 
     def growth(self, pending: int) -> tuple | None:
         """The next step's tree growth (`tree(pending)`'s, where it grows one) as the arguments
@@ -125,9 +127,9 @@ class DraftSources:
         )  # fmt: skip
         self._recycling = (WINDOW_SOURCE, self.rates.chances, *successor_arrays(self.successors))
 
-    def grew(self, grown: Grown) -> None:
-        """The next step's tree, grown from `growth`'s arguments (as `tree` keeps its own)."""
-        self._drafted, self._grown = grown.tree, grown
+    def grew(self, grown: Labelled) -> None:
+        """The next step's tree's arrays, grown from `growth`'s arguments (as `tree` keeps its own)."""
+        self._drafted, self._grown = (grown.tokens, grown.parents), grown
 
     def prepare(self) -> None:
         """The part of `observe` that needs no outcome, done while the device computes the step's
@@ -143,24 +145,28 @@ class DraftSources:
             pool.reserve(W + self._most)
         if table is not None:
             self._keys = self._pair_keys()
-            table.reserve(1 + W + self._drafted.size)  # x0's row, the columns', the nodes'
+            table.reserve(1 + W + len(self._drafted[1]))  # x0's row, the columns', the nodes'
         self._arrays()
         tree = self._grown if self._grown is not None else _NOT_GROWN
         first, keys = self._keys
         hits, *pairs = successor_arrays(table)
         self._observing = (
-            self._start, self._k, tree.tree.tokens, tree.parents, tree.labels, *self._rates, *pairs,
+            self._start, self._k, tree.tokens, tree.parents, tree.labels, *self._rates, *pairs,
             table.n_pairs if table is not None else 0, hits, keys, first, text.seq, text.grams, text.head,
             text.table, text.n, text.n_ids, text.longest, text.lone, pool.state, pool.queue,
             window.rows if window is not None else _NO_WINDOW, self._pooled and window is not None and window.ready,
             self._from_text,
         )  # fmt: skip
-        # the next step's growth (`growth`'s but the text's arrays) where the observe's compiled
-        # call can grow it (lp/decode/plan.py `observe_next`): its budget fixed, the window's
-        # guesses taken as the call leaves it, one update on
+        # the next step's growth where the observe's compiled call can grow it (lp/decode/plan.py
+        # `observe_next`): `growth`'s arguments but those the observe's hold (the text's arrays,
+        # the pool's state and queue, the chances, the successor table's), its budget fixed, the
+        # window's guesses taken as the call leaves it, one update on
         self.next_growth = None
         if self.cfg.tree and self.budget and not self._limited:
-            self.next_growth = (self.budget, self._depth, *self._drafting, self._guesses(1), *self._recycling)
+            self.next_growth = (
+                self.budget, self._depth, *self._text_args, pool.table, pool.rows, pool.rings, *self._pool_args,
+                _RANKS, self._guesses(1), WINDOW_SOURCE,
+            )  # fmt: skip
 
     def observe(
         self, gathered: np.ndarray, bounds: np.ndarray, remaining: int, eos: np.ndarray
@@ -210,11 +216,10 @@ class DraftSources:
         predecessor is known (lp.message: x0's row, the columns', the tree's nodes' from the
         last to the first): x0's row's (-1 without a token before x0), then the nodes', each
         node's predecessor its parent (x0 for a root)."""
-        out, tree = self.text.tokens, self._drafted
+        out, (tokens, parents) = self.text.tokens, self._drafted
         first = pair_key(out[-2], out[-1]) if len(out) > 1 else -1
-        parents = tree.parent_array
-        before = np.where(parents >= 0, tree.tokens[parents], out[-1])
-        return first, pair_key(before[::-1], tree.tokens[::-1])
+        before = np.where(parents >= 0, tokens[parents], out[-1])
+        return first, pair_key(before[::-1], tokens[::-1])
 
 
 def source_drafts(cfg: DecodeConfig, pool: NGramPool, text: TextIndex) -> list[list[tuple[int, ...]]]:
@@ -355,7 +360,7 @@ def _compile(digest: str):
 
 
 _observe_loop = _compile(sources_digest(draft_loops, loops, message))
-_NOT_GROWN = Grown(DraftTree(_NO_ROW, ()), _NO_ROW, _NO_ROW, _NO_ROW)
+_NOT_GROWN = Labelled(_NO_ROW, _NO_ROW, _NO_ROW)
 _NO_WINDOW = np.zeros((1, 0), np.int64)
 
 

@@ -48,6 +48,11 @@ class Grown(NamedTuple):
     parents: np.ndarray
     order: np.ndarray
 
+    @property
+    def tokens(self) -> np.ndarray:
+        """Each node's token (the tree's)."""
+        return self.tree.tokens
+
     def leaf_paths(self) -> list[tuple[int, ...]]:
         """The token path from x0 to each leaf, leaves in the order they were grown."""
         tokens, parents = self.tree.tokens.tolist(), self.parents.tolist()
@@ -57,6 +62,15 @@ class Grown(NamedTuple):
         inner = set(parents)
         leaves = [i for i in range(len(paths)) if i not in inner]
         return [paths[i] for i in sorted(leaves, key=self.order.__getitem__)]
+
+
+class Labelled(NamedTuple):
+    """A grown tree's nodes as its outcome is counted (lp/lookahead/rates.py): tokens, parents and
+    labels (`Grown`'s, without the tree: its step's plan makes the tree when read)."""
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    labels: np.ndarray
 
 
 def grow(
@@ -107,4 +121,4 @@ _NO_TABLE = (
 )
 
 
-__all__ = ["NO_CHAINS", "Chains", "Grown", "grow", "grown_of", "successor_arrays"]
+__all__ = ["NO_CHAINS", "Chains", "Grown", "Labelled", "grow", "grown_of", "successor_arrays"]

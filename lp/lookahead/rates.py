@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lp.lookahead.grow import Grown
+from lp.lookahead.grow import Grown, Labelled
 from lp.lookahead.loops import count_rates
 
 PRIOR_HITS, PRIOR_OFFERED = 1.0, 2.0  # a rate of 1/2 until the decode has counted some
@@ -35,12 +35,12 @@ class DraftRates:
         """The label of source s's depth-1 nodes (depth d: label + d - 1)."""
         return source * self.depth
 
-    def observe(self, grown: Grown, accepted: Sequence[int]) -> None:
+    def observe(self, grown: Grown | Labelled, accepted: Sequence[int]) -> None:
         """Count a step's grown tree against the draft tokens it accepted (the committed tokens
         but the last): each labelled node whose parent was right (on the accepted path, or x0)
         is offered, and hit if right too."""
         count_rates(
-            grown.tree.tokens,
+            grown.tokens,
             grown.parents,
             grown.labels,
             np.asarray(accepted, dtype=np.int64),
