@@ -10,13 +10,13 @@
 # into OUT/rows.jsonl and one run that decodes nothing (`decode=false`) writes OUT/sweep.json,
 # sweep.md and sweep.png. KEY=VALUE go to every process (dataset, per_category, device, threads,
 # ...); `sizes`, `configs`, `baselines`, `out` and `resume` are this script's. Exit status: 1 if a
-# part failed (the table still joins what the others wrote).
+# part failed, 0 if every part ended or was stopped at PART_LIMIT (the table joins what each wrote).
 # Knobs: PYTHON; SIZE_GROUPS (default "11,16 32,64,128 256,512,1024": the sizes of a group run in
 # one process, one after the other; SIZE:CONFIG gives a size a config other than W=auto's ladder's,
 # in a group to every size or to none: "1024:W3N3G15-B1008 128:W2N3G15-B114"); BASELINES (default
 # "token-recycling hf-prompt-lookup"; empty: none); PART_LIMIT (seconds a part may run: one
 # stopped keeps the prompts it finished, and the table counts those).
-set -uo pipefail
+set -fuo pipefail  # -f: a group's words are sizes and configs, never globs
 (($#)) || { echo "usage: launch/sweep.sh OUT [KEY=VALUE ...]" >&2; exit 2; }
 OUT="$1"
 shift
@@ -55,16 +55,29 @@ done
 for b in $BASELINES; do
   part "$b" "$@" "sizes=[]" "baselines=[$b]"
 done
+((${#pids[@]})) || { echo "launch/sweep.sh: no part to run (SIZE_GROUPS and BASELINES empty)" >&2; exit 2; }
+trap 'kill "${pids[@]}" 2>/dev/null' INT TERM  # a stopped script stops its parts
 t0=$SECONDS
 failed=0
 for i in "${!pids[@]}"; do
-  if wait "${pids[$i]}"; then rc=0; else rc=$?; failed=1; fi
-  echo "launch/sweep.sh: ${names[$i]} exit $rc at $((SECONDS - t0)) s (log: $OUT/parts/${names[$i]}/log.txt)"
+  if wait "${pids[$i]}"; then rc=0; else rc=$?; fi
+  if ((rc == 124)) && [[ -n "${PART_LIMIT:-}" ]]; then
+    state="stopped at its ${PART_LIMIT} s limit"
+  else
+    state="exit $rc"
+    ((rc == 0)) || failed=1
+  fi
+  echo "launch/sweep.sh: ${names[$i]} $state (log: $OUT/parts/${names[$i]}/log.txt; all parts so far: $((SECONDS - t0)) s)"
 done
-cat "$OUT"/parts/*/rows.jsonl >"$OUT/rows.jsonl"
+trap - INT TERM
+rows=()
+for name in "${names[@]}"; do
+  [[ -f "$OUT/parts/$name/rows.jsonl" ]] && rows+=("$OUT/parts/$name/rows.jsonl")
+done
+cat /dev/null "${rows[@]}" >"$OUT/rows.jsonl"  # this run's parts only
 # the references every part used, joined (each part keeps what it computed in its own file)
 "$PYTHON" -c 'import json, os, sys; fs = [f for f in sys.argv[1:] if os.path.exists(f)]
 if fs: json.dump({k: v for f in fs for k, v in json.load(open(f)).items()}, open(sys.argv[1], "w"))' \
-  "$OUT/references.json" "$OUT"/parts/*/references.json || failed=1
-"$PYTHON" -m lp.bench.sweep "$@" "sizes=[]" "baselines=[]" progress=false resume=true decode=false "out=$OUT" || failed=1
+  "$OUT/references.json" "${rows[@]/%rows.jsonl/references.json}" || failed=1
+"$PYTHON" -m lp.bench.sweep "$@" "sizes=[]" "baselines=[]" progress=false decode=false "out=$OUT" || failed=1
 exit $failed

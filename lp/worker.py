@@ -193,8 +193,8 @@ class Worker:
 
     def evict(self) -> None:
         """Drop the device layouts beyond the `LAYOUTS_KEPT` most recent: draft trees make many
-        shapes, and a rank's share of a split step often repeats one. Called after a forward is
-        queued, where freeing a layout's tensors delays no forward."""
+        shapes, and a rank's share of a split step often repeats one. `step` calls it once its
+        forward is queued, where freeing a layout's tensors delays no forward."""
         while len(self._layouts) > LAYOUTS_KEPT:
             self._layouts.popitem(last=False)
 
@@ -204,11 +204,14 @@ class Worker:
         tokens is written but not committed; call `commit(layout.m)` to keep the pending ones."""
         dev = self.on_device(layout)
         if self.fixed is not None:
-            return self.fixed.step(ids, dev, x0_position)
-        c = self.kv.length
-        return self.forward(
-            StepInputs(ids, dev.depth + x0_position, dev.block, dev.rows, extent=c + layout.size, committed=c)
-        )
+            logits = self.fixed.step(ids, dev, x0_position)
+        else:
+            c = self.kv.length
+            logits = self.forward(
+                StepInputs(ids, dev.depth + x0_position, dev.block, dev.rows, extent=c + layout.size, committed=c)
+            )
+        self.evict()
+        return logits
 
     def greedy_start(self, token: torch.Tensor, x0_position: int, length: int, checksum: int) -> None:
         """Begin plain greedy steps (`greedy_step`): the first one's input `token` (`[1]`, on the

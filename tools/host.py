@@ -179,6 +179,7 @@ class _NoForward(Worker):
             device_layout(self._new, CPU, fixed=True, packed=True)
             packing, self._new = time.perf_counter() - t, None
         self.packing.append(packing)
+        self.evict()  # as `Worker.step` does once its forward is queued
         return torch.zeros(len(layout.logit_rows), self.columns)
 
 

@@ -9,7 +9,9 @@ the CPU by default), computed once per prompt and cached in OUT/references.json
 Writes OUT/rows.jsonl (one row per prompt and decoder, appended as it goes; `resume=true` skips
 the rows it holds), and after every prompt OUT/sweep.json (docs: the sweep file's keys below),
 OUT/sweep.md (S per step size, pooled and per category) and OUT/sweep.png (S against step
-tokens). S pools a group's prompts: all new tokens / all decoding steps, steps counted as
+tokens); `decode=false` writes those of the rows OUT/rows.jsonl holds, decoded by other runs
+(launch/sweep.sh joins parallel runs so), and `sizes=[] baselines=[]` computes only the
+references. S pools a group's prompts: all new tokens / all decoding steps, steps counted as
 lp.bench counts them (lp/bench/decoders.py).
 
 sweep.json: {label, command, device, date, model, dataset, prompts, max_new_tokens, rows: [{decoder
@@ -266,6 +268,8 @@ def run(cfg: Mapping | SweepSettings) -> dict:
     from lp.frontend.runtime import DTYPES, LP
 
     s = cfg if isinstance(cfg, SweepSettings) else SweepSettings.from_mapping(cfg)
+    if not s.decode:
+        return _tables_only(s)
     prompts = datasets.load(s.dataset, s.prompts, per_category=s.per_category, limit=s.limit, categories=s.categories)
     if s.threads:
         torch.set_num_threads(s.threads)
@@ -278,7 +282,7 @@ def run(cfg: Mapping | SweepSettings) -> dict:
         raise LPError("lp.bench.sweep runs on one rank (its baselines and references run where lp does)")
     try:
         ctx = Context(lm, models.resolve(s.model), DTYPES[s.dtype], options)
-        reference, entries = _entries(s, ctx) if s.decode else (None, [])
+        reference, entries = _entries(s, ctx)
         out = Path(s.out)
         out.mkdir(parents=True, exist_ok=True)
         refs = References(out / "references.json")
@@ -301,8 +305,8 @@ def run(cfg: Mapping | SweepSettings) -> dict:
             for p in bar:
                 chat = s.chat if s.chat is not None else p.chat and lm.tokenizer.chat_template is not None
                 ids = lm.encode(p.text, bool(chat))
-                todo = [e for e in entries if (p.id, e.name, e.config) not in done] if s.decode else []
-                if not todo and (entries or not s.decode):  # with no decoders at all: the references alone
+                todo = [e for e in entries if (p.id, e.name, e.config) not in done]
+                if not todo and entries:  # with no decoders at all: the references alone
                     continue
                 if len(ids) + s.max_new_tokens > limit:
                     new = [{"id": p.id, "category": p.category, "decoder": e.name, "config": e.config,
@@ -331,6 +335,28 @@ def run(cfg: Mapping | SweepSettings) -> dict:
         return {"rows": rows, "summary": summarize(rows), "out_dir": str(out)}
     finally:
         lm.close()
+
+
+def _tables_only(s: SweepSettings) -> dict:
+    """`decode=false`: the tables of OUT/rows.jsonl, rows that other runs decoded (their devices
+    and commands are theirs: the tables name none), no model loaded."""
+    out = Path(s.out)
+    if not (out / "rows.jsonl").exists():
+        raise LPError(f"decode=false writes the tables of {out / 'rows.jsonl'}, which does not exist")
+    rows = report.read_rows(out / "rows.jsonl")
+    n = len({r["id"] for r in rows})
+    head = {
+        "label": s.label or f"{s.dataset} sweep, {n} prompts, {s.max_new_tokens} new tokens",
+        "command": " ".join(["python -m lp.bench.sweep", *sys.argv[1:]]),
+        "device": "the rows' own runs (joined rows)",
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "model": s.model,
+        "dataset": s.dataset,
+        "prompts": n,
+        "max_new_tokens": s.max_new_tokens,
+    }
+    _write(out, head, rows)
+    return {"rows": rows, "summary": summarize(rows), "out_dir": str(out)}
 
 
 def _main(cfg) -> None:

@@ -165,7 +165,6 @@ class Decoder:
             observe.forward_start()
             logits = self.worker.step(ids, step.layout, state.length - 1)
             observe.forward_done()
-            self.worker.evict()
 
             # accept on this rank (the lookahead branch stays greedy), then pack this rank's message
             steps_done = len(state.accepted)

@@ -35,7 +35,7 @@ class StepPlan:
     """One rank's share of a step, all host-side: its input ids (in `layout`'s order) and layout,
     the step's whole tree (this rank's nodes: `plan.candidates`) and every rank's share as a row
     of `bounds` (`plans`). Made after every message read, before the forward is queued: its tree
-    (given, or made from a grown one's arrays) and its plans are made when first read, after the
+    (given, or made from a grown one's arrays, once) and its plans are made when read, after the
     forward is queued, where making them delays no forward."""
 
     __slots__ = ("_tree", "bounds", "ids", "layout", "rank")
