@@ -165,3 +165,12 @@ def test_token_recycling_builds_without_a_model_off_rank_0():
     """Under torchrun only rank 0 holds the baselines' model: the decoder is built empty elsewhere."""
     d = TokenRecycling(None, [2])
     assert d.successors.shape == (0, d.k) and d.max_step_tokens == 87
+
+
+def test_references_are_written_whole(tmp_path):
+    """`put` replaces the file whole (a part stopped mid-write keeps the last file) and leaves no temporary."""
+    from lp.bench.references import References
+
+    References(tmp_path / "refs.json").put([1, 2], 3, [4, 5, 6], id="a")
+    assert References(tmp_path / "refs.json").get([1, 2], 3) == [4, 5, 6]
+    assert [p.name for p in tmp_path.iterdir()] == ["refs.json"]

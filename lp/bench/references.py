@@ -33,4 +33,6 @@ class References:
             "prompt_len": len(ids),
             "output_ids": list(output_ids),
         }
-        self.path.write_text(json.dumps(self.entries))
+        part = self.path.with_name(self.path.name + ".part")
+        part.write_text(json.dumps(self.entries))
+        part.replace(self.path)  # whole or not at all: a run stopped mid-write keeps the last file
