@@ -289,16 +289,7 @@ def run(cfg: Mapping | SweepSettings) -> dict:
         rows = report.read_rows(out / "rows.jsonl") if s.resume and (out / "rows.jsonl").exists() else []
         done = {(r["id"], r["decoder"], r["config"]) for r in rows}
         cpu = platform.processor() or platform.machine()
-        head = {
-            "label": s.label or f"{s.dataset} sweep, {len(prompts)} prompts, {s.max_new_tokens} new tokens",
-            "command": " ".join(["python -m lp.bench.sweep", *sys.argv[1:]]),
-            "device": f"{lm.comm.device} ({cpu}, {torch.get_num_threads()} threads)",
-            "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "model": s.model,
-            "dataset": s.dataset,
-            "prompts": len(prompts),
-            "max_new_tokens": s.max_new_tokens,
-        }
+        head = _head(s, len(prompts), f"{lm.comm.device} ({cpu}, {torch.get_num_threads()} threads)")
         limit = lm.decoder.max_context
         with open(out / "rows.jsonl", "a" if s.resume else "w", encoding="utf-8") as jsonl:
             bar = tqdm(prompts, desc="prompts", file=sys.stderr, disable=not s.progress, dynamic_ncols=True)
@@ -344,19 +335,22 @@ def _tables_only(s: SweepSettings) -> dict:
     if not (out / "rows.jsonl").exists():
         raise LPError(f"decode=false writes the tables of {out / 'rows.jsonl'}, which does not exist")
     rows = report.read_rows(out / "rows.jsonl")
-    n = len({r["id"] for r in rows})
-    head = {
-        "label": s.label or f"{s.dataset} sweep, {n} prompts, {s.max_new_tokens} new tokens",
+    _write(out, _head(s, len({r["id"] for r in rows}), "the rows' own runs (joined rows)"), rows)
+    return {"rows": rows, "summary": summarize(rows), "out_dir": str(out)}
+
+
+def _head(s: SweepSettings, prompts: int, device: str) -> dict:
+    """sweep.json's keys but its rows."""
+    return {
+        "label": s.label or f"{s.dataset} sweep, {prompts} prompts, {s.max_new_tokens} new tokens",
         "command": " ".join(["python -m lp.bench.sweep", *sys.argv[1:]]),
-        "device": "the rows' own runs (joined rows)",
+        "device": device,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "model": s.model,
         "dataset": s.dataset,
-        "prompts": n,
+        "prompts": prompts,
         "max_new_tokens": s.max_new_tokens,
     }
-    _write(out, head, rows)
-    return {"rows": rows, "summary": summarize(rows), "out_dir": str(out)}
 
 
 def _main(cfg) -> None:
