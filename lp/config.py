@@ -41,10 +41,11 @@ class DecodeConfig:
     kept per token from every step's logits rows (lp/lookahead/successors.py); paths through
     them compete with the other drafts' tokens for the budget, the likeliest first by each
     source's counted acceptance (0: off; None: RECYCLE, or the shape's where `W=auto` chose it).
-    `step_limit`: the most tokens a step feeds (the tokens the last step committed, re-fed, the
-    window and the tree): each step's tree gets what the tokens it re-feeds leave of it, at most
-    `budget`, so a step after a short commit can verify a deep draft (None: steps of `budget`
-    nodes)."""
+    `step_limit`: the most tokens a step feeds (its pending tokens, the window and the tree):
+    each step's tree gets what its pending tokens leave of it, at most `budget`. One replica
+    feeds x0 alone (the drafts' KV is kept: lp/worker.py `keep`); over P ranks the tokens the
+    last step committed are re-fed, so a step after a short commit can verify a deeper draft
+    than one after a long one (None: steps of `budget` nodes)."""
 
     W: int = 5
     N: int = 3
@@ -135,7 +136,7 @@ class DecodeConfig:
         return 1 + (longest if self.step_limit is None else min(longest, self.step_limit - self._fixed))
 
     def tree_budget(self, pending: int) -> int:
-        """The tree nodes of a step that re-feeds `pending` tokens: the step's budget (`step_shape`),
+        """The tree nodes of a step that feeds `pending` tokens first: the step's budget (`step_shape`),
         cut to what `step_limit` leaves."""
         budget = self.step_shape[3]
         if self.step_limit is None:

@@ -132,11 +132,12 @@ class Worker:
         """Cache slots a step of `tokens` tokens writes (its padded size at fixed shapes)."""
         return bucket(tokens) if self.fixed is not None else tokens
 
-    def reset(self, tokens: int, step_tokens: int, fewest_step_tokens: int | None = None) -> None:
+    def reset(self, tokens: int, step_tokens: int, fewest_step_tokens: int | None = None, kept: int = 0) -> None:
         """Start a new sequence that commits at most `tokens` and runs steps of
-        `fewest_step_tokens` (default: `step_tokens`) to `step_tokens` tokens; refuse it if the
-        cache cannot hold that. At fixed shapes, every bucket of those sizes is compiled and
-        captured here, before the sequence's clock starts (once per process)."""
+        `fewest_step_tokens` (default: `step_tokens`) to `step_tokens` tokens, keeping the KV of
+        up to `kept` drafts a step (`keep`); refuse it if the cache cannot hold that. At fixed
+        shapes, every bucket of those sizes (and the keep) is compiled and captured here, before
+        the sequence's clock starts (once per process)."""
         if tokens > self.max_seq_len:
             raise LPError(
                 f"the sequence needs {tokens} tokens (prompt + max_new_tokens), "
@@ -149,10 +150,11 @@ class Worker:
             )
         self.kv.reset()
         if self.fixed is not None:
-            self.fixed.prepare(fewest_step_tokens or step_tokens, step_tokens)
+            self.fixed.prepare(fewest_step_tokens or step_tokens, step_tokens, kept)
 
-    def commit(self, n: int) -> None:
-        self.kv.commit(n)
+    def commit(self, n: int, on_device: bool = True) -> None:
+        """`KVCache.commit`."""
+        self.kv.commit(n, on_device)
 
     def upload(self, ids: np.ndarray) -> torch.Tensor:
         """A step's token ids on the device."""
@@ -212,6 +214,17 @@ class Worker:
             )
         self.evict()
         return logits
+
+    def keep(self, path: torch.Tensor, layout: StepLayout, accepted: torch.Tensor) -> None:
+        """Keep the KV of the last step's `accepted` draft tokens, its tree nodes `path` (local
+        indices by depth, -1 padded: `Acceptance.path`), after its pending ones (`commit` first):
+        the next step feeds only its x0. Queued on the device with no host value; the host's
+        length follows with `commit(n, on_device=False)` once the step's outcome is read."""
+        offset = layout.size - len(layout.parents) - layout.m  # the first node's slot past the pending
+        if self.fixed is not None:
+            self.fixed.keep(path, offset, accepted)
+        else:
+            self.kv.keep(path, offset, accepted)
 
     def greedy_start(self, token: torch.Tensor, x0_position: int, length: int, checksum: int) -> None:
         """Begin plain greedy steps (`greedy_step`): the first one's input `token` (`[1]`, on the

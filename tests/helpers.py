@@ -340,7 +340,7 @@ def sample_accept(p_x0: torch.Tensor, tree, p_nodes: torch.Tensor, u: torch.Tens
         raise ValueError(f"sampling verification needs {uniforms_needed(depth)} uniforms, got {u.numel()}")
     first = sample_first_level(p_x0, torch.from_numpy(tree.tokens[tree.roots]), u)
     if not first.accepted:
-        return Sampled(torch.tensor([first.token] + [-1] * (width - 1), dtype=torch.long, device=p_x0.device), 1)
+        return Sampled(torch.tensor([first.token] + [-1] * (width - 1), dtype=torch.long, device=p_x0.device), 1, [])
     return sample_continue(first.token, tree, p_nodes, u, width)
 
 
@@ -351,15 +351,16 @@ def follow_first_drafts(first_token: int, tree, p_nodes: torch.Tensor, max_commi
     from lp.verify.sampling import Sampled
 
     node = next(int(r) for r in tree.roots if tree.tokens[r] == first_token)
-    out = [first_token]
+    out, path = [first_token], [node]
     while True:
         kids = [i for i, p in enumerate(tree.parents) if p == node]
         if not kids:
             break
         node = kids[0]
         out.append(int(tree.tokens[node]))
+        path.append(node)
     out.append(int(p_nodes[node].argmax()))
-    return Sampled(torch.tensor(out + [-1] * (max_commit - len(out))), len(out))
+    return Sampled(torch.tensor(out + [-1] * (max_commit - len(out))), len(out), path)
 
 
 # ---------------------------------------------------------------------------------------------

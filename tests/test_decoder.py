@@ -392,6 +392,40 @@ def run_ranks(model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=()
 PARALLEL = [(5, 7, 7), (3, 3, 3), (2, 5, 5), (3, 3, 7)]
 
 
+@pytest.mark.parametrize("graphs,temperature", [(False, 0.0), (True, 0.0), (False, 0.7)])
+def test_one_replica_keeps_the_accepted_drafts_kv(graphs, temperature, tiny_models, refs):
+    """One replica keeps each step's accepted drafts' KV (Worker.keep) and feeds only x0 before
+    the window and tree: the cache then holds exactly the KV a causal prefill of the output
+    gives, slot by slot, and a greedy output stays greedy. The engines: exact sizes and fixed
+    shapes; the verifiers: greedy and sampling (its path: the first alive node of each level)."""
+    model = tiny_models["llama"]
+    cfg = DecodeConfig(W=3, N=3, G=5, budget=12, max_new_tokens=MAX_NEW, temperature=temperature)
+    worker = Worker(model, graphs=graphs, compile=False)
+    g = Decoder(worker, Collective(), set(), 512).generate(PROMPT, cfg)
+    assert g.output_ids == refs["llama"] or temperature > 0
+    assert max(g.accepted_per_step) > 1  # drafts were kept, not only bonus tokens
+    window = (cfg.W - 1) + cfg.W * (cfg.N - 2)
+    assert all(t <= 1 + window + 12 for t in g.step_tokens)  # x0, the window and the tree, no re-fed tokens
+    kept = worker.kv.length  # the last step's drafts are not committed on the host
+    fresh = Worker(model)
+    fresh.reset(512, 1)
+    fresh.prefill(torch.tensor((PROMPT + g.output_ids)[:kept], dtype=torch.long))
+    for mine, theirs in zip(worker.kv.k + worker.kv.v, fresh.kv.k + fresh.kv.v):
+        torch.testing.assert_close(mine[:, :kept], theirs[:, :kept], atol=1e-5, rtol=1e-4)
+
+
+def test_step_limit_with_kept_drafts_feeds_the_whole_limit(tiny_models, refs):
+    """With its drafts' KV kept, a step's tree gets what x0 and the window leave of `step_limit`
+    whatever the last step committed: over P ranks, where the drafts are re-fed, a step after a
+    long commit gets less, so one replica takes no more steps."""
+    cfg = dict(W=1, N=2, G=5, budget=10, step_limit=11, max_new_tokens=MAX_NEW)
+    one = decode(tiny_models["llama"], PROMPT, **cfg)
+    two, _ = run_ranks(tiny_models["llama"], 2, [PROMPT] * 2, DecodeConfig(**cfg))
+    assert one.output_ids == two[0].output_ids == refs["llama"]
+    assert one.steps <= two[0].steps
+    assert max(one.step_tokens) == 11 and max(two[0].step_tokens) == 11
+
+
 @pytest.mark.parametrize("P", [2, 3])
 @pytest.mark.parametrize("N,W,G", PARALLEL)
 def test_parallel_ranks_equal_greedy(P, N, W, G, tiny_models, refs):

@@ -153,3 +153,28 @@ def test_greedy_plain_step_is_one_graph(model):
         out = dec.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=40)).output_ids
         assert off_greedy(model, prompt, out, TIE) is None
     assert worker.fixed._greedy is not None and worker.fixed._greedy[1] is not None
+
+
+def test_kept_drafts_kv_on_captured_steps(model):
+    """One replica keeps its accepted drafts' KV in one graph replay a step, captured at the
+    decode's reset, not while it decodes: the cache then holds what a causal prefill of the
+    output gives."""
+    worker = Worker(model)
+    cfg = DecodeConfig(W=3, N=3, G=5, budget=12, max_new_tokens=48)
+
+    class Captures(StepObserver):
+        def prefill_done(self):
+            self.at_start = set(worker.fixed._keeps)
+
+        def forward_done(self):
+            assert set(worker.fixed._keeps) == self.at_start == {cfg.max_commit - 1}
+
+    prompt = _prompts(3)[2]
+    g = Decoder(worker, Collective(), set(), 512).generate(prompt, cfg, observer=Captures())
+    assert max(g.accepted_per_step) > 1
+    kept = worker.kv.length
+    fresh = Worker(model, graphs=False)
+    fresh.reset(512, 1)
+    fresh.prefill(torch.tensor((prompt + g.output_ids)[:kept], dtype=torch.long, device=CUDA))
+    for mine, theirs in zip(worker.kv.k + worker.kv.v, fresh.kv.k + fresh.kv.v):
+        torch.testing.assert_close(mine[:, :kept], theirs[:, :kept], atol=1e-4, rtol=1e-3)

@@ -31,7 +31,7 @@ def parse_lookahead(spec: str) -> dict:
     (budget: 80 verification tokens), `-D6` (text drafts of at most 6 tokens), `-T8` (8 text
     drafts per step), `-P60` (the pool keeps 60 n-grams per first token), `-R8` (the successor
     table keeps each token's top 8 next tokens; `-R0`: no recycled drafts), `-L11` (steps of at
-    most 11 tokens: the tree gets what the re-fed tokens leave of them, up to the budget), `-M1`
+    most 11 tokens: the tree gets what the pending tokens leave of them, up to the budget), `-M1`
     (text drafts also from x0's lone matches); e.g.
     "W15N5G15-pool-chains-recent-R0" is the classic verification branch."""
     import re

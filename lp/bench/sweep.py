@@ -1,6 +1,6 @@
 """`python -m lp.bench.sweep [key=value ...]`: the budget sweep. lp decodes a dataset at a ladder of
-step sizes, a step's size being every token it feeds the model (the tokens the last step
-committed, re-fed; the window; the tree: `lp.decode.plan.largest_step`), and the draft-free
+step sizes, a step's size being the most tokens it feeds the model (its pending tokens, at most
+the last step's commit; the window; the tree: `lp.decode.plan.largest_step`), and the draft-free
 baselines (Token Recycling, transformers' prompt lookup) decode the same prompts at their own step
 sizes. Every output is checked token by token against transformers' greedy `generate` (fp32 on
 the CPU by default), computed once per prompt and cached in OUT/references.json

@@ -68,7 +68,7 @@ class Shape(NamedTuple):
 
 
 # Shapes of growing step size (largest steps of 11 to 1,024 tokens). Up to 32 tokens, a step limit
-# (a step after a short commit verifies a deep draft: the tree gets what the re-fed tokens leave)
+# (the tree gets what the pending tokens leave: one replica's x0 alone, P ranks' last commit)
 # and text drafts from x0's lone matches too (prompt lookup's fallback): at 11 tokens, the size
 # prompt lookup feeds, that is above prompt lookup in every category. A small window (W1 N3 up to
 # 16 tokens; from 32, W3 N3, which gave the most S at 128 tokens in results/tree) and a tree of

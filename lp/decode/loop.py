@@ -123,10 +123,12 @@ class Decoder:
             # the smallest: one pending token and every column (one rank), or a rank's 1-token share
             P = self.comm.world_size
             fewest = RankPlan(range(W), range(0)).cost(N, pending=1, candidate_tokens=1) if P == 1 else 1
-            self.worker.reset(L + cfg.max_new_tokens, largest, fewest)
+            # one replica keeps its accepted drafts' KV; over P ranks a draft's KV lies on one of them
+            keep = P == 1 and cfg.step_shape[3] > 0
+            self.worker.reset(L + cfg.max_new_tokens, largest, fewest, kept=cfg.max_commit - 1 if keep else 0)
             t0 = time.perf_counter()
             self.worker.prefill(torch.tensor(prompt_ids[:-1], dtype=torch.long, device=self.worker.device))
-            sources = DraftSources(cfg, prompt_ids, self.worker.vocab_size)  # while a GPU prefills
+            sources = DraftSources(cfg, prompt_ids, self.worker.vocab_size, keep)  # while a GPU prefills
             observe.prefill_done()
             if self.worker.device.type == "cuda":
                 torch.cuda.synchronize(self.worker.device)
@@ -180,6 +182,9 @@ class Decoder:
             mine = message(state, step, decision, W=W, successors=top, rows=rows)
             # the pending tokens' KV stays whatever the step decides: kept before the read
             self.worker.commit(len(state.pending))
+            if sources.keep:  # and the accepted drafts', moved after them on the device
+                acc = decision[2]
+                self.worker.keep(acc.path, step.layout, acc.accepted)
 
             # all-gather and merge: the step's one device sync
             sources.prepare()  # what the step's outcome does not decide, meanwhile
@@ -191,7 +196,9 @@ class Decoder:
             tokens, state.stopped, step = observe_next(
                 gathered, step.bounds, remaining, self._eos, sources, W=W, N=N, P=P, rank=rank
             )
-            state.advance(tokens, fed)
+            state.advance(tokens, fed, sources.keep)
+            if sources.keep and step is not None:  # the device kept the drafts: the host follows
+                self.worker.commit(len(tokens) - 1, on_device=False)
 
     def _decode_ahead(self, state: DecodeState, cfg: DecodeConfig, observe: StepObserver) -> None:
         """Greedy `mode=ar` with the device one step ahead of the host: a step's input is the

@@ -72,8 +72,9 @@ class StepPlan:
 
 
 def largest_step(cfg: DecodeConfig) -> int:
-    """The most tokens a step of `cfg` feeds one rank: `max_commit` pending tokens, every window
-    column and the whole tree, or `step_limit` where it is less."""
+    """The most tokens a step of `cfg` feeds one rank at any world size: `max_commit` pending
+    tokens (re-fed over P ranks; one replica feeds x0 alone), every window column and the whole
+    tree, or `step_limit` where it is less."""
     W, N, _, budget = cfg.step_shape
     most = RankPlan(range(W), range(budget)).cost(N, pending=cfg.max_commit, candidate_tokens=1)
     return most if cfg.step_limit is None else min(most, cfg.step_limit)
@@ -146,6 +147,12 @@ def _step_of(
     return StepPlan(ids, layout_, rank, tree, bounds), Labelled(tokens, parents, labels)
 
 
+def next_pending(committed: list[int], keep: bool) -> list[int]:
+    """The tokens the step after one that committed `committed` feeds before its window and tree
+    (x0 last): all of them, or with `keep` (their drafts' KV kept) only the last."""
+    return committed[-1:] if keep else committed
+
+
 def observe_next(
     gathered: np.ndarray,
     bounds: np.ndarray,
@@ -167,14 +174,14 @@ def observe_next(
         tokens, stopped = sources.observe(gathered, bounds, remaining, eos)
         if stopped or len(tokens) >= remaining:
             return tokens, stopped, None
-        return tokens, stopped, plan_next(tokens, sources, W=W, N=N, P=P, rank=rank)
+        return tokens, stopped, plan_next(next_pending(tokens, sources.keep), sources, W=W, N=N, P=P, rank=rank)
     best, new, stopped, ids, pair_rows, planned, plan = _observe_plan_loop(
         W, N, P, rank, gathered, bounds, remaining, eos, *sources.take(), *growth
     )
     tokens = sources.observed(gathered, best, new, ids, pair_rows)
     if not planned:
         return tokens, stopped, None
-    step, grown = _step_of(plan, len(tokens), W, N, P, rank)
+    step, grown = _step_of(plan, 1 if sources.keep else len(tokens), W, N, P, rank)
     sources.grew(grown)
     return tokens, stopped, step
 
@@ -235,15 +242,16 @@ def _compile(digest: str):
         W, N, P, rank, gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered,
         chances, table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest,
         lone, state, queue, window, from_window, from_text, budget, depth, length, count, ptable, prows, prings,
-        context, frequent, ranks, row_len, row_source,
+        context, frequent, ranks, row_len, row_source, keep,
     ):  # fmt: skip
         """`observe_body` (lp/decode/policy.py) on its arguments (the messages to `from_text`),
         then, unless the step ended the decode, `plan_body` for rank `rank` of P on the next
-        step's growth (`DraftSources.next_growth`: from `budget` on, the rest of `plan_body`'s
-        arguments the observe's: the text's and the successor table's arrays, the pool's state
-        and queue, the `chances` as rows of `depth`), the committed tokens pending: the
-        observe's answer, whether it planned, the plan's. (One array passed once: each argument
-        costs the call's dispatch a tenth of a microsecond.)"""
+        step's growth (`DraftSources.next_growth`: from `budget` to `row_source`, the rest of
+        `plan_body`'s arguments the observe's: the text's and the successor table's arrays, the
+        pool's state and queue, the `chances` as rows of `depth`), the committed tokens pending
+        (`keep`: the last alone, `next_pending`): the observe's answer, whether it planned, the
+        plan's. (One array passed once: each argument costs the call's dispatch a tenth of a
+        microsecond.)"""
         if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
             raise ValueError("no digest of the loops' sources")
         best, new, stopped, made, n_pairs = observe_body(
@@ -256,10 +264,11 @@ def _compile(digest: str):
             none = (e, e, e, e, np.empty((0, 4), np.int64), -1, e, e, e, np.zeros((0, 0), np.bool_), e, e)
             return best, new, stopped, made, n_pairs, False, none
         rates = chances.reshape((len(chances) // depth, depth))  # `DraftRates.chances`, flat in the observe
+        fed = new[len(new) - 1 :] if keep else new
         plan = plan_body(
             True, budget, depth, seq, n + len(new), grams, head, longest, lone, length, count, ptable, prows, prings,
             state, queue, context, frequent, ranks, row_len, row_source, rates, hits, table, pairs, index, window,
-            e, e, e, new, W, N, P, rank,
+            e, e, e, fed, W, N, P, rank,
         )  # fmt: skip
         return best, new, stopped, made, n_pairs, True, plan
 

@@ -40,12 +40,16 @@ class DraftSources:
     The text's, the pool's and the successor table's arrays are replaced only in `__init__` and
     `prepare()` (room made), which take them for the calls afresh."""
 
-    def __init__(self, cfg: DecodeConfig, prompt_ids: list[int], vocab_size: int) -> None:
+    def __init__(self, cfg: DecodeConfig, prompt_ids: list[int], vocab_size: int, keep: bool = False) -> None:
+        """`keep`: the decode keeps each step's accepted drafts' KV (lp/worker.py `keep`), so
+        every step feeds one pending token: its tree's budget no longer depends on the last
+        step's commit."""
         W, N, G, budget = cfg.step_shape
         k = cfg.successors_sent
         if k > vocab_size:
             raise LPError(f"recycle={k} is more than the model's {vocab_size} tokens")
-        self.cfg, self.N, self.G, self.budget = cfg, N, G, budget
+        self.cfg, self.N, self.G, self.keep = cfg, N, G, keep
+        self.budget = cfg.tree_budget(1) if keep else budget
         # every step keys at most a row per tree node and x0's
         self.successors = SuccessorTable(k, vocab_size, cfg.max_new_tokens * (budget + 1)) if k else None
         self.window = JacobiWindow(W, N, prompt_ids, cfg.seed) if W else None
@@ -78,12 +82,13 @@ class DraftSources:
         if G and cfg.pool_from_prompt:
             self.pool.add_sequence(prompt_ids)
             self.pool.flush()
-        self._limited = cfg.step_limit is not None  # whether a step's tree budget depends on its pending tokens
+        # whether a step's tree budget depends on its pending tokens
+        self._limited = cfg.step_limit is not None and not keep
         self._arrays()
 
     def tree(self, pending: int) -> DraftTree:
-        """The next step's verification tree (`step_tree`), for a step that re-feeds `pending`
-        tokens (its tree gets what they leave of a `step_limit`)."""
+        """The next step's verification tree (`step_tree`), for a step that feeds `pending`
+        tokens first (its tree gets what they leave of a `step_limit`)."""
         tree, grown = step_tree(
             self.cfg,
             self.cfg.tree_budget(pending),
@@ -165,7 +170,7 @@ class DraftSources:
         if self.cfg.tree and self.budget and not self._limited:
             self.next_growth = (
                 self.budget, self._depth, *self._text_args, pool.table, pool.rows, pool.rings, *self._pool_args,
-                _RANKS, self._guesses(1), WINDOW_SOURCE,
+                _RANKS, self._guesses(1), WINDOW_SOURCE, self.keep,
             )  # fmt: skip
 
     def observe(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lp.decode.plan import StepPlan
+from lp.decode.plan import StepPlan, next_pending
 from lp.engine.fixed_steps import DeviceLayout
 from lp.message import CHECK_MOD, pack
 from lp.verify.greedy import Acceptance
@@ -23,8 +23,8 @@ def fingerprint(*parts: object) -> int:
 @dataclass
 class DecodeState:
     """The output so far, its length in the sequence and running checksum (every message carries
-    both, so ranks that drifted apart are caught), the tokens the next step re-feeds (x0 last),
-    and what each step committed and fed."""
+    both, so ranks that drifted apart are caught), the tokens the next step feeds before its
+    window and tree (x0 last), and what each step committed and fed."""
 
     prompt: list[int]
     length: int = 0
@@ -46,13 +46,14 @@ class DecodeState:
         self.stopped = True
         return tokens[: next(i for i, t in enumerate(tokens) if t in eos_ids) + 1]
 
-    def advance(self, tokens: list[int], fed: int) -> None:
-        """Commit a step's `tokens` (fed `fed` tokens to this rank's forward)."""
+    def advance(self, tokens: list[int], fed: int, keep: bool = False) -> None:
+        """Commit a step's `tokens` (fed `fed` tokens to this rank's forward); `keep`: their drafts'
+        KV was kept, so the next step feeds only the last (`next_pending`)."""
         for t in tokens:
             self.checksum = (self.checksum * 31 + t) % CHECK_MOD
         self.output.extend(tokens)
         self.length += len(tokens)
-        self.pending = tokens
+        self.pending = next_pending(tokens, keep)
         self.accepted.append(len(tokens))
         self.step_tokens.append(fed)
 

@@ -226,15 +226,19 @@ class FixedSteps:
         self.run = forward.compiled() if compile else forward
         self._buckets: dict[int, _Bucket] = {}
         self._greedy: tuple[PlainGreedy, torch.cuda.CUDAGraph | None, torch.Tensor | None] | None = None
+        self._keeps: dict[int, tuple[tuple[torch.Tensor, ...], torch.cuda.CUDAGraph]] = {}  # by path length
         self.capture_seconds: dict[int, float] = {}  # per bucket: compile (if any) + warm-up + capture
 
     @torch.inference_mode()  # as steps run: a compiled graph's guards include the grad mode
-    def prepare(self, fewest: int, most: int) -> None:
+    def prepare(self, fewest: int, most: int, kept: int = 0) -> None:
         """Compile (and capture, on a GPU) every bucket that steps of `fewest` to `most` tokens
-        use, now rather than in the middle of a decode, where one bucket's compile and capture
-        takes seconds. Its forwards write only cache slots that the next step overwrites."""
+        use, and the `keep` of paths of `kept` nodes (0: none), now rather than in the middle
+        of a decode, where one bucket's compile and capture takes seconds. Its forwards write
+        only cache slots that the next step overwrites."""
         for B in buckets_between(fewest, most):
             self._ready(B)
+        if kept and self.capture:
+            self._ready_keep(kept)
 
     def _ready(self, B: int) -> _Bucket:
         """Bucket B, built (and compiled and captured) if it is new; stored only once it works."""
@@ -304,6 +308,36 @@ class FixedSteps:
             return self.run(x)[: layout.n_rows]
         b.graph.replay()
         return b.logits[: layout.n_rows]
+
+    @torch.inference_mode()
+    def keep(self, path: torch.Tensor, offset: int, count: torch.Tensor) -> None:
+        """`KVCache.keep`; on a GPU one graph replay (captured at the decode's reset: `prepare`),
+        not four launches per layer."""
+        if not self.capture:
+            self.kv.keep(path, offset, count)
+            return
+        (path_in, offset_in, count_in), graph = self._ready_keep(path.shape[0])
+        path_in.copy_(path)
+        offset_in.fill_(offset)
+        count_in.copy_(count)
+        graph.replay()
+
+    def _ready_keep(self, D: int) -> tuple[tuple[torch.Tensor, ...], torch.cuda.CUDAGraph]:
+        """The captured `KVCache.keep` of paths of D nodes and its static inputs (path, offset,
+        count), warmed up and recorded with nothing to move: self-copies, the length + 0."""
+        if D not in self._keeps:
+            long = dict(dtype=torch.long, device=self.device)
+            inputs = (torch.full((D,), -1, **long), torch.zeros((), **long), torch.zeros((), **long))
+
+            def record() -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+                self.kv.keep(*inputs)  # lazy initialisation outside the recording
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.kv.keep(*inputs)
+                return graph, inputs[0]
+
+            self._keeps[D] = (inputs, self._capture("the kept drafts' KV move", record)[0])
+        return self._keeps[D]
 
     def _greedy_step(self, state: PlainGreedy) -> torch.Tensor:
         """A whole plain greedy step, no host value in it: input, forward, message, committed."""

@@ -3,9 +3,9 @@
 Slot i holds the key/value of sequence position i. A step writes its n tokens' KV at slots
 `[length, length + n)` and attends to the committed slots `[0, length)` plus its own tokens
 under the step mask; `commit(k)` then keeps the first k of them (the pending tokens the step
-re-fed). Everything after is speculative and simply overwritten by the next step, so a rejected
-guess costs nothing to undo, and the buffers never move: CUDA graphs captured over them stay
-valid for every prompt of the process.
+fed), and `keep` moves the accepted drafts' KV after them. Everything after is speculative
+and simply overwritten by the next step, so a rejected guess costs nothing to undo, and the
+buffers never move: CUDA graphs captured over them stay valid for every prompt of the process.
 
 The committed length lives twice: as a host int (shapes, checks) and as a device tensor
 (`start`) that forwards read, so a captured step needs no host value to know where to write.
@@ -65,6 +65,20 @@ class KVCache:
         self.length += n
         if on_device:
             self.start.add_(n)
+
+    def keep(self, path: torch.Tensor, offset: int | torch.Tensor, count: torch.Tensor) -> None:
+        """Keep the KV of a step's accepted draft tokens, after `commit` kept its pending ones: move
+        the slots `start + offset + path[i]` (a tree node's slot, `offset` its first node's past
+        `start`; `path` padded with -1) to `start + i`, then advance the device's length by
+        `count` (a device scalar: no host value, so the step's decision is not waited for).
+        The host's length follows with `commit(count, on_device=False)` once it is read. The
+        drafts' KV was computed under the step mask with their own positions: exactly what
+        re-feeding them would compute, so the next step feeds only the bonus token."""
+        dst = self.start + torch.arange(path.shape[0], device=self.start.device)
+        src = torch.where(path >= 0, self.start + offset + path, dst)  # padding: copied onto itself
+        for buf in (*self.k, *self.v):
+            buf.index_copy_(1, dst, buf.index_select(1, src))
+        self.start.add_(count)
 
     def as_transformers_cache(self) -> Cache:
         """A transformers `Cache` over these buffers, for models run through their own modules."""

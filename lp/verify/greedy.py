@@ -14,11 +14,14 @@ class Acceptance(NamedTuple):
     `best` is the local index of the deepest accepted tree node (-1 if none), `accepted` its
     depth (the number of draft tokens accepted), `tokens` `[max_commit]` the model's tokens along
     the path to it, padded with -1: the step commits `tokens[:accepted + 1]`, i.e. the matched
-    drafts plus the bonus token."""
+    drafts plus the bonus token. `path` `[max_commit - 1]`: the local indices of the accepted
+    nodes by depth, padded with -1 (where their KV lies in the step: lp/worker.py `keep`); None
+    where a caller builds an acceptance without it (tests)."""
 
     best: torch.Tensor
     accepted: torch.Tensor
     tokens: torch.Tensor
+    path: torch.Tensor | None = None
 
 
 def greedy_accept(
@@ -39,9 +42,10 @@ def greedy_accept(
     n = tokens.shape[0]
     out = torch.full((max_commit + 1,), -1, dtype=torch.long, device=y1.device)
     out[0] = y1
+    nodes = torch.full((max_commit + 1,), -1, dtype=torch.long, device=y1.device)
     if n == 0:
         zero = torch.zeros((), dtype=torch.long, device=y1.device)
-        return Acceptance(zero - 1, zero, out[:max_commit])
+        return Acceptance(zero - 1, zero, out[:max_commit], nodes[: max_commit - 1])
     expect = torch.cat([y1.reshape(1), preds])  # expect[p + 1]: the model's token after node p
     ok = tokens == expect[parents + 1]
     accepted = ~(ancestors & ~ok).any(dim=1)  # the node and all its ancestors match
@@ -52,5 +56,7 @@ def greedy_accept(
     length = score.index_select(0, pick)[0]
     path = ancestors.index_select(0, pick)[0] & (length > 0)
     # the path's tokens by depth, then the bonus; off-path nodes write to the spare last slot
-    out.scatter_(0, torch.where(path, depth, max_commit), preds)
-    return Acceptance(torch.where(length > 0, best, -1), length, out[:max_commit])
+    slot = torch.where(path, depth, max_commit)
+    out.scatter_(0, slot, preds)
+    nodes.scatter_(0, slot - 1, torch.arange(n, device=y1.device))  # depth d's node at d - 1
+    return Acceptance(torch.where(length > 0, best, -1), length, out[:max_commit], nodes[: max_commit - 1])

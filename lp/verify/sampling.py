@@ -74,10 +74,13 @@ class FirstLevel(NamedTuple):
 
 
 class Sampled(NamedTuple):
-    """Committed tokens `[max_commit]` (long, padded with -1 after the first n) and their count n."""
+    """Committed tokens `[max_commit]` (long, padded with -1 after the first n), their count n,
+    and the accepted drafts' nodes (one per level, the first alive one: alive nodes share their
+    context, so any one's KV is the token's)."""
 
     tokens: torch.Tensor
     n: int
+    path: list[int]
 
 
 def uniforms_needed(depth: int) -> int:
@@ -130,8 +133,8 @@ def _uniform_values(u: torch.Tensor, need: int) -> list[float]:
     return values
 
 
-def _finish(out: list[int], max_commit: int, device: torch.device) -> Sampled:
-    return Sampled(torch.tensor(out + [-1] * (max_commit - len(out)), dtype=torch.long, device=device), len(out))
+def _finish(out: list[int], path: list[int], max_commit: int, device: torch.device) -> Sampled:
+    return Sampled(torch.tensor(out + [-1] * (max_commit - len(out)), dtype=torch.long, device=device), len(out), path)
 
 
 def sample_first_level(p_x0: torch.Tensor, first_tokens: torch.Tensor, u: torch.Tensor) -> FirstLevel:
@@ -167,15 +170,16 @@ def sample_continue(
     alive = [int(r) for r in tree.roots if tokens[r] == first_token]
     if not alive:
         raise ValueError("sample_continue: no root of the tree carries the accepted first token")
-    out = [first_token]
+    out, path = [first_token], [alive[0]]
     while True:  # level len(out) + 1 decides the token after the alive nodes
         i = len(out) + 1
         kids = [c for a in alive for c in children[a]]
         level = _level(p_nodes[alive[0]], [tokens[c] for c in kids], values[2 * (i - 1)], values[2 * (i - 1) + 1])
         out.append(level.token)
         if not level.accepted:
-            return _finish(out, max_commit, p_nodes.device)
+            return _finish(out, path, max_commit, p_nodes.device)
         alive = [c for c in kids if tokens[c] == level.token]
+        path.append(alive[0])
 
 
 __all__ = ["FirstLevel", "Sampled", "sample_continue", "sample_first_level", "uniforms_needed"]

@@ -98,7 +98,11 @@ class SamplingVerifier:
         p_nodes = self._warp(s.node_logits[start - s.mine.start : stop - s.mine.start])
         result = self.rule(first.token, s.tree.slice(start, stop), p_nodes, u, s.max_commit)
         # The lowest alive root stands for the group: a rule fixed before the outcome is seen.
-        return token, Acceptance(token.new_tensor(start - s.mine.start), token.new_tensor(result.n - 1), result.tokens)
+        local = start - s.mine.start
+        path = [local + node for node in result.path] + [-1] * (s.max_commit - 1 - len(result.path))
+        return token, Acceptance(
+            token.new_tensor(local), token.new_tensor(result.n - 1), result.tokens, token.new_tensor(path)
+        )
 
 
 Verifier = Callable[[StepRows], tuple[torch.Tensor, Acceptance]]
