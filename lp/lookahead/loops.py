@@ -15,7 +15,8 @@ import numpy as np
 from numba import njit
 
 NO_ROW = -(1 << 62)  # `find_row`'s answer where neither table has a row
-ROW, CHAIN = 0, 1  # a growth entry's kind: a successor row, or a chain
+# a growth entry's kind: a successor row, a chain, or a node's own row not yet looked up (`grow_tree`)
+ROW, CHAIN, LATER = 0, 1, 2
 
 
 @njit(cache=True)
@@ -237,6 +238,11 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
         e = _pop(keys, entries, h)
         h -= 1
         parent, kind, seq, i, d = entry[e, 0], entry[e, 1], entry[e, 2], entry[e, 3], entry[e, 4]
+        if kind == LATER:  # node `parent`'s own row, looked up once it is the likeliest entry
+            up = parents[parent]
+            seq, kind = find_row(table, index, tokens[up] if up >= 0 else x0, tokens[parent]), ROW
+            if seq == NO_ROW:
+                continue
         while True:  # an entry that would leave next is taken at once, without waiting
             if kind == ROW:
                 token = successor(table, pairs, seq, i)
@@ -258,18 +264,22 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
                 made[node] = neg
                 sibling_of[node] = first_child[parent + 1]
                 first_child[parent + 1] = node
-            # a node is grown on once, where it is made
-            below = NO_ROW
-            if k and d < depth and new:
-                below = find_row(table, index, tokens[parent] if parent >= 0 else x0, token)
+            # a node is grown on once, where it is made, from its own row: looked up where it may
+            # go on at once, else waiting as LATER (most waiting rows never leave the heap, and
+            # each lookup reads a random line or two of the table); a row that proves missing
+            # leaves no node, so the tree is the same as with every row looked up here
+            below, grows = NO_ROW, LATER if k and d < depth and new else -1
             child = neg * q0
+            has_sibling = kind == ROW and i + 1 < k
+            sibling = neg / rates[i] * rates[i + 1] if has_sibling else 0.0
+            if grows >= 0 and kind == ROW and (not has_sibling or child < sibling):
+                below = find_row(table, index, tokens[parent] if parent >= 0 else x0, token)
+                grows = ROW if below != NO_ROW else -1
             if kind == ROW:
                 # a row offers its next sibling, then the node's successors: the likelier of the
                 # two goes on at once when nothing waiting is as likely (the sibling first at equal
                 # chances, as it came first), the other waits
-                has_sibling = i + 1 < k
-                sibling = neg / rates[i] * rates[i + 1] if has_sibling else 0.0
-                if below != NO_ROW and (not has_sibling or child < sibling):
+                if grows == ROW and (not has_sibling or child < sibling):
                     if has_sibling:
                         h, n = _wait(keys, entries, h, entry, n, sibling, parent, ROW, seq, i + 1, d)
                     if h and keys[0] <= child:
@@ -279,17 +289,17 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
                 elif has_sibling:
                     if h and keys[0] <= sibling:
                         h, n = _wait(keys, entries, h, entry, n, sibling, parent, ROW, seq, i + 1, d)
-                        if below != NO_ROW:
-                            h, n = _wait(keys, entries, h, entry, n, child, node, ROW, below, 0, d + 1)
+                        if grows >= 0:
+                            h, n = _wait(keys, entries, h, entry, n, child, node, grows, below, 0, d + 1)
                         break
-                    if below != NO_ROW:
-                        h, n = _wait(keys, entries, h, entry, n, child, node, ROW, below, 0, d + 1)
+                    if grows >= 0:
+                        h, n = _wait(keys, entries, h, entry, n, child, node, grows, below, 0, d + 1)
                     i, neg = i + 1, sibling
                 else:
                     break
                 continue
-            if below != NO_ROW:
-                h, n = _wait(keys, entries, h, entry, n, child, node, ROW, below, 0, d + 1)
+            if grows >= 0:
+                h, n = _wait(keys, entries, h, entry, n, child, node, grows, below, 0, d + 1)
             if starts[seq] + i + 1 >= starts[seq + 1]:
                 break
             # a chain goes on from its node's chance: another source's, if it made the node first
