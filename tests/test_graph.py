@@ -47,6 +47,15 @@ def test_padded_layout(packed):
         assert torch.equal(d.tree_ancestors, torch.from_numpy(layout.mask[T - n :, T - n :]))
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_layout_with_more_rows_than_tokens_takes_the_bucket_of_its_rows(packed):
+    """W1 N2 with no tree: x0 alone, its row read twice (y1 and the column's new token)."""
+    layout = step_layout(1, 1, 2, range(1), ())
+    assert layout.size == 1 and len(layout.logit_rows) == 2
+    p = device_layout(layout, torch.device("cpu"), fixed=True, packed=packed)
+    assert p.block.shape == (16, 16) and p.rows[:2].tolist() == layout.logit_rows.tolist() and p.n_rows == 2
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fixed_shape_step_equals_eager_step(arch, attention, tiny_models):
