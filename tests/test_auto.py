@@ -66,7 +66,7 @@ def test_predictions_follow_what_is_achieved():
 def test_the_reason_reads_as_words():
     plain = AutoTuner(curve(0.5)).choose()[1]
     assert plain.startswith(
-        "plain decoding: even the cheapest lookahead step (W=1 N=3 G=15 budget=9 step_limit=11 text_match=1, 11 tokens)"
+        "plain decoding: even the cheapest lookahead step (W=1 N=2 G=15 budget=9 step_limit=11 text_match=1, 11 tokens)"
     )
     assert "nothing decoded yet" in plain and "((" not in plain and "(s)" not in plain
     tuner = AutoTuner(curve(0.01))
@@ -136,7 +136,7 @@ def test_the_runtime_keeps_fixed_shape_costs_padded(tiny_model_dir):
 def test_the_prior_is_the_budget_sweeps_slope():
     """PRIOR_SLOPE is the slope `auto` fits (S - 1 against log2 of the largest step) to the lp rows
     of the budget sweep that the ladder comes from: rerunning the sweep means refitting the prior."""
-    doc = json.loads((ROOT / "results" / "sweep" / "spec_bench_12" / "sweep.json").read_text())
+    doc = json.loads((ROOT / "results" / "sweep" / "spec_bench_48" / "sweep.json").read_text())
     tuner = AutoTuner(curve(0.0))
     for r in doc["rows"]:
         if r["decoder"] == "lp":
