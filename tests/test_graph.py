@@ -215,3 +215,21 @@ def test_failed_capture_leaves_the_worker_as_it_was(monkeypatch, tiny_models):
     assert list(w.fixed._buckets) == [32]
     w.prefill(prompt)
     torch.testing.assert_close(w.step(ids, layout, len(prompt) + 1), want)
+
+
+def test_an_n2_step_at_a_bucket_edge_is_prepared_at_reset(tiny_models):
+    """W1 N2 with a 15-node tree in a 16-token limit: a 16-token step reads 17 logits rows, so it runs in the 32-token
+    bucket, which the decode's reset builds, not the step."""
+    worker = Worker(tiny_models["llama"], graphs=True, attention="sdpa")
+
+    class Buckets(StepObserver):
+        def prefill_done(self):
+            self.at_start = set(worker.fixed._buckets)
+
+        def forward_done(self):
+            assert set(worker.fixed._buckets) == self.at_start
+
+    prompt = make_prompt(1, 8, 3)
+    cfg = DecodeConfig(W=1, N=2, G=5, budget=15, step_limit=16, max_new_tokens=24)
+    out = Decoder(worker, Collective(), set(), 512).generate(prompt, cfg, observer=Buckets())
+    assert 32 in worker.fixed._buckets and out.output_ids == reference_greedy(tiny_models["llama"], prompt, 24)

@@ -50,6 +50,8 @@ def test_recording_is_the_decode(lm, recordings):
         assert math.isclose(rec.S, rec.new_tokens / len(rec.steps))
         first = rec.steps[0]
         assert first.m == 1 and first.length == len(PROMPTS[0]) - 1  # the prompt less x0 is committed
+        # each step's m: the last step's commit, which P > 1 ranks re-feed (one replica keeps its KV)
+        assert [s.m for s in rec.steps] == [m for r in results for m in [1, *r.accepted_per_step[:-1]]]
     assert any(s.parents for rec in recordings for s in rec.steps), "no step verified a draft: a weak test"
 
 
@@ -86,7 +88,7 @@ def test_ranks_cover_the_step_exactly_once(recordings):
         W, N, P = rec.shape.W, rec.shape.N, rec.shape.P
         for s in rec.steps:
             layouts = rank_layouts(s, rec.shape)
-            assert len(layouts) == P and all(lay.m == s.m for lay in layouts)
+            assert len(layouts) == P and all(lay.m == s.pending(P)[0] for lay in layouts)
             columns = [j for lay in layouts for j in lay.columns]
             assert columns == list(range(W))  # every column on one rank, in order
             top = [tok for lay in layouts for tok in lay.tokens if tok[0] == "w" and tok[1] == N - 2]

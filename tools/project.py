@@ -5,7 +5,7 @@
 1. Record: the real model (`model`, default SmolLM2-135M) decodes the prompts at world size 1
    for every configuration (P, W, N, G). LP is exact and its partition does not change what a
    step accepts, so S and every step's shape (pending tokens, draft tree, committed length) are
-   what P ranks would see.
+   what P ranks would see (P > 1 ranks re-feed the last step's commit, one replica x0 alone).
 2. Replay: a model of shape `arch` with random weights runs, on this one device, every rank's
    share of every recorded step (lp's own partition and layouts), one rank after another at
    the recorded cache length. A step costs its slowest rank plus the median all-gather for P,
@@ -75,11 +75,17 @@ class Shape:
 
 @dataclass(frozen=True)
 class Step:
-    """A recorded step: pending tokens, committed cache length, the draft tree."""
+    """A recorded step: the tokens the last step committed (`m`: P > 1 ranks re-feed them; one
+    replica keeps their KV and feeds x0 alone, lp/worker.py `keep`), the committed cache length
+    before them, the draft tree."""
 
     m: int
     length: int
     tree: DraftTree
+
+    def pending(self, P: int) -> tuple[int, int]:
+        """The step's pending tokens on P ranks and the committed cache length before them."""
+        return (1, self.length + self.m - 1) if P == 1 else (self.m, self.length)
 
     @property
     def parents(self) -> tuple[int, ...]:
@@ -99,11 +105,19 @@ class Recording:
 
 
 class _Recorder(StepObserver):
+    """Records each step at world size 1, where x0 alone is pending: the last step's commit is
+    how far x0 moved."""
+
     def __init__(self) -> None:
         self.steps: list[Step] = []
+        self._x0: int | None = None  # the last step's x0 position in this sequence
+
+    def prefill_done(self) -> None:
+        self._x0 = None
 
     def planned(self, step: StepPlan, position: int) -> None:
-        m = step.layout.m
+        m = 1 if self._x0 is None else position - self._x0
+        self._x0 = position
         self.steps.append(Step(m, position + 1 - m, step.tree))
 
 
@@ -135,14 +149,16 @@ def record(lm, prompts: list[list[int]], shape: Shape, max_new_tokens: int) -> R
 
 def rank_layouts(step: Step, shape: Shape) -> list[StepLayout]:
     """Every rank's layout of `step` at `shape`, as lp.decode.plan.plan_step lays them out."""
-    return [rank_share(step.m, step.tree, W=shape.W, N=shape.N, P=shape.P, rank=r)[1] for r in range(shape.P)]
+    m, _ = step.pending(shape.P)
+    return [rank_share(m, step.tree, W=shape.W, N=shape.N, P=shape.P, rank=r)[1] for r in range(shape.P)]
 
 
 def project(rec: Recording, time_step: Timer, allgather_s: float) -> dict:
     """One row of the table: per step, the slowest rank's forward plus the all-gather."""
     slowest, step_s, ar_s, biggest = [], [], [], []
     for s in rec.steps:
-        ranks = [(time_step(layout, s.length), layout.size) for layout in rank_layouts(s, rec.shape)]
+        _, length = s.pending(rec.shape.P)
+        ranks = [(time_step(layout, length), layout.size) for layout in rank_layouts(s, rec.shape)]
         slowest.append(max(t for t, _ in ranks))
         biggest.append(max(n for _, n in ranks))
         step_s.append(slowest[-1] + allgather_s)

@@ -70,8 +70,9 @@ class Shape(NamedTuple):
 # Shapes of growing step size (largest steps of 11 to 1,024 tokens). Up to 32 tokens, a step limit
 # (the tree gets what the pending tokens leave: one replica's x0 alone, P ranks' last commit)
 # and text drafts from x0's lone matches too (prompt lookup's fallback). A small window and a tree
-# of the rest: at 11 tokens, the size prompt lookup feeds, a one-token window (W1 N2), whose tree
-# of up to 9 nodes is above prompt lookup in every category (W1 N3's 8 gave 1.88 against its
+# of the rest: at 11 tokens, the size prompt lookup feeds, W1 N2 (no window token: the column is
+# x0's own prediction; a tree of up to 9, so at most 10 tokens a step on one replica), above
+# prompt lookup in every category (W1 N3, a window token and the same tree, gave 1.88 against its
 # 1.84, tying prompt lookup in translation); W1 N3 at 16; from 32, W3 N3, which gave the most S at
 # 128 tokens in results/tree; more recycled successors above 256 tokens. The budget sweeps
 # measure them (results/sweep/spec_bench_48; its screen_11 compares the two 11-token windows).

@@ -125,7 +125,9 @@ class Decoder:
             fewest = RankPlan(range(W), range(0)).cost(N, pending=1, candidate_tokens=1) if P == 1 else 1
             # one replica keeps its accepted drafts' KV; over P ranks a draft's KV lies on one of them
             keep = P == 1 and cfg.step_shape[3] > 0
-            self.worker.reset(L + cfg.max_new_tokens, largest, fewest, kept=cfg.max_commit - 1 if keep else 0)
+            # an N = 2 step reads a logits row more than it feeds tokens: its bucket is its rows'
+            most = largest + 1 if N == 2 and W else largest
+            self.worker.reset(L + cfg.max_new_tokens, most, fewest, kept=cfg.max_commit - 1 if keep else 0)
             t0 = time.perf_counter()
             self.worker.prefill(torch.tensor(prompt_ids[:-1], dtype=torch.long, device=self.worker.device))
             sources = DraftSources(cfg, prompt_ids, self.worker.vocab_size, keep)  # while a GPU prefills
@@ -183,7 +185,9 @@ class Decoder:
             # the pending tokens' KV stays whatever the step decides: kept before the read
             self.worker.commit(len(state.pending))
             if sources.keep:  # and the accepted drafts', moved after them on the device
-                acc = decision[2]
+                _, _, acc = decision
+                if acc.path is None:
+                    raise LPError("the verifier's Acceptance has no path: one replica keeps its accepted drafts' KV")
                 self.worker.keep(acc.path, step.layout, acc.accepted)
 
             # all-gather and merge: the step's one device sync

@@ -194,7 +194,7 @@ def observe_next(
     tokens = sources.observed(gathered, best, out[: ends[0]], ids, pair_rows)
     if not planned:
         return tokens, stopped, None
-    step, grown = _step_of(plan, 1 if sources.keep else len(tokens), W, N, P, rank)
+    step, grown = _step_of(plan, len(next_pending(tokens, sources.keep)), W, N, P, rank)
     sources.grew(grown)
     return tokens, stopped, step
 

@@ -42,7 +42,7 @@ class DraftSources:
 
     def __init__(self, cfg: DecodeConfig, prompt_ids: list[int], vocab_size: int, keep: bool = False) -> None:
         """`keep`: the decode keeps each step's accepted drafts' KV (lp/worker.py `keep`), so
-        every step feeds one pending token: its tree's budget no longer depends on the last
+        every step feeds one pending token: its tree's budget does not depend on the last
         step's commit."""
         W, N, G, budget = cfg.step_shape
         k = cfg.successors_sent

@@ -82,7 +82,7 @@ def device_layout(layout: StepLayout, device: torch.device, fixed: bool, packed:
     on a CPU they are used where they lie, so the tensors share memory with the cached `layout`
     (nothing writes them)."""
     used, R = layout.size, len(layout.logit_rows)
-    # N = 2 windows read their columns' rows from tokens fed anyway: more rows than tokens
+    # an N = 2 window reads its columns' rows off tokens fed anyway: at most one row more than tokens
     B = bucket(max(used, R)) if fixed else used
     kind = device.type
     if not (kind == "cuda" if packed is None else packed):
