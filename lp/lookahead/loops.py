@@ -279,7 +279,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
                 # a row offers its next sibling, then the node's successors: the likelier of the
                 # two goes on at once when nothing waiting is as likely (the sibling first at equal
                 # chances, as it came first), the other waits
-                if grows == ROW and (not has_sibling or child < sibling):
+                if grows == ROW:  # looked up only where the node's successors go before its sibling
                     if has_sibling:
                         h, n = _wait(keys, entries, h, entry, n, sibling, parent, ROW, seq, i + 1, d)
                     if h and keys[0] <= child:
