@@ -159,16 +159,21 @@ class Decoder:
         k, rows, P, rank = cfg.successors_sent, successor_rows(W, budget), self.comm.world_size, self.comm.rank
         # plan: drafts -> tree -> this rank's ids and layout (later steps: planned with the last one's observe)
         step: StepPlan | None = plan_next(state.pending, sources, W=W, N=N, P=P, rank=rank)
+        last: tuple[list[int], int] | None = None  # a step's committed tokens and fed count, until the state takes them
         while step is not None:
-            observe.planned(step, state.length - 1)
+            x0 = state.length - 1 + (len(last[0]) if last is not None else 0)
+            observe.planned(step, x0)
             # a new layout goes to the device once, before the forward is queued (which waits for it)
             on_device = self.worker.on_device(step.layout)
             ids = self.worker.upload(step.ids)
 
             # forward: one masked pass, no communication
             observe.forward_start()
-            logits = self.worker.step(ids, step.layout, state.length - 1)
+            logits = self.worker.step(ids, step.layout, x0)
             observe.forward_done()
+            if last is not None:  # the last step's outcome kept, while the device computes
+                state.advance(*last, sources.keep)
+                sources.settle()
 
             # accept on this rank (the lookahead branch stays greedy), then pack this rank's message
             steps_done = len(state.accepted)
@@ -195,14 +200,17 @@ class Decoder:
             gathered = self.comm.all_gather(mine).cpu().numpy()
             observe.message_read()
 
-            # merge and advance: draft sources, state; the next step's plan, unless the decode ends
+            # merge and advance the draft sources; the next step's plan, unless the decode ends. The
+            # state takes the tokens once the next forward is queued: only its plan waits for the read
             fed, remaining = step.layout.size, cfg.max_new_tokens - len(state.output)
             tokens, state.stopped, step = observe_next(
                 gathered, step.bounds, remaining, self._eos, sources, W=W, N=N, P=P, rank=rank
             )
-            state.advance(tokens, fed, sources.keep)
+            last = tokens, fed
             if sources.keep and step is not None:  # the device kept the drafts: the host follows
                 self.worker.commit(len(tokens) - 1, on_device=False)
+        if last is not None:
+            state.advance(*last, sources.keep)
 
     def _decode_ahead(self, state: DecodeState, cfg: DecodeConfig, observe: StepObserver) -> None:
         """Greedy `mode=ar` with the device one step ahead of the host: a step's input is the

@@ -38,27 +38,35 @@ class StepPlan:
     (given, or made from a grown one's arrays, once) and its plans are made when read, after the
     forward is queued, where making them delays no forward."""
 
-    __slots__ = ("_tree", "bounds", "ids", "layout", "rank")
+    __slots__ = ("_buffer", "_tree", "bounds", "ids", "layout", "rank")
 
     def __init__(
         self,
         ids: np.ndarray,
         layout: StepLayout,
         rank: int,
-        tree: DraftTree | tuple[np.ndarray, np.ndarray, np.ndarray],
+        tree: DraftTree | tuple[np.ndarray, tuple[int, ...]],
         bounds: np.ndarray,
     ) -> None:
-        """`tree`: the step's tree, or its tokens, parents and root groups (`DraftTree`'s)."""
-        self.ids, self.layout, self.rank, self._tree = ids, layout, rank, tree
+        """`tree`: the step's tree, or the compiled plan's buffer and its parts' ends (`packed`),
+        from which it is grown."""
+        self.ids, self.layout, self.rank = ids, layout, rank
+        self._tree, self._buffer = (tree, None) if isinstance(tree, DraftTree) else (None, tree)
         self.bounds = bounds  # each rank's share: (first column, column stop, first candidate, candidate stop)
 
     @property
     def tree(self) -> DraftTree:
         """The step's whole tree."""
-        tree = self._tree
-        if not isinstance(tree, DraftTree):
-            tree = self._tree = DraftTree(*tree)
-        return tree
+        if self._tree is None:
+            tokens, parents, _, groups = _cut(*self._buffer)[1:5]
+            self._tree = DraftTree(tokens, parents, groups)
+        return self._tree
+
+    def grown(self) -> Labelled:
+        """The grown tree's arrays, as its outcome is counted (`DraftSources.grew`)."""
+        if self._buffer is None:
+            raise ValueError("a given tree was not grown: it has no labels")
+        return Labelled(*_cut(*self._buffer)[1:4])
 
     @property
     def plans(self) -> tuple[RankPlan, ...]:
@@ -97,7 +105,7 @@ def plan_step(
     subtrees."""
     groups = np.asarray(tree.groups(), dtype=np.int64) if P > 1 else _NONE
     arrays = (np.ascontiguousarray(tree.tokens, dtype=np.int64), tree.parent_array, groups)
-    return _plan(pending, window, W, N, P, rank, _GIVEN, arrays, tree)[0]
+    return _plan(pending, window, W, N, P, rank, _GIVEN, arrays, tree)
 
 
 def plan_next(pending: list[int], sources: DraftSources, *, W: int, N: int, P: int, rank: int) -> StepPlan:
@@ -106,8 +114,8 @@ def plan_next(pending: list[int], sources: DraftSources, *, W: int, N: int, P: i
     growth = sources.growth(len(pending))
     if growth is None:
         return plan_step(pending, sources.window, sources.tree(len(pending)), W=W, N=N, P=P, rank=rank)
-    step, grown = _plan(pending, sources.window, W, N, P, rank, growth, _NO_TREE)
-    sources.grew(grown)
+    step = _plan(pending, sources.window, W, N, P, rank, growth, _NO_TREE)
+    sources.grew(step.grown())
     return step
 
 
@@ -121,9 +129,9 @@ def _plan(
     growth: tuple,
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
     given: DraftTree | None = None,
-) -> tuple[StepPlan, Labelled]:
+) -> StepPlan:
     """`_plan_loop` on `growth` (or `_GIVEN`, and the `given` tree's `arrays`: tokens, parents,
-    groups) and its answer as a StepPlan, with the grown tree's `Labelled` arrays."""
+    groups) and its answer as a StepPlan."""
     fed = np.asarray(pending, dtype=np.int64)
     if len(fed) < 1 or N < 2 or not 0 <= rank < P:
         raise ValueError(f"bad step shape m={len(fed)} N={N} P={P} rank={rank}")
@@ -133,21 +141,23 @@ def _plan(
     return _step_of(_plan_loop(*growth, rows, *arrays, fed, W, N, P, rank), len(fed), W, N, P, rank, given)
 
 
-def _step_of(
-    planned: tuple, m: int, W: int, N: int, P: int, rank: int, given: DraftTree | None = None
-) -> tuple[StepPlan, Labelled]:
+def _step_of(planned: tuple, m: int, W: int, N: int, P: int, rank: int, given: DraftTree | None = None) -> StepPlan:
     """`packed`'s answer `planned` (of `plan_body`'s) for a step of `m` pending tokens as a
-    StepPlan (its tree `given`, or made from the grown arrays when read), with the tree's
-    `Labelled` arrays."""
+    StepPlan: its tree `given`, or made from the grown arrays when read. Only what the step's
+    forward needs is cut from the buffer here, after a message read."""
     bad, ends, out, mask = planned
-    _, tokens, parents, labels, groups, bounds, mine, gather, depth, rows, ids = _cut(out, ends)
+    bounds = out[ends[4] : ends[5]]
     if not len(bounds):
-        raise ValueError(f"bad partition request W={W} N={N} G={len(tokens)} P={P} groups={tuple(groups.tolist())}")
+        groups = out[ends[3] : ends[4]]
+        raise ValueError(
+            f"bad partition request W={W} N={N} G={ends[1] - ends[0]} P={P} groups={tuple(groups.tolist())}"
+        )
     bounds = bounds.reshape(-1, 4)
     a, b, c, d = bounds[rank].tolist()
+    _, e1, e2, _, _, e5, e6, e7, e8, e9, e10 = ends
+    parents, mine, gather, depth, rows = out[e1:e2], out[e5:e6], out[e6:e7], out[e7:e8], out[e8:e9]
     layout_ = layout_of(m, W, N, range(a, b), parents, range(c, d), bad, mine, gather, depth, mask, rows)
-    tree = (tokens, parents, groups) if given is None else given
-    return StepPlan(ids, layout_, rank, tree, bounds), Labelled(tokens, parents, labels)
+    return StepPlan(out[e9:e10], layout_, rank, (out, ends) if given is None else given, bounds)
 
 
 def next_pending(committed: list[int], keep: bool) -> list[int]:
@@ -180,7 +190,9 @@ def observe_next(
     """A step's outcome fed to `sources` (`DraftSources.observe`, after `prepare`: the committed
     tokens and whether an EOS ended them) and the next step's plan (`plan_next`; None where the
     decode ends: at an EOS or `remaining` tokens), in one compiled call where the sources grow
-    the tree in it (`DraftSources.next_growth`), else in two."""
+    the tree in it (`DraftSources.next_growth`), else in two. After the one call the sources'
+    own counts wait for `DraftSources.settle` (lp/decode/loop.py: once the next forward is
+    queued)."""
     growth = sources.next_growth
     if growth is None:
         tokens, stopped = sources.observe(gathered, bounds, remaining, eos)
@@ -191,11 +203,12 @@ def observe_next(
         W, N, P, rank, gathered, bounds, remaining, eos, *sources.take(), *growth
     )
     _, ends, out, _ = plan
-    tokens = sources.observed(gathered, best, out[: ends[0]], ids, pair_rows)
+    tokens = sources.observed(gathered, best, out[: ends[0]], ids, pair_rows, now=False)
     if not planned:
+        sources.settle()
         return tokens, stopped, None
-    step, grown = _step_of(plan, len(next_pending(tokens, sources.keep)), W, N, P, rank)
-    sources.grew(grown)
+    step = _step_of(plan, len(next_pending(tokens, sources.keep)), W, N, P, rank)
+    sources.grew_later(step.grown)
     return tokens, stopped, step
 
 

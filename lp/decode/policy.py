@@ -4,6 +4,8 @@ recycled top-k tokens), kept identical on every rank by feeding them the same me
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit
 
@@ -59,6 +61,8 @@ class DraftSources:
         self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
         self._grown: Labelled | None = None  # the last step's growth, until its outcome is counted
         self._observing: tuple | None = None  # `observe`'s arguments, which `prepare` makes
+        self._unsettled: tuple[int, int, int] | None = None  # an observe's counts kept for `settle`
+        self._growing: Callable[[], Labelled] | None = None  # a growth kept for `settle` (`grew_later`)
         self.next_growth: tuple | None = None  # the next step's growth's, with them (`prepare`)
         # `growth`'s settings, read once: the text drafts' length and count, the pool's order
         self._depth = cfg.max_draft
@@ -89,6 +93,7 @@ class DraftSources:
     def tree(self, pending: int) -> DraftTree:
         """The next step's verification tree (`step_tree`), for a step that feeds `pending`
         tokens first (its tree gets what they leave of a `step_limit`)."""
+        self.settle()
         tree, grown = step_tree(
             self.cfg,
             self.cfg.tree_budget(pending),
@@ -109,6 +114,7 @@ class DraftSources:
         drafts' settings, the pool's arrays and settings, the window's row-0 guesses taken, their
         source, the chances, the successor table's arrays). None where `tree(pending)` grows none
         (`cfg.tree` false, or no budget left)."""
+        self.settle()
         budget = self.cfg.tree_budget(pending) if self._limited else self.budget
         if not (budget and self.cfg.tree):
             return None
@@ -136,12 +142,35 @@ class DraftSources:
         """The next step's tree's arrays, grown from `growth`'s arguments (as `tree` keeps its own)."""
         self._drafted, self._grown = (grown.tokens, grown.parents), grown
 
+    def grew_later(self, grown: Callable[[], Labelled]) -> None:
+        """`grew(grown())` at `settle`: the arrays are cut from the plan's buffer once the step's
+        forward is queued."""
+        self._growing = grown
+
+    def settle(self) -> None:
+        """Bring the counts kept outside the compiled call's arrays up to date: the last
+        `observed(now=False)`'s and the last `grew_later`'s. lp/decode/loop.py calls it once the
+        next forward is queued, where it delays none; every call that reads those counts makes
+        it first."""
+        if self._unsettled is not None:
+            n, ids, pair_rows = self._unsettled
+            self._unsettled = None
+            self.text.appended(n, ids)
+            if self.successors is not None:
+                self.successors.n_pairs = pair_rows
+            if self.window is not None:
+                self.window.updates += 1
+        if self._growing is not None:
+            grown, self._growing = self._growing, None
+            self.grew(grown())
+
     def prepare(self) -> None:
         """The part of `observe` that needs no outcome, done while the device computes the step's
         forward (lp/decode/loop.py: before the all-gather): the pool's queued n-grams land, the
         successor rows' pair keys are made (`_pair_keys`), the text, the pool and the successor
         table make room for what the step may bring, and the compiled call's arguments but the
         messages are gathered (`observe`'s, and the arrays of the next `growth`)."""
+        self.settle()
         self.pool.flush()
         window, table, text, pool = self.window, self.successors, self.text, self.pool
         W = window.W if window is not None else 0
@@ -198,9 +227,12 @@ class DraftSources:
         self._grown = None  # its outcome is counted in the call
         return args
 
-    def observed(self, gathered: np.ndarray, best: int, new: np.ndarray, ids: int, pair_rows: int) -> list[int]:
+    def observed(
+        self, gathered: np.ndarray, best: int, new: np.ndarray, ids: int, pair_rows: int, *, now: bool = True
+    ) -> list[int]:
         """The committed tokens of the compiled observe's answer (`observe_body`'s), after its errors
-        are raised and the counts kept outside the arrays are brought up to date."""
+        are raised; the counts kept outside the arrays are brought up to date now, or with
+        `now=False` at `settle` (after the next forward is queued)."""
         if best == -2:
             raise LPError(
                 f"ranks diverged: output lengths {gathered[:, 3].tolist()}, checksums {gathered[:, 4].tolist()}"
@@ -209,11 +241,9 @@ class DraftSources:
             raise LPError(
                 f"a message accepts more than the step's {self._most - 1} draft tokens: {gathered[:, 2].tolist()}"
             )
-        self.text.appended(len(new), ids)
-        if self.successors is not None:
-            self.successors.n_pairs = pair_rows
-        if self.window is not None:
-            self.window.updates += 1
+        self._unsettled = (len(new), ids, pair_rows)
+        if now:
+            self.settle()
         return new.tolist()
 
     def _pair_keys(self) -> tuple[int, np.ndarray]:
