@@ -171,9 +171,8 @@ class Decoder:
             observe.forward_start()
             logits = self.worker.step(ids, step.layout, x0)
             observe.forward_done()
-            if last is not None:  # the last step's outcome kept, while the device computes
-                state.advance(*last, sources.keep)
-                sources.settle()
+            if last is not None:  # the last step's outcome kept, while the device computes (the
+                state.advance(*last, sources.keep)  # sources' own counts: at `prepare`)
 
             # accept on this rank (the lookahead branch stays greedy), then pack this rank's message
             steps_done = len(state.accepted)
@@ -200,8 +199,8 @@ class Decoder:
             gathered = self.comm.all_gather(mine).cpu().numpy()
             observe.message_read()
 
-            # merge and advance the draft sources; the next step's plan, unless the decode ends. The
-            # state takes the tokens once the next forward is queued: only its plan waits for the read
+            # merge, observe (the sources' own counts settled later) and the next step's plan, unless
+            # the decode ends, wait for the read; the state takes the tokens once that step is queued
             fed, remaining = step.layout.size, cfg.max_new_tokens - len(state.output)
             tokens, state.stopped, step = observe_next(
                 gathered, step.bounds, remaining, self._eos, sources, W=W, N=N, P=P, rank=rank

@@ -8,7 +8,9 @@ drafts, growth, partition, layout and ids (`plan_body`) are one compiled call (`
 each the loop of its own module, since a call and its Python glue cost microseconds each, on
 an instruction cache that the step's other work has just evicted (its cache key: lp/compiled.py).
 A decode's first step, and the steps of sources that grow no tree in that call, plan in a call
-of their own (`plan_next`, `plan_step`)."""
+of their own (`plan_next`, `plan_step`). What the next forward does not need, the sources'
+Python-side counts, the grown tree's arrays and the state's advance, follows that forward's
+queueing (lp/decode/loop.py)."""
 
 from __future__ import annotations
 
@@ -34,9 +36,10 @@ from lp.partition import RankPlan, partition, plans_of, search
 class StepPlan:
     """One rank's share of a step, all host-side: its input ids (in `layout`'s order) and layout,
     the step's whole tree (this rank's nodes: `plan.candidates`) and every rank's share as a row
-    of `bounds` (`plans`). Made after every message read, before the forward is queued: its tree
-    (given, or made from a grown one's arrays, once) and its plans are made when read, after the
-    forward is queued, where making them delays no forward."""
+    of `bounds` (`plans`). Made after every message read (the first before any), before the
+    forward is queued: its tree (given, or made from a grown one's arrays, once) and its plans
+    are made when read, and the grown arrays the sources count (`grown`) at
+    `DraftSources.settle`, after the forward is queued, where making them delays no forward."""
 
     __slots__ = ("_buffer", "_tree", "bounds", "ids", "layout", "rank")
 
@@ -190,9 +193,10 @@ def observe_next(
     """A step's outcome fed to `sources` (`DraftSources.observe`, after `prepare`: the committed
     tokens and whether an EOS ended them) and the next step's plan (`plan_next`; None where the
     decode ends: at an EOS or `remaining` tokens), in one compiled call where the sources grow
-    the tree in it (`DraftSources.next_growth`), else in two. After the one call the sources'
-    own counts wait for `DraftSources.settle` (lp/decode/loop.py: once the next forward is
-    queued)."""
+    the tree in it (`DraftSources.next_growth`), else in two. After a one call that plans the
+    next step, the sources' own counts and the grown tree's arrays (`grew_later`) wait for
+    `DraftSources.settle` (lp/decode/loop.py: once that step's forward is queued); one that ends
+    the decode settles them."""
     growth = sources.next_growth
     if growth is None:
         tokens, stopped = sources.observe(gathered, bounds, remaining, eos)

@@ -38,7 +38,9 @@ class DraftSources:
     outcome does not decide, the compiled calls' arguments among it; `observe()` merges the
     step's messages and feeds the outcome to the sources, the committed tokens joining the text
     last. lp/decode/plan.py's `observe_next` does the same and plans the next step in one
-    compiled call, from `take()`'s arguments and `next_growth`, finishing with `observed()`.
+    compiled call, from `take()`'s arguments and `next_growth`, finishing with
+    `observed(now=False)` and `grew_later()`: `settle()` then brings the sources' own counts up
+    to date once the next forward is queued (`prepare`, `growth` and `tree` call it first).
     The text's, the pool's and the successor table's arrays are replaced only in `__init__` and
     `prepare()` (room made), which take them for the calls afresh."""
 
@@ -149,9 +151,10 @@ class DraftSources:
 
     def settle(self) -> None:
         """Bring the counts kept outside the compiled call's arrays up to date: the last
-        `observed(now=False)`'s and the last `grew_later`'s. lp/decode/loop.py calls it once the
-        next forward is queued, where it delays none; every call that reads those counts makes
-        it first."""
+        `observed(now=False)`'s and the last `grew_later`'s. Every method of these sources that
+        reads those counts (`prepare`, which lp/decode/loop.py calls once the next forward is
+        queued, `growth`, `tree`) calls it first; code that reads the text, the window or the
+        table directly calls it itself."""
         if self._unsettled is not None:
             n, ids, pair_rows = self._unsettled
             self._unsettled = None
@@ -169,7 +172,8 @@ class DraftSources:
         forward (lp/decode/loop.py: before the all-gather): the pool's queued n-grams land, the
         successor rows' pair keys are made (`_pair_keys`), the text, the pool and the successor
         table make room for what the step may bring, and the compiled call's arguments but the
-        messages are gathered (`observe`'s, and the arrays of the next `growth`)."""
+        messages are gathered (`observe`'s, and the arrays of the next `growth`). It settles the
+        last observe first (`settle`)."""
         self.settle()
         self.pool.flush()
         window, table, text, pool = self.window, self.successors, self.text, self.pool
