@@ -221,7 +221,7 @@ class Worker:
         the next step feeds only its x0. Queued on the device with no host value; the host's
         length follows with `commit(n, on_device=False)` once the step's outcome is read."""
         offset = layout.size - len(layout.parents) - layout.m  # the first node's slot past the pending
-        if self.fixed is not None:
+        if self.fixed is not None and self.fixed.capture:
             self.fixed.keep(path, offset, accepted)
         else:
             self.kv.keep(path, offset, accepted)

@@ -312,11 +312,8 @@ class FixedSteps:
 
     @torch.inference_mode()
     def keep(self, path: torch.Tensor, offset: int, count: torch.Tensor) -> None:
-        """`KVCache.keep`; on a GPU one graph replay (captured at the decode's reset: `prepare`),
-        not four launches per layer."""
-        if not self.capture:
-            self.kv.keep(path, offset, count)
-            return
+        """`KVCache.keep` as one graph replay (captured at the decode's reset: `prepare`), not four
+        launches per layer: for capturing steps only (lp/worker.py `keep`)."""
         (path_in, offset_in, count_in), graph = self._ready_keep(path.shape[0])
         path_in.copy_(path)
         offset_in.fill_(offset)
