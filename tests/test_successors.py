@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lp.lookahead.grow import Grown, grow
-from lp.lookahead.loops import successor_rates
+from lp.lookahead.loops import stage_rows, successor_rates
 from lp.lookahead.successors import SuccessorTable
 from lp.lookahead.tree import build_tree, pair_key
 
@@ -73,6 +73,41 @@ def test_pair_rows_survive_the_table_growing():
         model.update(zip(keys.tolist(), batch[:, 1:].tolist()))
     assert table.n_pairs == len(model) > 1000
     assert all(table.row(key >> 32, key & 0xFFFFFFFF) == row for key, row in model.items())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_staged_rows_read_as_written(seed):
+    """Rows staged (as a step's compiled observe stages them) read as `update` would leave the
+    table, for every (before, token) and in a growth, until `apply` writes them: the same table."""
+    rng = np.random.default_rng(seed)
+    vocab, k = int(rng.integers(3, 12)), int(rng.integers(1, 4))
+    written, staged = SuccessorTable(k, vocab), SuccessorTable(k, vocab)
+
+    def batch() -> tuple[np.ndarray, np.ndarray, int]:
+        n = int(rng.integers(0, 12))
+        rows_ = rng.integers(0, vocab, (n, 1 + k))
+        m = int(rng.integers(0, n + 1))
+        keys = rng.integers(0, vocab, m) << 32 | rows_[n - m :, 0]
+        first = pair_key(int(rng.integers(vocab)), int(rows_[0, 0])) if n and rng.integers(2) else -1
+        return rows_, keys, first
+
+    for _ in range(4):
+        rows_, keys, first = batch()
+        for table in (written, staged):
+            table.update(rows_, keys, first)
+        rows_, keys, first = batch()
+        written.update(rows_, keys, first)
+        staged.reserve(len(rows_))
+        stage_rows(staged.stage, rows_, keys, first, vocab)
+        staged.hold(rows_, keys, first)
+        pairs = [(b, t) for b in range(-1, vocab) for t in range(vocab)]
+        assert [staged.row(b, t) for b, t in pairs] == [written.row(b, t) for b, t in pairs]
+        for x0 in range(vocab):
+            assert paths(grow(12, x0, 3, table=staged, before=0)) == paths(grow(12, x0, 3, table=written, before=0))
+        staged.apply()
+        assert np.array_equal(staged.table, written.table) and staged.n_pairs == written.n_pairs
+        assert np.array_equal(staged.pairs[: staged.n_pairs], written.pairs[: written.n_pairs])
+        assert (staged.stage == -1).all() and not len(staged.staged)
 
 
 def paths(grown: Grown) -> list[tuple[int, ...]]:

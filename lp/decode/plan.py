@@ -203,11 +203,11 @@ def observe_next(
         if stopped or len(tokens) >= remaining:
             return tokens, stopped, None
         return tokens, stopped, plan_next(next_pending(tokens, sources.keep), sources, W=W, N=N, P=P, rank=rank)
-    best, stopped, ids, pair_rows, planned, plan = _observe_plan_loop(
+    best, stopped, ids, rows, planned, plan = _observe_plan_loop(
         W, N, P, rank, gathered, bounds, remaining, eos, *sources.take(), *growth
     )
     _, ends, out, _ = plan
-    tokens = sources.observed(gathered, best, out[: ends[0]], ids, pair_rows, now=False)
+    tokens = sources.observed(gathered, best, out[: ends[0]], ids, rows, now=False)
     if not planned:
         sources.settle()
         return tokens, stopped, None
@@ -220,7 +220,7 @@ def observe_next(
 def plan_body(
     grow, budget, depth, seq, n, grams, head, longest, lone, length, count,
     ptable, prows, prings, pstate, pqueue, context, frequent, ranks, row_len, row_source,
-    chances, hits, table, pairs, index, window, tokens, parents, groups, pending, W, N, P, rank,
+    chances, hits, table, pairs, index, staged, stage, window, tokens, parents, groups, pending, W, N, P, rank,
 ):  # fmt: skip
     """A step's plan: with `grow`, its tree of at most `budget` nodes grown from the drafts
     (`step_chains` over the text's, the pool's and the window's row 0, guesses 1..`row_len`)
@@ -239,7 +239,7 @@ def plan_body(
         )  # fmt: skip
         before = seq[n - 2] if n > 1 else -1
         tokens, parents, labels, _, groups = grow_tree(
-            budget, seq[n - 1], before, depth, flat, starts, sources, chances, hits, table, pairs, index
+            budget, seq[n - 1], before, depth, flat, starts, sources, chances, hits, table, pairs, index, staged, stage
         )
     size = len(tokens)
     if P == 1:
@@ -306,7 +306,7 @@ def _compile(digest: str):
     @njit(cache=True)
     def observe_plan_loop(
         W, N, P, rank, gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered,
-        chances, table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest,
+        chances, table, pairs, index, stage, hits, keys, first, seq, grams, head, text_table, n, made, longest,
         lone, state, queue, window, from_window, from_text, budget, depth, length, count, ptable, prows, prings,
         context, frequent, ranks, row_len, row_source, keep,
     ):  # fmt: skip
@@ -320,23 +320,23 @@ def _compile(digest: str):
         argument costs the call's dispatch a tenth of a microsecond.)"""
         if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
             raise ValueError("no digest of the loops' sources")
-        best, new, stopped, made, n_pairs = observe_body(
+        best, new, stopped, made, rows = observe_body(
             gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered, chances,
-            table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
+            table, pairs, index, stage, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
             state, queue, window, from_window, from_text,
         )  # fmt: skip
         e = np.empty(0, np.int64)  # not a global's: numba types those read-only, and so the arrays they meet
         if best < -1 or stopped or len(new) >= remaining:
             none = (e, e, e, e, np.empty((0, 4), np.int64), -1, e, e, e, np.zeros((0, 0), np.bool_), e, e)
-            return best, stopped, made, n_pairs, False, packed(new, none)
+            return best, stopped, made, rows, False, packed(new, none)
         rates = chances.reshape((len(chances) // depth, depth))  # `DraftRates.chances`, flat in the observe
         fed = new[len(new) - 1 :] if keep else new
         plan = plan_body(
             True, budget, depth, seq, n + len(new), grams, head, longest, lone, length, count, ptable, prows, prings,
-            state, queue, context, frequent, ranks, row_len, row_source, rates, hits, table, pairs, index, window,
-            e, e, e, fed, W, N, P, rank,
+            state, queue, context, frequent, ranks, row_len, row_source, rates, hits, table, pairs, index, rows, stage,
+            window, e, e, e, fed, W, N, P, rank,
         )  # fmt: skip
-        return best, stopped, made, n_pairs, True, packed(new, plan)
+        return best, stopped, made, rows, True, packed(new, plan)
 
     return plan_loop, observe_plan_loop
 
@@ -349,6 +349,7 @@ _GIVEN = (
     False, 0, 1, _NONE, 0, np.zeros((0, 1, 2), np.int64), _NONE, 0, False, 0, 0, np.zeros((0, 2), np.int64),
     np.zeros((0, 1, 2), np.int64), np.zeros((0, 3), np.int64), _NONE, np.zeros((2, 0), np.int64), False, False,
     _NONE, 0, 0, np.zeros((0, 1)), np.ones(1, np.int64), _NO_ROWS, _NO_ROWS, np.full((1, 2), -1, np.int64),
+    np.zeros((0, 1), np.int64), np.full((1, 2), -1, np.int64),
 )  # fmt: skip
 _NO_TREE = (_NONE, _NONE, _NONE)  # grown: no given tree
 

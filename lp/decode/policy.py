@@ -63,7 +63,7 @@ class DraftSources:
         self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
         self._grown: Labelled | None = None  # the last step's growth, until its outcome is counted
         self._observing: tuple | None = None  # `observe`'s arguments, which `prepare` makes
-        self._unsettled: tuple[int, int, int] | None = None  # an observe's counts kept for `settle`
+        self._unsettled: tuple[int, int] | None = None  # an observe's counts kept for `settle`
         self._growing: Callable[[], Labelled] | None = None  # a growth kept for `settle` (`grew_later`)
         self.next_growth: tuple | None = None  # the next step's growth's, with them (`prepare`)
         # `growth`'s settings, read once: the text drafts' length and count, the pool's order
@@ -156,11 +156,11 @@ class DraftSources:
         queued, `growth`, `tree`) calls it first; code that reads the text, the window or the
         table directly calls it itself."""
         if self._unsettled is not None:
-            n, ids, pair_rows = self._unsettled
+            n, ids = self._unsettled
             self._unsettled = None
             self.text.appended(n, ids)
-            if self.successors is not None:
-                self.successors.n_pairs = pair_rows
+            if self.successors is not None and self.successors.apply():  # its staged rows written
+                self._arrays()
             if self.window is not None:
                 self.window.updates += 1
         if self._growing is not None:
@@ -187,10 +187,10 @@ class DraftSources:
         self._arrays()
         tree = self._grown if self._grown is not None else _NOT_GROWN
         first, keys = self._keys
-        hits, *pairs = successor_arrays(table)
+        hits, rows, pairs, index, _, stage = successor_arrays(table)
         self._observing = (
-            self._start, self._k, tree.tokens, tree.parents, tree.labels, *self._rates, *pairs,
-            table.n_pairs if table is not None else 0, hits, keys, first, text.seq, text.grams, text.head,
+            self._start, self._k, tree.tokens, tree.parents, tree.labels, *self._rates, rows, pairs, index,
+            stage, hits, keys, first, text.seq, text.grams, text.head,
             text.table, text.n, text.n_ids, text.longest, text.lone, pool.state, pool.queue,
             window.rows if window is not None else _NO_WINDOW, self._pooled and window is not None and window.ready,
             self._from_text,
@@ -219,8 +219,8 @@ class DraftSources:
         table the drafts used); the window's n-grams pooled, the committed tokens added to the
         text and (with `pool_from_output`) their n-grams pooled, as prompt lookup's free
         candidates; the window moved up a level."""
-        best, new, stopped, ids, pair_rows = _observe_loop(gathered, bounds, remaining, eos, *self.take())
-        return self.observed(gathered, best, new, ids, pair_rows), stopped
+        best, new, stopped, ids, rows = _observe_loop(gathered, bounds, remaining, eos, *self.take())
+        return self.observed(gathered, best, new, ids, rows), stopped
 
     def take(self) -> tuple:
         """`observe`'s compiled call's arguments after the messages, the remaining tokens and the
@@ -232,11 +232,12 @@ class DraftSources:
         return args
 
     def observed(
-        self, gathered: np.ndarray, best: int, new: np.ndarray, ids: int, pair_rows: int, *, now: bool = True
+        self, gathered: np.ndarray, best: int, new: np.ndarray, ids: int, rows: np.ndarray, *, now: bool = True
     ) -> list[int]:
         """The committed tokens of the compiled observe's answer (`observe_body`'s), after its errors
-        are raised; the counts kept outside the arrays are brought up to date now, or with
-        `now=False` at `settle` (after the next forward is queued)."""
+        are raised; the counts kept outside the arrays are brought up to date, and the staged
+        successor `rows` written (`SuccessorTable.apply`), now or with `now=False` at `settle`
+        (after the next forward is queued)."""
         if best == -2:
             raise LPError(
                 f"ranks diverged: output lengths {gathered[:, 3].tolist()}, checksums {gathered[:, 4].tolist()}"
@@ -245,7 +246,10 @@ class DraftSources:
             raise LPError(
                 f"a message accepts more than the step's {self._most - 1} draft tokens: {gathered[:, 2].tolist()}"
             )
-        self._unsettled = (len(new), ids, pair_rows)
+        self._unsettled = (len(new), ids)
+        if self.successors is not None:
+            first, keys = self._keys
+            self.successors.hold(rows, keys, first)
         if now:
             self.settle()
         return new.tolist()
@@ -345,19 +349,20 @@ def step_tree(
 @njit
 def observe_body(
     gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered, chances,
-    table, pairs, index, n_pairs, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
+    table, pairs, index, stage, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
     state, queue, window, from_window, from_text,
 ):  # fmt: skip
     """`DraftSources.observe`'s work: the winning rank (-2: the ranks drifted apart, -3: a message
     accepts more than a step holds), the committed tokens, whether an EOS ended them, the text's
-    ids and the successor table's pair rows after. Not cached itself: the cached calls that run
-    it (`_observe_loop`, lp/decode/plan.py's) are keyed by its sources (lp/compiled.py)."""
+    ids after, and the step's successor rows, staged in `stage` (none without a table, nor
+    staged after an error). Not cached itself: the cached calls that run it (`_observe_loop`,
+    lp/decode/plan.py's) are keyed by its sources (lp/compiled.py)."""
     best, level, rows = merge_loop(gathered, bounds, start, k)
     if best == -2:
-        return best, gathered[0, :0], False, made, n_pairs
+        return best, gathered[0, :0], False, made, rows
     accepted = gathered[best, 2] if best >= 0 else 0
     if accepted >= start - HEADER:  # the path's slots hold max_commit tokens
-        return -3, gathered[0, :0], False, made, n_pairs
+        return -3, gathered[0, :0], False, made, rows
     path = gathered[best, HEADER : HEADER + accepted + 1] if best >= 0 else gathered[0, :1]
     cut, stopped = min(len(path), remaining), False
     for i in range(cut):
@@ -368,9 +373,9 @@ def observe_body(
             break
     new = path[:cut]
     if k:  # before the tokens join the text: counted on the table the drafts used
-        n_pairs = observe_step(
+        observe_step(
             tree, parents, labels, path[:accepted], rate_hits, offered, chances,
-            table, pairs, index, n_pairs, seq, n, new, hits, rows, keys, first,
+            table, pairs, index, stage, seq, n, new, hits, rows, keys, first,
         )  # fmt: skip
     else:
         count_rates(tree, parents, labels, path[:accepted], rate_hits, offered, chances)
@@ -382,7 +387,7 @@ def observe_body(
         for lvl in range(levels - 1):
             window[lvl, :] = window[lvl + 1, :]
         window[levels - 1, :] = level
-    return best, new, stopped, made, n_pairs
+    return best, new, stopped, made, rows
 
 
 def _compile(digest: str):

@@ -97,12 +97,12 @@ def grow(
     return grown_of(tokens, parents, labels, order, groups)
 
 
-def successor_arrays(table: SuccessorTable | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """What `grow_tree` reads of a successor table: its rank counts, token rows, pair rows and
-    pair index (without one: a table of no successors)."""
+def successor_arrays(table: SuccessorTable | None) -> tuple[np.ndarray, ...]:
+    """What `grow_tree` reads of a successor table: its rank counts, token rows, pair rows, pair
+    index, staged rows and their hash (without one: a table of no successors)."""
     if table is None:
         return _NO_TABLE
-    return table.hits, table.table, table.pairs, table.index
+    return table.hits, table.table, table.pairs, table.index, table.staged, table.stage
 
 
 def grown_of(
@@ -112,11 +112,14 @@ def grown_of(
     return Grown(DraftTree(tokens, parents, groups), labels, parents, order)
 
 
-# no successor table: no counts past the "none of them" one (k = 0), one empty row and slot
+# no successor table: no counts past the "none of them" one (k = 0), one empty row and slot, no
+# staged row and an empty stage
 _NO_TABLE = (
     np.ones(1, np.int64),
     np.zeros((1, 1), np.int32),
     np.zeros((1, 1), np.int32),
+    np.full((1, 2), -1, np.int64),
+    np.zeros((0, 1), np.int64),
     np.full((1, 2), -1, np.int64),
 )
 

@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 NO_ROW = -(1 << 62)  # `find_row`'s answer where neither table has a row
+STAGED_TOKEN = 1 << 62  # a staged token row's key (`stage_rows`), apart from every pair key
 # a growth entry's kind: a successor row, a chain, or a node's own row not yet looked up (`grow_tree`)
 ROW, CHAIN, LATER = 0, 1, 2
 
@@ -34,20 +35,60 @@ def slot(index: np.ndarray, key: int) -> int:
 
 
 @njit(cache=True)
-def find_row(table: np.ndarray, index: np.ndarray, before: int, token: int) -> int:
-    """Where the successors of `token` after `before` are (lp/lookahead/successors.py): pair row
-    p (`index`: pair key -> p) as -p - 1, else `token`'s own row of `table`, else NO_ROW."""
+def find_row(table: np.ndarray, index: np.ndarray, stage: np.ndarray, before: int, token: int) -> int:
+    """Where the successors of `token` after `before` are (lp/lookahead/successors.py): the pair
+    row of (`before`, `token`), else `token`'s own row, else NO_ROW; each looked up first among
+    the rows staged but not yet written (`stage_rows`: row j as len(table) + j), then in
+    `index` (pair key -> p: pair row p as -p - 1) or `table`."""
     if before >= 0:
-        i = slot(index, (before << 32) | token)  # pair_key
+        key = (before << 32) | token  # pair_key
+        i = slot(stage, key)
+        if stage[i, 0] >= 0:
+            return len(table) + stage[i, 1]
+        i = slot(index, key)
         if index[i, 0] >= 0:
             return -index[i, 1] - 1
-    return token if 0 <= token < len(table) and table[token, 0] >= 0 else NO_ROW
+    if not 0 <= token < len(table):
+        return NO_ROW
+    i = slot(stage, STAGED_TOKEN | token)
+    if stage[i, 0] >= 0:
+        return len(table) + stage[i, 1]
+    return token if table[token, 0] >= 0 else NO_ROW
 
 
 @njit(cache=True)
-def successor(table: np.ndarray, pairs: np.ndarray, row: int, r: int) -> int:
-    """The rank-r successor in `find_row`'s row."""
-    return np.int64(pairs[-row - 1, r] if row < 0 else table[row, r])
+def successor(table: np.ndarray, pairs: np.ndarray, staged: np.ndarray, row: int, r: int) -> int:
+    """The rank-r successor in `find_row`'s row (`staged`: the staged rows, input token first)."""
+    if row < 0:
+        return np.int64(pairs[-row - 1, r])
+    if row < len(table):
+        return np.int64(table[row, r])
+    return staged[row - len(table), 1 + r]
+
+
+@njit(cache=True)
+def stage_rows(stage: np.ndarray, rows: np.ndarray, row_keys: np.ndarray, first: int, vocab: int) -> None:
+    """Stage rows `[n, 1 + k]` for `update_rows` (same arguments) in the empty hash `stage` (room
+    for two keys a row): every key they write, its pair key or its input token's, maps to the
+    last row that writes it, so `find_row` reads the table as `update_rows` would leave it. A
+    step's rows are written into the table's scattered lines after the next forward is queued
+    (`SuccessorTable.apply`); staged, they cost the step a few probes of a small hash each."""
+    n, m = rows.shape[0], len(row_keys)
+    if first >= 0:
+        _put_key(stage, first, 0)
+    for j in range(m):
+        _put_key(stage, row_keys[j], n - m + j)
+    for j in range(n):
+        if not 0 <= rows[j, 0] < vocab:
+            raise ValueError("a successor row's input token is not in the table's vocabulary")
+        _put_key(stage, STAGED_TOKEN | rows[j, 0], j)
+
+
+@njit(cache=True)
+def _put_key(index: np.ndarray, key: int, value: int) -> None:
+    """`index`'s `key` maps to `value` now."""
+    i = slot(index, key)
+    index[i, 0], index[i, 1] = key, value
 
 
 @njit(cache=True)
@@ -119,15 +160,18 @@ def rehash(index: np.ndarray, size: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def count_ranks(table: np.ndarray, pairs: np.ndarray, index: np.ndarray, tokens: np.ndarray, hits: np.ndarray) -> None:
+def count_ranks(
+    table: np.ndarray, pairs: np.ndarray, index: np.ndarray, stage: np.ndarray, staged: np.ndarray,
+    tokens: np.ndarray, hits: np.ndarray,
+) -> None:  # fmt: skip
     """`SuccessorTable.observe`: each token's rank in its predecessor's row (k: none), counted."""
     k = table.shape[1]
     for j in range(2, len(tokens)):
-        row = find_row(table, index, tokens[j - 2], tokens[j - 1])
+        row = find_row(table, index, stage, tokens[j - 2], tokens[j - 1])
         if row == NO_ROW:
             continue
         r = 0
-        while r < k and successor(table, pairs, row, r) != tokens[j]:
+        while r < k and successor(table, pairs, staged, row, r) != tokens[j]:
             r += 1
         hits[r] += 1
 
@@ -135,14 +179,15 @@ def count_ranks(table: np.ndarray, pairs: np.ndarray, index: np.ndarray, tokens:
 @njit(cache=True)
 def observe_step(
     tree, parents, labels, accepted, rate_hits, offered, chances,
-    table, pairs, index, n_pairs, seq, n, new, hits, rows, row_keys, first,
+    table, pairs, index, stage, seq, n, new, hits, rows, row_keys, first,
 ):  # fmt: skip
     """A step's outcome counted and recorded in one call, in `DraftSources.observe`'s order:
     the grown tree's nodes against its accepted draft tokens (`count_rates`), each new token's
     rank in its predecessor's successor row (`count_ranks`, over the sequence's last two tokens
-    `seq[n-2:n]` and the committed `new`), then the step's successor rows (`update_rows`); the
-    pair rows after. One call rather than three: each costs microseconds of dispatch and
-    Python between the message read and the next forward."""
+    `seq[n-2:n]` and the committed `new`, on the table the drafts used: the last step's rows
+    written, `stage` empty), then the step's successor rows staged (`stage_rows`; written later,
+    `SuccessorTable.apply`). One call rather than three: each costs microseconds of dispatch
+    and Python between the message read and the next forward."""
     count_rates(tree, parents, labels, accepted, rate_hits, offered, chances)
     a = max(n - 2, 0)
     tail = np.empty(n - a + len(new), np.int64)
@@ -150,8 +195,8 @@ def observe_step(
         tail[j] = seq[a + j]
     for j in range(len(new)):
         tail[n - a + j] = new[j]
-    count_ranks(table, pairs, index, tail, hits)
-    return update_rows(table, pairs, index, n_pairs, rows, row_keys, first)
+    count_ranks(table, pairs, index, stage, rows, tail, hits)  # the stage is empty: reads no row of `rows`
+    stage_rows(stage, rows, row_keys, first, len(table))
 
 
 @njit(cache=True)
@@ -201,7 +246,7 @@ def _pop(keys: np.ndarray, entries: np.ndarray, h: int) -> int:
 
 
 @njit(cache=True)
-def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, table, pairs, index):
+def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, table, pairs, index, staged, stage):
     """`lp.lookahead.grow.grow`'s loop: the tree's nodes in subtree order (tokens, parents, labels),
     each one's place in the growth, and the node counts of the root subtrees."""
     rates = successor_rates(hits)
@@ -229,7 +274,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
         if starts[c + 1] > starts[c]:
             h, n = _wait(keys, entries, h, entry, n, -chances[sources[c], 0], -1, CHAIN, c, 0, 1)
     if k and depth >= 1:
-        row = find_row(table, index, before, x0)
+        row = find_row(table, index, stage, before, x0)
         if row != NO_ROW:
             h, n = _wait(keys, entries, h, entry, n, -q0, -1, ROW, row, 0, 1)
 
@@ -240,12 +285,12 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
         parent, kind, seq, i, d = entry[e, 0], entry[e, 1], entry[e, 2], entry[e, 3], entry[e, 4]
         if kind == LATER:  # node `parent`'s own row, looked up once it is the likeliest entry
             up = parents[parent]
-            seq, kind = find_row(table, index, tokens[up] if up >= 0 else x0, tokens[parent]), ROW
+            seq, kind = find_row(table, index, stage, tokens[up] if up >= 0 else x0, tokens[parent]), ROW
             if seq == NO_ROW:
                 continue
         while True:  # an entry that would leave next is taken at once, without waiting
             if kind == ROW:
-                token = successor(table, pairs, seq, i)
+                token = successor(table, pairs, staged, seq, i)
             else:
                 token = flat[starts[seq] + i]
             node = first_child[parent + 1]
@@ -273,7 +318,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
             has_sibling = kind == ROW and i + 1 < k
             sibling = neg / rates[i] * rates[i + 1] if has_sibling else 0.0
             if grows >= 0 and kind == ROW and (not has_sibling or child < sibling):
-                below = find_row(table, index, tokens[parent] if parent >= 0 else x0, token)
+                below = find_row(table, index, stage, tokens[parent] if parent >= 0 else x0, token)
                 grows = ROW if below != NO_ROW else -1
             if kind == ROW:
                 # a row offers its next sibling, then the node's successors: the likelier of the
