@@ -34,8 +34,8 @@ def refs(tiny_models):
     return {arch: reference_greedy(m, PROMPT, MAX_NEW) for arch, m in tiny_models.items()}
 
 
-def decode(model, prompt, eos=(), max_context=512, collective=None, ahead=False, **cfg):
-    dec = Decoder(Worker(model), collective or Collective(), set(eos), max_context, ahead=ahead)
+def decode(model, prompt, eos=(), max_context=512, collective=None, ahead=False, rehearse=None, **cfg):
+    dec = Decoder(Worker(model), collective or Collective(), set(eos), max_context, ahead=ahead, rehearse=rehearse)
     return dec.generate(prompt, DecodeConfig(**cfg))
 
 
@@ -182,6 +182,21 @@ def test_ar_ahead_stops_at_eos_and_max_new_tokens(tiny_models, refs):
     assert tried >= 4
     dec.eos_ids = frozenset()
     assert dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW)).output_ids == ref
+
+
+@pytest.mark.parametrize("N,W,G,recycle", [(5, 7, 7, None), (3, 4, 6, 0), (2, 5, 5, None)])
+def test_rehearsals_change_no_decode(N, W, G, recycle, tiny_models, refs):
+    """Rehearsing each step's plan while the device computes (on by default on CUDA, asked
+    for here) leaves the output, the steps and their acceptances as they are, at one rank and
+    at two."""
+    model, cfg = tiny_models["llama"], dict(W=W, N=N, G=G, recycle=recycle, max_new_tokens=MAX_NEW)
+    plain = decode(model, PROMPT, rehearse=False, **cfg)
+    rehearsed = decode(model, PROMPT, rehearse=True, **cfg)
+    assert plain.output_ids == rehearsed.output_ids == refs["llama"]
+    assert plain.accepted_per_step == rehearsed.accepted_per_step and plain.steps > 0
+    (a, _), (b, _) = (run_ranks(model, 2, [PROMPT] * 2, DecodeConfig(**cfg), rehearse=r) for r in (False, True))
+    assert [g.output_ids for g in a + b] == [refs["llama"]] * 4
+    assert [g.accepted_per_step for g in a] == [g.accepted_per_step for g in b]
 
 
 def test_ahead_leaves_lookahead_and_sampling_alone(tiny_models, refs):
@@ -364,7 +379,9 @@ class ThreadCollective(CountingCollective):
         return out
 
 
-def run_ranks(model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=(), verifiers=None, ahead=False):
+def run_ranks(
+    model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=(), verifiers=None, ahead=False, rehearse=None
+):
     """Decode on P ranks as threads (`verifiers`: one per rank, default the decoder's own)."""
     hub = _Hub(P)
     cols = [ThreadCollective(hub, r, P) for r in range(P)]
@@ -373,7 +390,7 @@ def run_ranks(model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=()
     def body(r: int) -> None:
         try:
             verifier = verifiers[r] if verifiers else None
-            dec = Decoder(Worker(model), cols[r], set(eos), 512, ahead=ahead)
+            dec = Decoder(Worker(model), cols[r], set(eos), 512, ahead=ahead, rehearse=rehearse)
             results[r] = dec.generate(prompts[r], cfg, verifier=verifier)
         except LPError as e:  # raised symmetrically by every rank (e.g. at the handshake)
             results[r] = e

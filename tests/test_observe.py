@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lp.config import DecodeConfig
-from lp.decode.plan import StepPlan, observe_next, plan_next, plan_step
+from lp.decode.plan import StepPlan, observe_next, plan_next, plan_step, rehearse
 from lp.decode.policy import DraftSources
 from lp.errors import LPError
 from lp.lookahead import JacobiWindow
@@ -204,6 +204,37 @@ def test_observe_and_plan_in_one_call_at_several_ranks(P, seed):
         want = plan_next(tokens, two, W=W, N=N, P=P, rank=rank)
         same_step(step, want)
         length += len(tokens)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(6))
+def test_a_rehearsal_changes_nothing(P, seed):
+    """`rehearse` before each read (as a GPU's host runs it while the device computes) leaves the
+    sources, the merged outcomes and the next steps as without it."""
+    rng = np.random.default_rng(3000 + seed)
+    vocab, rank = int(rng.integers(4, 16)), seed % P
+    cfg = DecodeConfig(
+        W=int(rng.integers(1, 6)), N=int(rng.integers(2, 5)), G=int(rng.integers(2, 8)), recycle=int(rng.choice([0, 4]))
+    ).validate()
+    prompt = rng.integers(0, vocab, 30).tolist()
+    rehearsed, plain = DraftSources(cfg, prompt, vocab), DraftSources(cfg, prompt, vocab)
+    W, N, _, _ = cfg.step_shape
+    step = want = plan_next(prompt[-1:], rehearsed, W=W, N=N, P=P, rank=rank)
+    same_step(step, plan_next(prompt[-1:], plain, W=W, N=N, P=P, rank=rank))
+    length, none, rehearsals = 0, np.zeros(0, np.int64), 0
+    for _ in range(20):
+        rehearsed.prepare()
+        plain.prepare()
+        gathered = rank_messages(rng, cfg, want, vocab, (length, 7))
+        rehearse(gathered, none, rehearsed, W=W, N=N, P=P, rank=rank)
+        rehearsals += rehearsed.next_growth is not None
+        same_sources(rehearsed, plain)
+        tokens, stopped, step = observe_next(gathered, want.bounds, 200, none, rehearsed, W=W, N=N, P=P, rank=rank)
+        *got, want = observe_next(gathered, want.bounds, 200, none, plain, W=W, N=N, P=P, rank=rank)
+        assert [tokens, stopped] == got and not stopped
+        same_step(step, want)
+        length += len(tokens)
+    assert rehearsals
 
 
 @pytest.mark.parametrize("P", [2, 3, 5])

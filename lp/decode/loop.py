@@ -63,17 +63,27 @@ class Decoder:
     """Decodes with one Worker per rank; all ranks call `generate` with the same arguments."""
 
     def __init__(
-        self, worker: Worker, collective: Collective, eos_ids: set[int], max_context: int, ahead: bool | None = None
+        self,
+        worker: Worker,
+        collective: Collective,
+        eos_ids: set[int],
+        max_context: int,
+        ahead: bool | None = None,
+        rehearse: bool | None = None,
     ) -> None:
         """`ahead`: run greedy `mode=ar` one step ahead of the host (`_decode_ahead`); None: where
         the device runs asynchronously to the host (CUDA) and the all-gather does not wait for
-        it (not over gloo through host memory). Elsewhere it would only add a step."""
+        it (not over gloo through host memory). Elsewhere it would only add a step. `rehearse`:
+        rehearse each step's plan while the device computes (lp/decode/plan.py `rehearse`); None:
+        where the device runs asynchronously to the host (CUDA). A CPU's forward would wait for it."""
         self.worker = worker
         self.comm = collective
         self.eos_ids = frozenset(eos_ids)
         self._eos = np.array(sorted(self.eos_ids), dtype=np.int64)  # as the compiled observe reads them
         self.max_context = max_context
-        self.ahead = worker.device.type == "cuda" and not collective.staged if ahead is None else ahead
+        cuda = worker.device.type == "cuda"
+        self.ahead = cuda and not collective.staged if ahead is None else ahead
+        self.rehearse = cuda if rehearse is None else rehearse
         compile_kernels()
 
     def _handshake(self, prompt: list[int], cfg: DecodeConfig) -> None:
@@ -160,6 +170,7 @@ class Decoder:
         # plan: drafts -> tree -> this rank's ids and layout (later steps: planned with the last one's observe)
         step: StepPlan | None = plan_next(state.pending, sources, W=W, N=N, P=P, rank=rank)
         last: tuple[list[int], int] | None = None  # a step's committed tokens and fed count, until the state takes them
+        gathered: np.ndarray | None = None  # the last step's messages (a rehearsal reads their shape)
         while step is not None:
             x0 = state.length - 1 + (len(last[0]) if last is not None else 0)
             observe.planned(step, x0)
@@ -196,6 +207,8 @@ class Decoder:
 
             # all-gather and merge: the step's one device sync
             sources.prepare()  # what the step's outcome does not decide, meanwhile
+            if self.rehearse and gathered is not None:
+                plan.rehearse(gathered, self._eos, sources, W=W, N=N, P=P, rank=rank)
             gathered = self.comm.all_gather(mine).cpu().numpy()
             observe.message_read()
 

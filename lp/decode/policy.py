@@ -225,11 +225,15 @@ class DraftSources:
     def take(self) -> tuple:
         """`observe`'s compiled call's arguments after the messages, the remaining tokens and the
         EOS ids (`observe_body`'s), as `prepare` made them: taken once per step."""
-        args, self._observing = self._observing, None
-        if args is None:  # the compiled call writes into the room `prepare` made
-            raise LPError("DraftSources.observe needs a prepare() after the step's plan")
-        self._grown = None  # its outcome is counted in the call
+        args = self.arguments()
+        self._observing, self._grown = None, None  # its outcome is counted in the call
         return args
+
+    def arguments(self) -> tuple:
+        """`take`'s arguments, left in place (lp/decode/plan.py `rehearse` reads them)."""
+        if self._observing is None:  # the compiled call writes into the room `prepare` made
+            raise LPError("DraftSources.observe needs a prepare() after the step's plan")
+        return self._observing
 
     def observed(
         self, gathered: np.ndarray, best: int, new: np.ndarray, ids: int, rows: np.ndarray, *, now: bool = True
