@@ -369,7 +369,8 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
         raise LPError(f"the recording is of {rec.settings}, not {_settings(cfg)}")
     worker = _NoForward(_model(rec.vocab, context), max(2, cfg.successors_sent + 1))
     ranks = _Replay(rec.world_size, rec.gathered, cfg.W, cfg.max_commit, cfg.successors_sent, rank)
-    decoder = Decoder(worker, ranks, rec.eos_ids, context, rehearse=True)  # as a GPU's host
+    decoder = Decoder(worker, ranks, rec.eos_ids, context)
+    decoder.rehearse = True  # as a GPU's host does (set, not passed: an `ab=` base's lp may predate it)
     times = HostTimes([], [], [], [])
     for prompt in rec.prompts:
         watch = _Spans()
