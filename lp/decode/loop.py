@@ -209,12 +209,12 @@ class Decoder:
             sources.prepare()  # what the step's outcome does not decide, meanwhile
             if self.rehearse and gathered is not None:
                 plan.rehearse(gathered, self._eos, sources, W=W, N=N, P=P, rank=rank)
+            fed, remaining = step.layout.size, cfg.max_new_tokens - len(state.output)
             gathered = self.comm.all_gather(mine).cpu().numpy()
             observe.message_read()
 
             # merge, observe (the sources' own counts settled later) and the next step's plan, unless
             # the decode ends, wait for the read; the state takes the tokens once that step is queued
-            fed, remaining = step.layout.size, cfg.max_new_tokens - len(state.output)
             tokens, state.stopped, step = observe_next(
                 gathered, step.bounds, remaining, self._eos, sources, W=W, N=N, P=P, rank=rank
             )
