@@ -194,9 +194,10 @@ def test_rehearsals_change_no_decode(N, W, G, recycle, tiny_models, refs):
     rehearsed = decode(model, PROMPT, rehearse=True, **cfg)
     assert plain.output_ids == rehearsed.output_ids == refs["llama"]
     assert plain.accepted_per_step == rehearsed.accepted_per_step and plain.steps > 0
+    assert plain.step_tokens == rehearsed.step_tokens
     (a, _), (b, _) = (run_ranks(model, 2, [PROMPT] * 2, DecodeConfig(**cfg), rehearse=r) for r in (False, True))
     assert [g.output_ids for g in a + b] == [refs["llama"]] * 4
-    assert [g.accepted_per_step for g in a] == [g.accepted_per_step for g in b]
+    assert [(g.accepted_per_step, g.step_tokens) for g in a] == [(g.accepted_per_step, g.step_tokens) for g in b]
 
 
 def test_ahead_leaves_lookahead_and_sampling_alone(tiny_models, refs):

@@ -226,7 +226,12 @@ def test_a_rehearsal_changes_nothing(P, seed):
         rehearsed.prepare()
         plain.prepare()
         gathered = rank_messages(rng, cfg, want, vocab, (length, 7))
+        table = rehearsed.successors
+        arrays = [a for a in (*rehearsed.arguments(), *(rehearsed.next_growth or ())) if isinstance(a, np.ndarray)]
+        arrays += [table.stage, table.staged] if table is not None else []
+        kept = [a.copy() for a in arrays]
         rehearse(gathered, none, rehearsed, W=W, N=N, P=P, rank=rank)
+        assert all(np.array_equal(a, b) for a, b in zip(arrays, kept))  # the text's, pool's, table's, ...
         rehearsals += rehearsed.next_growth is not None
         same_sources(rehearsed, plain)
         tokens, stopped, step = observe_next(gathered, want.bounds, 200, none, rehearsed, W=W, N=N, P=P, rank=rank)

@@ -78,7 +78,8 @@ def test_pair_rows_survive_the_table_growing():
 @pytest.mark.parametrize("seed", range(20))
 def test_staged_rows_read_as_written(seed):
     """Rows staged (as a step's compiled observe stages them) read as `update` would leave the
-    table, for every (before, token) and in a growth, until `apply` writes them: the same table."""
+    table, for every (before, token), in a growth and in the hit counts, until `apply` writes
+    them: the same table."""
     rng = np.random.default_rng(seed)
     vocab, k = int(rng.integers(3, 12)), int(rng.integers(1, 4))
     written, staged = SuccessorTable(k, vocab), SuccessorTable(k, vocab)
@@ -88,7 +89,7 @@ def test_staged_rows_read_as_written(seed):
         rows_ = rng.integers(0, vocab, (n, 1 + k))
         m = int(rng.integers(0, n + 1))
         keys = rng.integers(0, vocab, m) << 32 | rows_[n - m :, 0]
-        first = pair_key(int(rng.integers(vocab)), int(rows_[0, 0])) if n and rng.integers(2) else -1
+        first = pair_key(int(rng.integers(vocab)), int(rows_[0, 0]) if n else 0) if rng.integers(2) else -1
         return rows_, keys, first
 
     for _ in range(4):
@@ -103,7 +104,14 @@ def test_staged_rows_read_as_written(seed):
         pairs = [(b, t) for b in range(-1, vocab) for t in range(vocab)]
         assert [staged.row(b, t) for b, t in pairs] == [written.row(b, t) for b, t in pairs]
         for x0 in range(vocab):
-            assert paths(grow(12, x0, 3, table=staged, before=0)) == paths(grow(12, x0, 3, table=written, before=0))
+            for before in (-1, 0, x0):
+                assert paths(grow(12, x0, 3, table=staged, before=before)) == paths(
+                    grow(12, x0, 3, table=written, before=before)
+                )
+        tokens = rng.integers(0, vocab, 8)
+        staged.observe(tokens)
+        written.observe(tokens)
+        assert np.array_equal(staged.hits, written.hits)
         staged.apply()
         assert np.array_equal(staged.table, written.table) and staged.n_pairs == written.n_pairs
         assert np.array_equal(staged.pairs[: staged.n_pairs], written.pairs[: written.n_pairs])

@@ -13,7 +13,9 @@ partition, layout, id gather and upload. The tool
      computes nothing. Window, pool, successor table, trees and plans are rebuilt from the
      recorded messages exactly as the real rank built them, so the host work is the real
      decode's, while no real forward evicts the host's caches between steps (a GPU's would not)
-     and no other rank competes for this machine's cores.
+     and no other rank competes for this machine's cores. As a GPU's host does, each step's
+     plan is rehearsed before the read (`rehearse=1`, lp/decode/plan.py `rehearse`): its cost
+     counts in all of the host's work, not in the part after the read.
 It reports the median and p95 over steps, for the slowest rank of each step (the all-gather
 waits for it) and for rank 0 (each rank's step its fastest of `replays` replays, leaving out
 what other processes on a shared machine add to some), of
@@ -357,9 +359,10 @@ def load_recording(path: str) -> Recording:
         raise LPError(f"cannot read a recording from {path}: {e}") from None
 
 
-def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
+def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0, rehearse: bool = True) -> HostTimes:
     """Rank `rank`'s host work in the recorded decode: lp's decode loop, its all-gathers
-    answered from the recording, its forwards stood in for by `_NoForward`."""
+    answered from the recording, its forwards stood in for by `_NoForward`, each step's plan
+    rehearsed before the read as on a GPU (`rehearse`)."""
     if not 0 <= rank < rec.world_size:
         raise LPError(f"rank {rank} is not one of the recording's {rec.world_size}")
     context = max(map(len, rec.prompts)) + cfg.max_new_tokens + 16
@@ -370,7 +373,7 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0) -> HostTimes:
     worker = _NoForward(_model(rec.vocab, context), max(2, cfg.successors_sent + 1))
     ranks = _Replay(rec.world_size, rec.gathered, cfg.W, cfg.max_commit, cfg.successors_sent, rank)
     decoder = Decoder(worker, ranks, rec.eos_ids, context)
-    decoder.rehearse = True  # as a GPU's host does (set, not passed: an `ab=` base's lp may predate it)
+    decoder.rehearse = rehearse  # set, not passed: an `ab=` base's lp may predate rehearsals
     times = HostTimes([], [], [], [])
     for prompt in rec.prompts:
         watch = _Spans()
@@ -456,6 +459,7 @@ DEFAULTS: dict[str, int | str] = {
     "dump": "",
     "ab": "",
     "rounds": 8,
+    "rehearse": 1,
 }
 HELP = {
     "W": "lookahead columns",
@@ -473,6 +477,7 @@ HELP = {
     "dump": "a .npy file: also keep every replay's times after the read, [rank, replay, step]",
     "ab": "another checkout of lp: replay `recording` with its lp and with this one, alternating (ab_report)",
     "rounds": "with ab: runs of each version",
+    "rehearse": "1: rehearse each step's plan before the read, as a GPU's host does (lp/decode/plan.py `rehearse`)",
 }
 
 
@@ -529,7 +534,8 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
                 )
         else:
             rec = record(cfg, s["P"], s["model"], s["prompts"], file or None)
-        runs = [[replay(cfg, rec, rank) for _ in range(s["replays"])] for rank in range(rec.world_size)]
+        rehearse = bool(s["rehearse"])
+        runs = [[replay(cfg, rec, rank, rehearse) for _ in range(s["replays"])] for rank in range(rec.world_size)]
     except LPError as e:
         sys.exit(f"lp: error: {e}")
     if s["dump"]:
@@ -538,7 +544,8 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
     print(
         f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.successors_sent}, P={rec.world_size}, "
         f"replaying a {rec.model} decode of {len(rec.prompts)} prompt(s) ({len(ranks[0].total)} steps; each "
-        f"rank replayed alone, each step its fastest of {s['replays']} replays), {_cpu_name()}:"
+        f"rank replayed alone, each step its fastest of {s['replays']} replays; each step's plan "
+        f"{'rehearsed' if s['rehearse'] else 'not rehearsed'} before the read), {_cpu_name()}:"
     )
     # each figure's slowest rank, step by step (all of it and after the read may be two ranks)
     for name, times, tokens in (

@@ -170,7 +170,7 @@ class Decoder:
         # plan: drafts -> tree -> this rank's ids and layout (later steps: planned with the last one's observe)
         step: StepPlan | None = plan_next(state.pending, sources, W=W, N=N, P=P, rank=rank)
         last: tuple[list[int], int] | None = None  # a step's committed tokens and fed count, until the state takes them
-        gathered: np.ndarray | None = None  # the last step's messages (a rehearsal reads their shape)
+        gathered: np.ndarray | None = None  # the last step's messages (a rehearsal's arguments' types)
         while step is not None:
             x0 = state.length - 1 + (len(last[0]) if last is not None else 0)
             observe.planned(step, x0)

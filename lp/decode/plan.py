@@ -220,15 +220,17 @@ def rehearse(
     gathered: np.ndarray, eos: np.ndarray, sources: DraftSources, *, W: int, N: int, P: int, rank: int
 ) -> None:
     """Rehearse the next `observe_next` while the device computes: its compiled call, in the same
-    machine code, plans the step after the sources' current state (after `prepare`; of
-    `gathered`, a step's messages, it reads one token, as that step's pending one) and drops the
-    plan, changing nothing. The step's other work (the forward's dispatch, the acceptance, the message) has
-    evicted that code and the sources' arrays from the host's caches by the time the messages
-    are read; rehearsed, the call after the read finds them there and runs faster (tools.host:
-    about 10% of the host's work after the read at W15 N5 G15 P=1 and W60 N5 G60 P=8). It costs
-    a plan's worth of host time that an asynchronous device (a GPU) overlaps and a CPU's
-    forward does not (lp/decode/loop.py: `Decoder(rehearse=)`). Only where the next step is
-    planned in that one call (`DraftSources.next_growth`)."""
+    machine code, plans the step after the sources' current state (after `prepare`, whose flush
+    leaves the pool's queue empty, so the drafts' landing of a key's queued n-grams writes
+    nothing; of `gathered`, a step's messages, it reads one token, as that step's pending one)
+    and drops the plan, changing nothing. The step's other work (the forward's dispatch, the
+    acceptance, the message) has evicted that code and the sources' arrays from the host's
+    caches by the time the messages are read; rehearsed, the call after the read finds them
+    there and runs faster (in tools.host's replay of a GPU's host on this project's CPU:
+    results/host/ab_staged.txt; not yet measured on a GPU machine's host). It costs a plan's
+    worth of host time that an asynchronous device (a GPU) overlaps and a CPU's forward does not
+    (lp/decode/loop.py: `Decoder(rehearse=)`). Only where the next step is planned in that one
+    call (`DraftSources.next_growth`)."""
     growth = sources.next_growth
     if growth is not None:
         _observe_plan_loop(W, N, P, rank, gathered, _NO_BOUNDS, 1, eos, *sources.arguments(), *growth, True)
@@ -335,29 +337,27 @@ def _compile(digest: str):
         pool's state and queue, the `chances` as rows of `depth`), the committed tokens pending
         (`keep`: the last alone, `next_pending`): the observe's answer but its committed tokens,
         whether it planned, those tokens and the plan `packed`. (One array passed once: each
-        argument costs the call's dispatch a tenth of a microsecond.) A `rehearsal` changes
-        nothing: it plans the step after the sources' current outcome, its pending token
-        `gathered[0, 0]`, and drops the plan (`rehearse`)."""
+        argument costs the call's dispatch a tenth of a microsecond.) A `rehearsal` observes
+        nothing and changes nothing: it plans the step after the sources' current state, its
+        pending token `gathered[0, 0]` (the ids' alone), through the same `plan_body` call, and
+        its answer is dropped (`rehearse`)."""
         if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
             raise ValueError("no digest of the loops' sources")
         e = np.empty(0, np.int64)  # not a global's: numba types those read-only, and so the arrays they meet
-        rates = chances.reshape((len(chances) // depth, depth))  # `DraftRates.chances`, flat in the observe
-        if rehearsal:  # the arguments' types as below: the same compiled code runs
-            plan = plan_body(
-                True, budget, depth, seq, n, grams, head, longest, lone, length, count, ptable, prows, prings, state,
-                queue, context, frequent, ranks, row_len, row_source, rates, hits, table, pairs, index,
-                np.zeros((0, k + 1), np.int64), stage, window, e, e, e, gathered[0, :1], W, N, P, rank,
+        if rehearsal:  # the values the observe gives, of the same types, for the text as it stands
+            best, stopped, new, rows = -1, False, gathered[0, :0], np.zeros((0, k + 1), np.int64)
+            fed = gathered[0, :1]
+        else:
+            best, new, stopped, made, rows = observe_body(
+                gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered, chances,
+                table, pairs, index, stage, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
+                state, queue, window, from_window, from_text,
             )  # fmt: skip
-            return -1, False, made, np.zeros((0, k + 1), np.int64), True, packed(gathered[0, :0], plan)
-        best, new, stopped, made, rows = observe_body(
-            gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered, chances,
-            table, pairs, index, stage, hits, keys, first, seq, grams, head, text_table, n, made, longest, lone,
-            state, queue, window, from_window, from_text,
-        )  # fmt: skip
-        if best < -1 or stopped or len(new) >= remaining:
-            none = (e, e, e, e, np.empty((0, 4), np.int64), -1, e, e, e, np.zeros((0, 0), np.bool_), e, e)
-            return best, stopped, made, rows, False, packed(new, none)
-        fed = new[len(new) - 1 :] if keep else new
+            if best < -1 or stopped or len(new) >= remaining:
+                none = (e, e, e, e, np.empty((0, 4), np.int64), -1, e, e, e, np.zeros((0, 0), np.bool_), e, e)
+                return best, stopped, made, rows, False, packed(new, none)
+            fed = new[len(new) - 1 :] if keep else new
+        rates = chances.reshape((len(chances) // depth, depth))  # `DraftRates.chances`, flat in the observe
         plan = plan_body(
             True, budget, depth, seq, n + len(new), grams, head, longest, lone, length, count, ptable, prows, prings,
             state, queue, context, frequent, ranks, row_len, row_source, rates, hits, table, pairs, index, rows, stage,

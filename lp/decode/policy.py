@@ -159,8 +159,8 @@ class DraftSources:
             n, ids = self._unsettled
             self._unsettled = None
             self.text.appended(n, ids)
-            if self.successors is not None and self.successors.apply():  # its staged rows written
-                self._arrays()
+            if self.successors is not None:  # its staged rows written
+                self.successors.apply()
             if self.window is not None:
                 self.window.updates += 1
         if self._growing is not None:

@@ -68,13 +68,14 @@ def successor(table: np.ndarray, pairs: np.ndarray, staged: np.ndarray, row: int
 
 @njit(cache=True)
 def stage_rows(stage: np.ndarray, rows: np.ndarray, row_keys: np.ndarray, first: int, vocab: int) -> None:
-    """Stage rows `[n, 1 + k]` for `update_rows` (same arguments) in the empty hash `stage` (room
-    for two keys a row): every key they write, its pair key or its input token's, maps to the
-    last row that writes it, so `find_row` reads the table as `update_rows` would leave it. A
-    step's rows are written into the table's scattered lines after the next forward is queued
-    (`SuccessorTable.apply`); staged, they cost the step a few probes of a small hash each."""
+    """Stage rows `[n, 1 + k]` for `update_rows` (same arguments; successors are tokens, >= 0) in
+    the empty hash `stage` (room for two keys a row): every key they write, its pair key or its
+    input token's, maps to the last row that writes it, so `find_row` reads the table as
+    `update_rows` would leave it. A step's rows are written into the table's scattered lines
+    after the next forward is queued (`SuccessorTable.apply`); staged, they cost the step a few
+    probes of a small hash each."""
     n, m = rows.shape[0], len(row_keys)
-    if first >= 0:
+    if first >= 0 and n:
         _put_key(stage, first, 0)
     for j in range(m):
         _put_key(stage, row_keys[j], n - m + j)

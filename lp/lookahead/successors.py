@@ -66,17 +66,17 @@ class SuccessorTable:
         compiled observe): kept until `apply` writes them."""
         self.staged, self._staged_keys = rows, (keys, first)
 
-    def apply(self) -> bool:
-        """Write the staged rows (`hold`) and empty the stage; whether that replaced the pair
-        arrays (room made: `reserve`)."""
+    def apply(self) -> None:
+        """Write the staged rows (`hold`), in the room `reserve` made before they were staged,
+        and empty the stage."""
         if not len(self.staged):
-            return False
+            return
         rows, (keys, first) = self.staged, self._staged_keys
+        if 2 * (self.n_pairs + len(rows) + 1) > len(self.index) or self.n_pairs + len(rows) + 1 > len(self.pairs):
+            raise ValueError("staged successor rows without room: reserve() before they are staged")
         self.staged, self._staged_keys = self._no_rows, (_NO_KEYS, -1)
-        replaced = self.reserve(len(rows))
         self.n_pairs = update_rows(self.table, self.pairs, self.index, self.n_pairs, rows, keys, first)
         self.stage.fill(-1)
-        return replaced
 
     def update(self, rows: np.ndarray, keys: np.ndarray = _NO_KEYS, first: int = -1) -> None:
         """Apply rows `[n, 1 + k]` (input token, its top-k successors) in order: a token's last
@@ -90,20 +90,18 @@ class SuccessorTable:
         self.reserve(len(rows))
         self.n_pairs = update_rows(self.table, self.pairs, self.index, self.n_pairs, rows, keys, first)
 
-    def reserve(self, rows: int) -> bool:
+    def reserve(self, rows: int) -> None:
         """Room for the pair rows of `rows` more rows (and the hash index at most half full), and
-        for staging them (two keys a row, the stage at most half full); whether that replaced an
-        array."""
-        need, replaced = self.n_pairs + rows + 1, False
+        for staging them (two keys a row, the stage at most half full)."""
+        need = self.n_pairs + rows + 1
         if 2 * need > len(self.index):  # at most half full: short probes
-            self.index, replaced = rehash(self.index, 1 << (2 * need).bit_length()), True
+            self.index = rehash(self.index, 1 << (2 * need).bit_length())
         if need > len(self.pairs):
             grown = np.zeros((2 * need, self.k), dtype=np.int32)
             grown[: self.n_pairs] = self.pairs[: self.n_pairs]
-            self.pairs, replaced = grown, True
-        if 4 * rows > len(self.stage):  # empty here: staged rows are written before a step's room is made
-            self.stage, replaced = np.full((1 << (4 * rows).bit_length(), 2), -1, dtype=np.int64), True
-        return replaced
+            self.pairs = grown
+        if 4 * rows > len(self.stage):  # replaced while empty: rows are staged after their room is made
+            self.stage = np.full((1 << (4 * rows).bit_length(), 2), -1, dtype=np.int64)
 
     def row(self, before: int, token: int) -> list[int] | None:
         """The successors expected after `token` when `before` precedes it (None: unknown)."""
