@@ -177,21 +177,30 @@ def test_observe_and_plan_in_one_call_equal_the_two_calls(seed):
     assert fused or not (cfg.tree and cfg.step_shape[3] and cfg.step_limit is None)
 
 
+def twin_sources(seed: int, rank: int, P: int) -> tuple:
+    """Two draft sources of one random config (trees grown in the one call) and 30-token prompt,
+    for rank `rank` of P, and the first step the first plans (the second's checked equal):
+    the generator, the config, the vocabulary, the rank, the two sources and that step."""
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.integers(4, 16))
+    cfg = DecodeConfig(
+        W=int(rng.integers(1, 6)), N=int(rng.integers(2, 5)), G=int(rng.integers(2, 8)), recycle=int(rng.choice([0, 4]))
+    ).validate()
+    prompt = rng.integers(0, vocab, 30).tolist()
+    a, b = DraftSources(cfg, prompt, vocab), DraftSources(cfg, prompt, vocab)
+    W, N, _, _ = cfg.step_shape
+    step = plan_next(prompt[-1:], a, W=W, N=N, P=P, rank=rank)
+    same_step(step, plan_next(prompt[-1:], b, W=W, N=N, P=P, rank=rank))
+    return rng, cfg, vocab, rank, a, b, step
+
+
 @pytest.mark.parametrize("P", [2, 3])
 @pytest.mark.parametrize("seed", range(6))
 def test_observe_and_plan_in_one_call_at_several_ranks(P, seed):
     """`observe_next` against `observe` then `plan_next` on every rank's messages, for one rank of
     P, over the steps of sources that grow their trees in the one call."""
-    rng = np.random.default_rng(2000 + seed)
-    vocab, rank = int(rng.integers(4, 16)), seed % P
-    cfg = DecodeConfig(
-        W=int(rng.integers(1, 6)), N=int(rng.integers(2, 5)), G=int(rng.integers(2, 8)), recycle=int(rng.choice([0, 4]))
-    ).validate()
-    prompt = rng.integers(0, vocab, 30).tolist()
-    one, two = DraftSources(cfg, prompt, vocab), DraftSources(cfg, prompt, vocab)
+    rng, cfg, vocab, rank, one, two, want = twin_sources(2000 + seed, seed % P, P)
     W, N, _, _ = cfg.step_shape
-    step = want = plan_next(prompt[-1:], one, W=W, N=N, P=P, rank=rank)
-    same_step(step, plan_next(prompt[-1:], two, W=W, N=N, P=P, rank=rank))
     length, none = 0, np.zeros(0, np.int64)
     for _ in range(20):
         one.prepare()  # it settles what the last one call left (no `settle` here)
@@ -211,16 +220,8 @@ def test_observe_and_plan_in_one_call_at_several_ranks(P, seed):
 def test_a_rehearsal_changes_nothing(P, seed):
     """`rehearse` before each read (as a GPU's host runs it while the device computes) leaves the
     sources, the merged outcomes and the next steps as without it."""
-    rng = np.random.default_rng(3000 + seed)
-    vocab, rank = int(rng.integers(4, 16)), seed % P
-    cfg = DecodeConfig(
-        W=int(rng.integers(1, 6)), N=int(rng.integers(2, 5)), G=int(rng.integers(2, 8)), recycle=int(rng.choice([0, 4]))
-    ).validate()
-    prompt = rng.integers(0, vocab, 30).tolist()
-    rehearsed, plain = DraftSources(cfg, prompt, vocab), DraftSources(cfg, prompt, vocab)
+    rng, cfg, vocab, rank, rehearsed, plain, want = twin_sources(3000 + seed, seed % P, P)
     W, N, _, _ = cfg.step_shape
-    step = want = plan_next(prompt[-1:], rehearsed, W=W, N=N, P=P, rank=rank)
-    same_step(step, plan_next(prompt[-1:], plain, W=W, N=N, P=P, rank=rank))
     length, none, rehearsals = 0, np.zeros(0, np.int64), 0
     for _ in range(20):
         rehearsed.prepare()

@@ -187,9 +187,9 @@ class DraftSources:
         self._arrays()
         tree = self._grown if self._grown is not None else _NOT_GROWN
         first, keys = self._keys
-        hits, rows, pairs, index, _, stage = successor_arrays(table)
+        hits, token_rows, pairs, index, _, stage = successor_arrays(table)
         self._observing = (
-            self._start, self._k, tree.tokens, tree.parents, tree.labels, *self._rates, rows, pairs, index,
+            self._start, self._k, tree.tokens, tree.parents, tree.labels, *self._rates, token_rows, pairs, index,
             stage, hits, keys, first, text.seq, text.grams, text.head,
             text.table, text.n, text.n_ids, text.longest, text.lone, pool.state, pool.queue,
             window.rows if window is not None else _NO_WINDOW, self._pooled and window is not None and window.ready,

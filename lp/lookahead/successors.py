@@ -72,7 +72,7 @@ class SuccessorTable:
         if not len(self.staged):
             return
         rows, (keys, first) = self.staged, self._staged_keys
-        if 2 * (self.n_pairs + len(rows) + 1) > len(self.index) or self.n_pairs + len(rows) + 1 > len(self.pairs):
+        if any(self._lacks(len(rows))):
             raise ValueError("staged successor rows without room: reserve() before they are staged")
         self.staged, self._staged_keys = self._no_rows, (_NO_KEYS, -1)
         self.n_pairs = update_rows(self.table, self.pairs, self.index, self.n_pairs, rows, keys, first)
@@ -93,15 +93,21 @@ class SuccessorTable:
     def reserve(self, rows: int) -> None:
         """Room for the pair rows of `rows` more rows (and the hash index at most half full), and
         for staging them (two keys a row, the stage at most half full)."""
-        need = self.n_pairs + rows + 1
-        if 2 * need > len(self.index):  # at most half full: short probes
+        need, (index, pairs) = self.n_pairs + rows + 1, self._lacks(rows)
+        if index:
             self.index = rehash(self.index, 1 << (2 * need).bit_length())
-        if need > len(self.pairs):
+        if pairs:
             grown = np.zeros((2 * need, self.k), dtype=np.int32)
             grown[: self.n_pairs] = self.pairs[: self.n_pairs]
             self.pairs = grown
         if 4 * rows > len(self.stage):  # replaced while empty: rows are staged after their room is made
             self.stage = np.full((1 << (4 * rows).bit_length(), 2), -1, dtype=np.int64)
+
+    def _lacks(self, rows: int) -> tuple[bool, bool]:
+        """Whether the hash index (at most half full: short probes) and the pair rows lack room
+        for the pair rows of `rows` more rows."""
+        need = self.n_pairs + rows + 1
+        return 2 * need > len(self.index), need > len(self.pairs)
 
     def row(self, before: int, token: int) -> list[int] | None:
         """The successors expected after `token` when `before` precedes it (None: unknown)."""
