@@ -3,6 +3,7 @@ replayed rank by rank, one gap of host work per step."""
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,3 +189,9 @@ def test_cli_compares_two_checkouts_on_one_recording(recording_file, tmp_path, c
         main([*args, f"recording={rec}", f"ab={tmp_path}"])
     with pytest.raises(SystemExit, match="give recording=FILE"):
         main([*args, f"ab={root}"])
+    # a change that builds other trees: each version replays its own recording
+    with pytest.raises(SystemExit, match="ab_recording=FILE"):
+        main([*args, f"recording={rec}", f"ab={root}", f"ab_recording={tmp_path / 'none.npz'}"])
+    shutil.copy(rec, tmp_path / "own.npz")
+    main([*args, f"recording={tmp_path / 'own.npz'}", f"ab={root}", f"ab_recording={rec}", "rounds=1"])
+    assert "ratio (this / base)" in capsys.readouterr().out

@@ -458,6 +458,7 @@ DEFAULTS: dict[str, int | str] = {
     "recording": "",
     "dump": "",
     "ab": "",
+    "ab_recording": "",
     "rounds": 8,
     "rehearse": 1,
 }
@@ -476,6 +477,7 @@ HELP = {
     "recording": "a .npz file: replay it if it exists, else record into it (A/B of two lp versions)",
     "dump": "a .npy file: also keep every replay's times after the read, [rank, replay, step]",
     "ab": "another checkout of lp: replay `recording` with its lp and with this one, alternating (ab_report)",
+    "ab_recording": "with ab: the base's own recording of the same decodes, where the two versions build other trees",
     "rounds": "with ab: runs of each version",
     "rehearse": "1: rehearse each step's plan before the read, as a GPU's host does (lp/decode/plan.py `rehearse`)",
 }
@@ -588,25 +590,30 @@ def ab(s: dict[str, int | str], given: set[str]) -> None:
     with `dump`), then `ab_report`. On a machine whose speed swings between runs, every step's
     least time over all of a version's runs is what its code costs: both versions get the fast
     spells, in turn. Only the time after the message read is compared: work that a change moves
-    before the read (while a device computes) is not counted."""
+    before the read (while a device computes) is not counted. A change that builds other trees
+    cannot replay the other version's recording: with `ab_recording`, the base replays its own
+    recording of the same decodes."""
     file, base = str(s["recording"]), os.path.abspath(str(s["ab"]))
-    if not (file and os.path.exists(_npz(file))):
-        sys.exit("lp: error: ab= replays a recording: give recording=FILE of one that exists")
+    base_file = str(s["ab_recording"]) or file
+    for f in (file, base_file):
+        if not (f and os.path.exists(_npz(f))):
+            sys.exit("lp: error: ab= replays recordings: give recording=FILE (and ab_recording=FILE) that exist")
     if not os.path.isfile(os.path.join(base, "lp", "__init__.py")):
         sys.exit(f"lp: error: ab={s['ab']} is not a checkout of lp (no lp/__init__.py)")
     if s["rounds"] < 1:
         sys.exit(f"lp: error: rounds must be >= 1, got {s['rounds']}")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    keys = set(DEFAULTS) - {"ab", "rounds", "dump", "allgather", "recording", "model", "prompts"}
-    common = [f"{k}={s[k]}" for k in sorted(keys)] + ["allgather=0", f"recording={os.path.abspath(_npz(file))}"]
+    keys = set(DEFAULTS) - {"ab", "ab_recording", "rounds", "dump", "allgather", "recording", "model", "prompts"}
+    common = [f"{k}={s[k]}" for k in sorted(keys)] + ["allgather=0"]
     dumps: dict[str, list[np.ndarray]] = {"base": [], "this": []}
-    versions = (("base", base), ("this", here))
+    versions = (("base", base, base_file), ("this", here, file))
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(int(s["rounds"])):
-            for name, root in versions if i % 2 == 0 else versions[::-1]:
+            for name, root, recording in versions if i % 2 == 0 else versions[::-1]:
                 out = os.path.join(tmp, f"{name}{i}.npy")
+                args = [*common, f"recording={os.path.abspath(_npz(recording))}", f"dump={out}"]
                 run = subprocess.run(  # this file, run as a script: its lp is the first on the path
-                    [sys.executable, os.path.abspath(__file__), *common, f"dump={out}"],
+                    [sys.executable, os.path.abspath(__file__), *args],
                     cwd=root,
                     env={**os.environ, "PYTHONPATH": root},
                     capture_output=True,
@@ -617,7 +624,8 @@ def ab(s: dict[str, int | str], given: set[str]) -> None:
                     sys.exit(f"lp: error: the {name} run ({root}) failed: {last}")
                 dumps[name].append(np.load(out))
                 print(f"tools.host: round {i + 1}/{s['rounds']}: {name} done", file=sys.stderr, flush=True)
-    print(ab_report(dumps["base"], dumps["this"], base, here))
+    names = (base, here) if base_file == file else (f"{base} on {base_file}", f"{here} on {file}")
+    print(ab_report(dumps["base"], dumps["this"], *names))
 
 
 def ab_report(base: list[np.ndarray], this: list[np.ndarray], base_name: str, this_name: str) -> str:
