@@ -180,7 +180,7 @@ def test_observe_and_plan_in_one_call_equal_the_two_calls(seed):
 def twin_sources(seed: int, rank: int, P: int) -> tuple:
     """Two draft sources of one random config (trees grown in the one call) and 30-token prompt,
     for rank `rank` of P, and the first step the first plans (the second's checked equal):
-    the generator, the config, the vocabulary, the rank, the two sources and that step."""
+    the generator, the config, the vocabulary, the two sources and that step."""
     rng = np.random.default_rng(seed)
     vocab = int(rng.integers(4, 16))
     cfg = DecodeConfig(
@@ -191,7 +191,7 @@ def twin_sources(seed: int, rank: int, P: int) -> tuple:
     W, N, _, _ = cfg.step_shape
     step = plan_next(prompt[-1:], a, W=W, N=N, P=P, rank=rank)
     same_step(step, plan_next(prompt[-1:], b, W=W, N=N, P=P, rank=rank))
-    return rng, cfg, vocab, rank, a, b, step
+    return rng, cfg, vocab, a, b, step
 
 
 @pytest.mark.parametrize("P", [2, 3])
@@ -199,7 +199,8 @@ def twin_sources(seed: int, rank: int, P: int) -> tuple:
 def test_observe_and_plan_in_one_call_at_several_ranks(P, seed):
     """`observe_next` against `observe` then `plan_next` on every rank's messages, for one rank of
     P, over the steps of sources that grow their trees in the one call."""
-    rng, cfg, vocab, rank, one, two, want = twin_sources(2000 + seed, seed % P, P)
+    rank = seed % P
+    rng, cfg, vocab, one, two, want = twin_sources(2000 + seed, rank, P)
     W, N, _, _ = cfg.step_shape
     length, none = 0, np.zeros(0, np.int64)
     for _ in range(20):
@@ -220,7 +221,8 @@ def test_observe_and_plan_in_one_call_at_several_ranks(P, seed):
 def test_a_rehearsal_changes_nothing(P, seed):
     """`rehearse` before each read (as a GPU's host runs it while the device computes) leaves the
     sources, the merged outcomes and the next steps as without it."""
-    rng, cfg, vocab, rank, rehearsed, plain, want = twin_sources(3000 + seed, seed % P, P)
+    rank = seed % P
+    rng, cfg, vocab, rehearsed, plain, want = twin_sources(3000 + seed, rank, P)
     W, N, _, _ = cfg.step_shape
     length, none, rehearsals = 0, np.zeros(0, np.int64), 0
     for _ in range(20):
