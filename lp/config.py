@@ -15,6 +15,7 @@ AUTO_KEYS = ("W", "N", "G")  # may be "auto": lp/decode/auto.py chooses them
 DRAFTS = ("pool", "pool+text")
 ORDERS = ("recent", "frequent", "context")
 RECYCLE = 8  # successors kept per token unless `recycle` says otherwise
+DRAFT_LEN = 10  # the longest text draft unless `draft_len` says otherwise
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class DecodeConfig:
     drafts: str = "pool+text"
     tree: bool = True
     budget: int | None = None
-    draft_len: int = 10
+    draft_len: int = DRAFT_LEN
     text_drafts: int = 4
     text_match: int = MIN_MATCH
     pool_size: int | None = None

@@ -150,8 +150,7 @@ def test_a_shapes_name_is_its_config():
     from lp.bench.shapes import parse_lookahead
     from lp.config import DecodeConfig
 
-    for shape in (*LADDER, lp.decode.auto.Shape(1, 2, 15, 10, 16, step_limit=11, text_match=1)):
-        c = DecodeConfig(**parse_lookahead(shape.name))
-        got = (c.W, c.N, c.G, c.verify_budget, c.successors_sent, c.step_limit, c.text_match)
-        assert lp.decode.auto.Shape(*got) == shape, shape.name
+    for shape in (*LADDER, lp.decode.auto.Shape(1, 2, 15, 10, 16, step_limit=11, text_match=1, draft_len=16)):
+        assert lp.decode.auto.Shape.of(DecodeConfig(**parse_lookahead(shape.name))) == shape, shape.name
     assert lp.decode.auto.Shape(1, 2, 15, 10, step_limit=11, text_match=1).name == "W1N2G15-B10-L11-M1"
+    assert lp.decode.auto.Shape(3, 3, 15, 1002, 16, draft_len=16).name == "W3N3G15-B1002-R16-D16"

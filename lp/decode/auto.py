@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from lp.config import RECYCLE, DecodeConfig
+from lp.config import DRAFT_LEN, RECYCLE, DecodeConfig
 from lp.decode.plan import largest_step
 from lp.engine.fixed_steps import bucket
 from lp.lookahead.drafts import MIN_MATCH
@@ -30,7 +30,8 @@ from lp.worker import Worker
 class Shape(NamedTuple):
     """A lookahead step's shape: W window columns, n-gram size N, G pool n-grams per first token,
     `budget` tree tokens, `recycle` successors kept per token, the `step_limit` on a step's
-    tokens and the `text_match` a text draft needs (DecodeConfig's keys)."""
+    tokens, the `text_match` a text draft needs and the longest text draft, `draft_len`
+    (DecodeConfig's keys)."""
 
     W: int
     N: int
@@ -39,10 +40,18 @@ class Shape(NamedTuple):
     recycle: int = RECYCLE
     step_limit: int | None = None
     text_match: int = MIN_MATCH
+    draft_len: int = DRAFT_LEN
 
     @property
     def config(self) -> DecodeConfig:
         return DecodeConfig(**self._asdict())
+
+    @classmethod
+    def of(cls, cfg: DecodeConfig) -> Shape:
+        """The shape `cfg` steps in (its budget and successors as the steps run them)."""
+        return cls(
+            cfg.W, cfg.N, cfg.G, cfg.verify_budget, cfg.successors_sent, cfg.step_limit, cfg.text_match, cfg.draft_len
+        )
 
     def _extras(self) -> list[tuple[str, str, int]]:
         """(config name letter, key, value) of the keys that differ from DecodeConfig's defaults."""
@@ -52,14 +61,15 @@ class Shape(NamedTuple):
                 ("R", "recycle", self.recycle, RECYCLE),
                 ("L", "step_limit", self.step_limit, None),
                 ("M", "text_match", self.text_match, MIN_MATCH),
+                ("D", "draft_len", self.draft_len, DRAFT_LEN),
             )
             if value != default
         ]
 
     @property
     def name(self) -> str:
-        """The shape as lp.bench names configs: W3N3G15-B112, with -R16, -L11, -M1 where those keys
-        are not the defaults."""
+        """The shape as lp.bench names configs: W3N3G15-B112, with -R16, -L11, -M1, -D16 where
+        those keys are not the defaults."""
         return f"W{self.W}N{self.N}G{self.G}-B{self.budget}" + "".join(f"-{c}{v}" for c, _, v in self._extras())
 
     def describe(self) -> str:
@@ -74,23 +84,24 @@ class Shape(NamedTuple):
 # x0's own prediction; a tree of up to 9, so at most 10 tokens a step on one replica), above
 # prompt lookup in every category (W1 N3, a window token and the same tree, gave 1.88 against its
 # 1.84, tying prompt lookup in translation); W1 N3 at 16; from 32, W3 N3, which gave the most S at
-# 128 tokens in results/tree; more recycled successors above 256 tokens. The budget sweeps
-# measure them (results/sweep/spec_bench_48; its screen_11 compares the two 11-token windows).
+# 128 tokens in results/tree; more recycled successors above 256 tokens; text drafts of up to 14
+# tokens at 128 (S 3.08 against 3.05 with 10, on the 48 prompts) and 16 at 1,024 (4.06 against
+# 4.01). The budget sweeps measure them (results/sweep/spec_bench_48; its screen_11, screen_128
+# and screen_1024 compare the shapes tried at 11, 128 and 1,024 tokens).
 LADDER: tuple[Shape, ...] = (
     Shape(1, 2, 15, 9, step_limit=11, text_match=1),
     Shape(1, 3, 15, 14, step_limit=16, text_match=1),
     Shape(3, 3, 15, 26, step_limit=32, text_match=1),
     Shape(3, 3, 15, 48),
-    Shape(3, 3, 15, 112),
+    Shape(3, 3, 15, 108, draft_len=14),
     Shape(3, 3, 15, 240),
     Shape(3, 3, 15, 496, 16),
-    Shape(3, 3, 15, 1008, 16),
+    Shape(3, 3, 15, 1002, 16, draft_len=16),
 )
 # S - 1 per doubling of a step's tokens before anything is decoded: the least-squares slope
 # (through the origin, against log2 of the largest step) of the ladder's S in the budget sweep
-# (results/sweep/spec_bench_48: 48 prompts up to 128 tokens, 32 at 256, 23 at 512, 48 at 1,024). `auto` refits
-# it to what it decodes.
-PRIOR_SLOPE = 0.30
+# (results/sweep/spec_bench_48, 48 prompts at every size). `auto` refits it to what it decodes.
+PRIOR_SLOPE = 0.29
 # A bigger step must promise this factor more tokens/s than the cheaper choice to replace it.
 # Calibration timings on a shared machine vary by a few percent between runs; without a margin,
 # near ties between shapes flip from run to run on the same input.

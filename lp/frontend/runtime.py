@@ -190,11 +190,7 @@ class LP:
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
         self._same_in_replica(ids, cfg, stream)
         g: Generation = self.decoder.generate(ids, cfg, stream, observer=observer)
-        shape = (
-            Shape(cfg.W, cfg.N, cfg.G, cfg.verify_budget, cfg.successors_sent, cfg.step_limit, cfg.text_match)
-            if cfg.lookahead
-            else None
-        )
+        shape = Shape.of(cfg) if cfg.lookahead else None
         predicted = None
         if reason is not None:
             S, tokens_per_s, _ = self._tuner.expect(shape)  # before this sequence teaches the tuner
