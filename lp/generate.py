@@ -66,11 +66,17 @@ def _check_out(out: str | None) -> None:
         raise LPError(f"out={out}: the directory {path.parent} does not exist")
 
 
+def settings_of(cfg: DictConfig) -> dict:
+    """The decoding settings the command line gives: a null key is left out, to DecodeConfig's
+    default or, with W, N and G auto, to the shape W=auto chooses (which sets only keys not given)."""
+    return {k: cfg[k] for k in SETTINGS if cfg[k] is not None}
+
+
 def check(cfg: DictConfig) -> tuple[list[Prompt], dict]:
     """Every check that needs no model, so bad input fails in a second instead of after the
     load: the prompts, the decoding settings, `out`, the device, the model's name."""
     prompts = _prompts(cfg)
-    settings = {k: cfg[k] for k in SETTINGS}
+    settings = settings_of(cfg)
     check_settings(settings)
     if not cfg.timeout_s or cfg.timeout_s <= 0:
         raise LPError(f"timeout_s must be > 0, got {cfg.timeout_s!r}")

@@ -154,3 +154,19 @@ def test_a_shapes_name_is_its_config():
         assert lp.decode.auto.Shape.of(DecodeConfig(**parse_lookahead(shape.name))) == shape, shape.name
     assert lp.decode.auto.Shape(1, 2, 15, 10, step_limit=11, text_match=1).name == "W1N2G15-B10-L11-M1"
     assert lp.decode.auto.Shape(3, 3, 15, 1002, 16, draft_len=16).name == "W3N3G15-B1002-R16-D16"
+
+
+def test_the_command_line_leaves_the_shapes_keys_to_auto():
+    """`python -m lp.generate`'s defaults (W, N and G auto) give none of the other keys a shape
+    sets, so W=auto's choice sets them all (it sets only keys not given); a key given on the
+    command line is kept."""
+    from omegaconf import OmegaConf
+
+    import lp.generate
+
+    cfg = OmegaConf.load(ROOT / "configs" / "generate.yaml")
+    given = lp.generate.settings_of(cfg)
+    assert (given["W"], given["N"], given["G"]) == ("auto", "auto", "auto")
+    assert not given.keys() & set(lp.decode.auto.Shape._fields) - {"W", "N", "G"}
+    cfg.draft_len = 12
+    assert lp.generate.settings_of(cfg)["draft_len"] == 12

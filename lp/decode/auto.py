@@ -48,7 +48,9 @@ class Shape(NamedTuple):
 
     @classmethod
     def of(cls, cfg: DecodeConfig) -> Shape:
-        """The shape `cfg` steps in (its budget and successors as the steps run them)."""
+        """The shape `cfg` steps in (its budget and successors as the steps run them). A shape's
+        steps take text drafts (`drafts` is not one of its keys): `cfg`'s without them are priced
+        as if they could commit a text draft's length."""
         return cls(
             cfg.W, cfg.N, cfg.G, cfg.verify_budget, cfg.successors_sent, cfg.step_limit, cfg.text_match, cfg.draft_len
         )
