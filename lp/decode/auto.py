@@ -51,9 +51,8 @@ class Shape(NamedTuple):
         """The shape `cfg` steps in (its budget and successors as the steps run them). A shape's
         steps take text drafts (`drafts` is not one of its keys): `cfg`'s without them are priced
         as if they could commit a text draft's length."""
-        return cls(
-            cfg.W, cfg.N, cfg.G, cfg.verify_budget, cfg.successors_sent, cfg.step_limit, cfg.text_match, cfg.draft_len
-        )
+        given = {key: getattr(cfg, key) for key in cls._fields}  # every key, however many a shape has
+        return cls(**{**given, "budget": cfg.verify_budget, "recycle": cfg.successors_sent})
 
     def _extras(self) -> list[tuple[str, str, int]]:
         """(config name letter, key, value) of the keys that differ from DecodeConfig's defaults."""
