@@ -46,7 +46,11 @@ class DecodeConfig:
     each step's tree gets what its pending tokens leave of it, at most `budget`. One replica
     feeds x0 alone (the drafts' KV is kept: lp/worker.py `keep`); over P ranks the tokens the
     last step committed are re-fed, so a step after a short commit can verify a deeper draft
-    than one after a long one (None: steps of `budget` nodes)."""
+    than one after a long one (None: steps of `budget` nodes). `follow`: below each tree node
+    that no text continuation made, the text after its token's newest earlier occurrence, up to
+    `follow` tokens (at most the longest draft), a source with its own counted rates: where a
+    recycled path runs into text the sequence has seen, the text goes on (0: off; text drafts
+    only)."""
 
     W: int = 5
     N: int = 3
@@ -69,6 +73,7 @@ class DecodeConfig:
     order: str = "context"
     recycle: int | None = None
     step_limit: int | None = None
+    follow: int = 0
 
     def validate(self) -> DecodeConfig:
         if self.mode not in MODES:
@@ -84,7 +89,7 @@ class DecodeConfig:
             raise LPError(f"order must be one of {ORDERS}, got {self.order!r}")
         if not isinstance(self.tree, bool):
             raise LPError(f"tree must be true or false, got {self.tree!r}")
-        for key in ("budget", "draft_len", "text_drafts", "pool_size", "recycle"):
+        for key in ("budget", "draft_len", "text_drafts", "pool_size", "recycle", "follow"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise LPError(f"{key} must be an integer >= 0, got {value!r}")
@@ -115,6 +120,12 @@ class DecodeConfig:
     def max_draft(self) -> int:
         """The longest draft a step verifies (N-1 from the pool, `draft_len` from the text)."""
         return max(self.N - 1, self.draft_len if self.drafts == "pool+text" else 0)
+
+    @property
+    def follow_len(self) -> int:
+        """The longest continuation of the text a tree node's token offers (`follow`, at most the
+        longest draft; 0: none, and without text drafts)."""
+        return min(self.follow, self.max_draft) if self.drafts == "pool+text" else 0
 
     @property
     def step_shape(self) -> tuple[int, int, int, int]:

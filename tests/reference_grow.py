@@ -11,6 +11,7 @@ from itertools import accumulate, chain
 import numpy as np
 
 from lp.lookahead.grow import Chains
+from lp.lookahead.loops import MATCHED, WALK
 from lp.lookahead.tree import DraftTree, TreeBuilder
 
 
@@ -64,8 +65,37 @@ def reference_grow(
     chances: np.ndarray | None = None,
     table: DictTable | None = None,
     before: int = -1,
+    text: Sequence[int] = (),
+    follow: int = 0,
+    follow_source: int = 0,
 ) -> tuple[list[int], list[int], list[int]]:
-    """The grown nodes in the order they were made: (tokens, parents, labels)."""
+    """The grown nodes in the order they were made: (tokens, parents, labels). With `follow`, a
+    new node not made by a continuation offers the `text`'s (x0 last) after an occurrence of its
+    token before the last position, at most `follow` tokens: of the newest WALK + 1, the first
+    whose tokens before it match the node's path (then the text before x0) longest, up to
+    MATCHED, from `follow_source` + that length."""
+    seen: dict[int, list[int]] = {}  # each token's positions before the last, newest first
+    for e, t in enumerate(text[:-1]):
+        seen.setdefault(t, []).insert(0, e)
+
+    def continuation(token: int, parent: int) -> tuple[int, int] | None:
+        """(the source, where the continuation starts) for a node of `token` below `parent`."""
+        if token not in seen:
+            return None
+        path = []  # the tokens before the node, nearest first
+        while parent >= 0:
+            path.append(tokens[parent])
+            parent = parents[parent]
+        path += list(reversed(text))
+        lengths = []
+        for e in seen[token][: WALK + 1]:
+            m = 0
+            while m < MATCHED and e - 1 - m >= 0 and m < len(path) and text[e - 1 - m] == path[m]:
+                m += 1
+            lengths.append((m, e))
+        m, e = max(lengths, key=lambda x: x[0])  # the first of the longest
+        return follow_source + m, e + 1
+
     rates = table.rates() if table is not None else []
     k, D = len(rates), chances.shape[1] if chances is not None else 1
     tokens: list[int] = []
@@ -89,7 +119,7 @@ def reference_grow(
         offer(-rates[0], -1, "row", root_row, 0, 1)
     while heap:
         neg, _, parent, kind, seq, i, d = heapq.heappop(heap)
-        token = seq[i] if kind == "row" else int(drafts[seq][i])
+        token = seq[i] if kind == "row" else int(text[seq[1] + i]) if kind == "follow" else int(drafts[seq][i])
         node = index.get((parent, token))
         new = node is None
         if new:
@@ -98,8 +128,11 @@ def reference_grow(
             node = index[(parent, token)] = len(tokens)
             tokens.append(token)
             parents.append(parent)
-            labels.append(-1 if kind == "row" else sources[seq] * D + i)
+            labels.append(-1 if kind == "row" else (seq[0] if kind == "follow" else sources[seq]) * D + i)
             chance.append(neg)
+            goes_on = continuation(token, parent)
+            if follow and kind != "follow" and d < depth and goes_on is not None:
+                offer(neg * float(chances[goes_on[0], 0]), node, "follow", goes_on, 0, d + 1)
         below = None
         if k and d < depth and new:
             below = table.row(tokens[parent] if parent >= 0 else x0, token)
@@ -108,6 +141,11 @@ def reference_grow(
                 offer(neg / rates[i] * rates[i + 1], parent, "row", seq, i + 1, d)
             if below is not None:
                 offer(neg * rates[0], node, "row", below, 0, d + 1)
+        elif kind == "follow":
+            if below is not None:
+                offer(neg * rates[0], node, "row", below, 0, d + 1)
+            if new and i + 1 < follow and seq[1] + i + 1 < len(text) and d < depth:
+                offer(neg * float(chances[seq[0], i + 1]), node, "follow", seq, i + 1, d + 1)
         else:
             if below is not None:
                 offer(neg * rates[0], node, "row", below, 0, d + 1)

@@ -93,6 +93,7 @@ VARIANTS = [
     dict(pool_size=30, order="frequent", text_drafts=8),
     dict(order="recent", draft_len=4),
     dict(text_match=1, budget=12, step_limit=34),
+    dict(follow=4, budget=40),
 ]
 
 
@@ -184,12 +185,13 @@ def test_ar_ahead_stops_at_eos_and_max_new_tokens(tiny_models, refs):
     assert dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW)).output_ids == ref
 
 
-@pytest.mark.parametrize("N,W,G,recycle", [(5, 7, 7, None), (3, 4, 6, 0), (2, 5, 5, None)])
-def test_rehearsals_change_no_decode(N, W, G, recycle, tiny_models, refs):
+@pytest.mark.parametrize("N,W,G,recycle,follow", [(5, 7, 7, None, 0), (3, 4, 6, 0, 0), (2, 5, 5, None, 4)])
+def test_rehearsals_change_no_decode(N, W, G, recycle, follow, tiny_models, refs):
     """Rehearsing each step's plan while the device computes (on by default on CUDA, asked
     for here) leaves the output, the steps and their acceptances as they are, at one rank and
-    at two."""
-    model, cfg = tiny_models["llama"], dict(W=W, N=N, G=G, recycle=recycle, max_new_tokens=MAX_NEW)
+    at two (the text's continuations too: a rehearsal brings their index up to date early)."""
+    model = tiny_models["llama"]
+    cfg = dict(W=W, N=N, G=G, recycle=recycle, follow=follow, max_new_tokens=MAX_NEW)
     plain = decode(model, PROMPT, rehearse=False, **cfg)
     rehearsed = decode(model, PROMPT, rehearse=True, **cfg)
     assert plain.output_ids == rehearsed.output_ids == refs["llama"]

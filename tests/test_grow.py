@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lp.lookahead.grow import grow
+from lp.lookahead.grow import Follow, grow, occurrences
 from lp.lookahead.loops import successor_rates
 from lp.lookahead.successors import SuccessorTable
 from tests.reference_grow import DictTable, chains_of, reference_grow, subtree_order
@@ -47,9 +47,16 @@ def test_growth_equals_the_reference(seed):
     budget, depth = int(rng.integers(0, 60 if seed % 4 else 400)), int(rng.integers(1, 8))
     x0, before = int(rng.integers(vocab)), int(rng.integers(-1, vocab))
     with_table = rng.random() < 0.8
-    got = grow(budget, x0, depth, chains_of(drafts, sources), chances, table if with_table else None, before)
+    # half the growths follow the text too: its tokens before x0 from the table's vocabulary
+    text = [*rng.integers(0, vocab, int(rng.integers(0, 30))).tolist(), x0]
+    follow = int(rng.integers(1, chances.shape[1] + 1)) if seed % 2 else 0
+    occurring = occurrences(vocab, len(text))
+    if rng.random() < 0.5:  # brought up to date on an earlier part of the text first, as a decode does
+        grow(0, x0, depth, follow=Follow(np.asarray(text[: len(text) // 2], dtype=np.int64), *occurring, follow, 0))
+    following = Follow(np.asarray(text, dtype=np.int64), *occurring, follow, 0)
+    got = grow(budget, x0, depth, chains_of(drafts, sources), chances, table if with_table else None, before, following)
     tokens, parents, labels = reference_grow(
-        budget, x0, depth, drafts, sources, chances, twin if with_table else None, before
+        budget, x0, depth, drafts, sources, chances, twin if with_table else None, before, text, follow, 0
     )
     want = subtree_order(tokens, parents)
     assert got.tree.tokens.tolist() == want.tokens.tolist() and got.tree.parents == want.parents
@@ -74,6 +81,39 @@ def test_a_chain_beats_a_less_likely_successor():
     assert got.tree.tokens[made].tolist() == [1, 2, 7, 3]
     assert got.labels[made].tolist() == [0, 1, -1, 2]
     assert got.tree.tokens.tolist() == [1, 2, 3, 7] and got.tree.parents == (-1, 0, 1, -1)  # subtree order
+
+
+def test_a_node_goes_on_as_the_text_went_on_after_its_token():
+    """Below a recycled node, the text after an occurrence of its token before x0, at most
+    `length` tokens: of its newest few, the one whose tokens before it match the node's path
+    (then the text before x0) longest, labelled by the match's length (`source` + 0 to MATCHED;
+    x0's own position may go on from it); without `follow`, none."""
+    chances = np.asarray([[0.5] * 3, [0.8, 0.6, 0.5], [0.85, 0.7, 0.5], [0.87, 0.7, 0.5]])  # rows 1-3: continuations
+
+    def grown(x0: int, text: list[int], length: int = 2) -> tuple[list[int], list[int]]:
+        table = SuccessorTable(1, 16)
+        table.update(np.asarray([[x0, 5]]))  # x0, then 5 (rank 0, rate 0.9)
+        table.hits[:] = [9, 1]
+        follow = Follow(np.asarray(text), *occurrences(16, len(text)), length, 1)
+        got = grow(8, x0, 3, chances=chances, table=table, follow=follow)
+        made = np.argsort(got.order)
+        return got.tree.tokens[made].tolist(), got.labels[made].tolist()
+
+    # 5 at 0, 3 and 6: only at 3 after x0's token 1, so 3 7 go on from source 1 + 1
+    assert grown(1, [5, 2, 1, 5, 3, 7, 5, 4, 1]) == ([5, 3, 7], [-1, 6, 7])
+    # never after 2: the newest, 6, goes on 4 and then x0 itself (source 1)
+    assert grown(2, [5, 2, 1, 5, 3, 7, 5, 4, 2]) == ([5, 4, 2], [-1, 3, 4])
+    # after 9 1 (the text's token before x0, and x0) at 2, after 2 1 at 7: 2 matches longer (source 1 + 2)
+    assert grown(1, [9, 1, 5, 3, 7, 2, 1, 5, 4, 8, 9, 1]) == ([5, 3, 7], [-1, 9, 10])
+    table = SuccessorTable(1, 16)
+    table.update(np.asarray([[1, 5]]))
+    assert grow(8, 1, 3, chances=chances, table=table).tree.tokens.tolist() == [5]  # no `follow`
+    latest, earlier = occurrences(16, 9)
+    text = np.asarray([5, 2, 1, 5, 3, 7, 5, 4, 1])
+    grow(0, 1, 3, follow=Follow(text[:4], latest, earlier, 2, 1))  # an earlier, shorter text
+    assert latest[[5, 2, 1, -1]].tolist() == [0, 1, 2, 3]  # 5 at 3 is the last: no follower yet
+    grow(0, 1, 3, follow=Follow(text, latest, earlier, 2, 1))
+    assert latest[[5, 1, -1]].tolist() == [6, 2, 8] and earlier[[6, 3, 0]].tolist() == [3, 0, -1]
 
 
 def test_leaf_paths_come_in_growth_order():

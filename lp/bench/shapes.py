@@ -20,6 +20,7 @@ NUMBER_OPTIONS = {
     "R": "recycle",
     "L": "step_limit",
     "M": "text_match",
+    "F": "follow",
 }  # -B80 etc.
 
 
@@ -32,7 +33,8 @@ def parse_lookahead(spec: str) -> dict:
     drafts per step), `-P60` (the pool keeps 60 n-grams per first token), `-R8` (the successor
     table keeps each token's top 8 next tokens; `-R0`: no recycled drafts), `-L11` (steps of at
     most 11 tokens: the tree gets what the pending tokens leave of them, up to the budget), `-M1`
-    (text drafts also from x0's lone matches); e.g.
+    (text drafts also from x0's lone matches), `-F16` (below each tree node, up to 16 tokens of
+    the text after its token's newest earlier occurrence); e.g.
     "W15N5G15-pool-chains-recent-R0" is the classic verification branch."""
     import re
 
@@ -45,11 +47,11 @@ def parse_lookahead(spec: str) -> dict:
             raise ValueError(
                 f"lookahead config must look like W15N5G15 or auto (options: -pool, -text, "
                 f"-chains, -tree, -recent, -frequent, -context, -B<budget>, -D<draft length>, "
-                f"-T<text drafts>, -P<pool size>, -R<successors>, -L<step limit>, -M<text match>), got {spec!r}"
+                f"-T<text drafts>, -P<pool size>, -R<successors>, -L<step limit>, -M<text match>, -F<follow>), got {spec!r}"
             )
         out = dict(W=int(m[1]), N=int(m[2]), G=int(m[3]))
     for opt in options:
-        number = re.fullmatch(r"([BDTPRLM])(\d+)", opt, flags=re.IGNORECASE)
+        number = re.fullmatch(r"([BDTPRLMF])(\d+)", opt, flags=re.IGNORECASE)
         if number:
             out[NUMBER_OPTIONS[number[1].upper()]] = int(number[2])
         elif opt.lower() in LOOKAHEAD_OPTIONS:
@@ -58,7 +60,7 @@ def parse_lookahead(spec: str) -> dict:
         else:
             raise ValueError(
                 f"unknown lookahead option {opt!r} in {spec!r} (known: pool, text, chains, tree, recent, "
-                f"frequent, context, B<n>, D<n>, T<n>, P<n>, R<n>, L<n>, M<n>)"
+                f"frequent, context, B<n>, D<n>, T<n>, P<n>, R<n>, L<n>, M<n>, F<n>)"
             )
     return out
 

@@ -223,7 +223,8 @@ def rehearse(
     machine code, plans the step after the sources' current state (after `prepare`, whose flush
     leaves the pool's queue empty, so the drafts' landing of a key's queued n-grams writes
     nothing; of `gathered`, a step's messages, it reads one token, as that step's pending one)
-    and drops the plan, changing nothing. The step's other work (the forward's dispatch, the
+    and drops the plan, changing nothing (the text's index of earlier occurrences, `Follow`, it
+    brings up to date as the plan after the read would). The step's other work (the forward's dispatch, the
     acceptance, the message) has evicted that code and the sources' arrays from the host's
     caches by the time the messages are read; rehearsed, the call after the read finds them
     there and runs faster (in tools.host's replay of a GPU's host on this project's CPU:
@@ -240,7 +241,8 @@ def rehearse(
 def plan_body(
     grow, budget, depth, seq, n, grams, head, longest, lone, length, count,
     ptable, prows, prings, pstate, pqueue, context, frequent, ranks, row_len, row_source,
-    chances, hits, table, pairs, index, staged, stage, window, tokens, parents, groups, pending, W, N, P, rank,
+    chances, hits, table, pairs, index, staged, stage, latest, earlier, follow, follow_source,
+    window, tokens, parents, groups, pending, W, N, P, rank,
 ):  # fmt: skip
     """A step's plan: with `grow`, its tree of at most `budget` nodes grown from the drafts
     (`step_chains` over the text's, the pool's and the window's row 0, guesses 1..`row_len`)
@@ -259,8 +261,9 @@ def plan_body(
         )  # fmt: skip
         before = seq[n - 2] if n > 1 else -1
         tokens, parents, labels, _, groups = grow_tree(
-            budget, seq[n - 1], before, depth, flat, starts, sources, chances, hits, table, pairs, index, staged, stage
-        )
+            budget, seq[n - 1], before, depth, flat, starts, sources, chances, hits, table, pairs, index, staged, stage,
+            seq, n, latest, earlier, follow, follow_source,
+        )  # fmt: skip
     size = len(tokens)
     if P == 1:
         bounds = np.empty((1, 4), np.int64)
@@ -328,7 +331,7 @@ def _compile(digest: str):
         W, N, P, rank, gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered,
         chances, table, pairs, index, stage, hits, keys, first, seq, grams, head, text_table, n, made, longest,
         lone, state, queue, window, from_window, from_text, budget, depth, length, count, ptable, prows, prings,
-        context, frequent, ranks, row_len, row_source, keep, rehearsal,
+        context, frequent, ranks, row_len, row_source, latest, earlier, follow, follow_source, keep, rehearsal,
     ):  # fmt: skip
         """`observe_body` (lp/decode/policy.py) on its arguments (the messages to `from_text`),
         then, unless the step ended the decode, `plan_body` for rank `rank` of P on the next
@@ -361,7 +364,7 @@ def _compile(digest: str):
         plan = plan_body(
             True, budget, depth, seq, n + len(new), grams, head, longest, lone, length, count, ptable, prows, prings,
             state, queue, context, frequent, ranks, row_len, row_source, rates, hits, table, pairs, index, rows, stage,
-            window, e, e, e, fed, W, N, P, rank,
+            latest, earlier, follow, follow_source, window, e, e, e, fed, W, N, P, rank,
         )  # fmt: skip
         return best, stopped, made, rows, True, packed(new, plan)
 
@@ -376,7 +379,7 @@ _GIVEN = (
     False, 0, 1, _NONE, 0, np.zeros((0, 1, 2), np.int64), _NONE, 0, False, 0, 0, np.zeros((0, 2), np.int64),
     np.zeros((0, 1, 2), np.int64), np.zeros((0, 3), np.int64), _NONE, np.zeros((2, 0), np.int64), False, False,
     _NONE, 0, 0, np.zeros((0, 1)), np.ones(1, np.int64), _NO_ROWS, _NO_ROWS, np.full((1, 2), -1, np.int64),
-    np.zeros((0, 1), np.int64), np.full((1, 2), -1, np.int64),
+    np.zeros((0, 1), np.int64), np.full((1, 2), -1, np.int64), np.full(1, -1, np.int64), _NONE, 0, 0,
 )  # fmt: skip
 _NO_TREE = (_NONE, _NONE, _NONE)  # grown: no given tree
 _NO_BOUNDS = np.zeros((0, 4), np.int64)  # a rehearsal's (`rehearse`): it merges no messages

@@ -16,8 +16,8 @@ from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool, draft_loops, loops
 from lp.lookahead.draft_loops import feed_step
 from lp.lookahead.drafts import TextIndex, as_tuples, step_drafts
-from lp.lookahead.grow import Chains, Grown, Labelled, grow, successor_arrays
-from lp.lookahead.loops import count_rates, observe_step
+from lp.lookahead.grow import Chains, Follow, Grown, Labelled, grow, occurrences, successor_arrays
+from lp.lookahead.loops import MATCHED, count_rates, observe_step
 from lp.lookahead.rates import DraftRates
 from lp.lookahead.successors import SuccessorTable
 from lp.lookahead.tree import DraftTree, TreeBuilder, pair_key
@@ -29,6 +29,10 @@ from lp.message import HEADER, merge_loop, step_message_size
 TEXT_RANKS, POOL_RANKS, LONE_RANKS = 4, 3, 2
 KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS, LONE_RANKS)  # text, context-matched pool, pool, lone text
 WINDOW_SOURCE = sum(KINDS)
+# the text after earlier occurrences of a node's token, by the length of their match with the
+# node's path (`Follow`): 0 to MATCHED tokens before it
+FOLLOW_SOURCE = WINDOW_SOURCE + 1
+SOURCES = FOLLOW_SOURCE + MATCHED + 1
 
 
 class DraftSources:
@@ -60,7 +64,10 @@ class DraftSources:
         # the prompt's n-grams and text index: host work on the prompt's length, which the caller
         # times with the prefill (a GPU prefills meanwhile)
         self.pool = NGramPool(N, cfg.pool_capacity)
-        self.rates = DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
+        self.rates = DraftRates(SOURCES, cfg.max_draft)
+        # `Follow`'s occurrences, brought up to date by each growth
+        self.occurrences = occurrences(vocab_size, len(prompt_ids) + cfg.max_new_tokens)
+        self._follow = (*self.occurrences, cfg.follow_len, FOLLOW_SOURCE)
         self._grown: Labelled | None = None  # the last step's growth, until its outcome is counted
         self._observing: tuple | None = None  # `observe`'s arguments, which `prepare` makes
         self._unsettled: tuple[int, int] | None = None  # an observe's counts kept for `settle`
@@ -104,6 +111,7 @@ class DraftSources:
             successors=self.successors,
             rates=self.rates,
             window=self.window,
+            occurring=self.occurrences,
         )
         self._drafted = (tree.tokens, tree.parent_array)
         self._grown = None if grown is None else Labelled(grown.tokens, grown.parents, grown.labels)
@@ -123,7 +131,9 @@ class DraftSources:
         # the arrays as `_arrays` took them (the step's outcome writes into them, and only the
         # text's length changes), so that little Python runs between the read and the plan
         text = self.text
-        return (True, budget, self._depth, text.seq, text.n, *self._drafting, self._guesses(0), *self._recycling)
+        return (
+            True, budget, self._depth, text.seq, text.n, *self._drafting, self._guesses(0), *self._recycling, *self._follow
+        )  # fmt: skip
 
     def _guesses(self, updates: int) -> int:
         """The window's row-0 guesses a growth takes once the window is `updates` updates on."""
@@ -203,7 +213,7 @@ class DraftSources:
         if self.cfg.tree and self.budget and not self._limited:
             self.next_growth = (
                 self.budget, self._depth, *self._text_args, pool.table, pool.rows, pool.rings, *self._pool_args,
-                _RANKS, self._guesses(1), WINDOW_SOURCE, self.keep,
+                _RANKS, self._guesses(1), WINDOW_SOURCE, *self._follow, self.keep,
             )  # fmt: skip
 
     def observe(
@@ -324,6 +334,7 @@ def step_tree(
     successors: SuccessorTable | None,
     rates: DraftRates | None = None,
     window: JacobiWindow | None = None,
+    occurring: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[DraftTree, Grown | None]:
     """The step's verification tree within `budget` nodes, and its growth where grown. As a
     token tree (`cfg.tree`): the likeliest nodes of all drafts (`draft_chains`) and of the
@@ -334,10 +345,13 @@ def step_tree(
         return DraftTree(np.zeros(0, dtype=np.int64), ()), None
     x0 = text.tokens[-1]
     if cfg.tree:
-        rates = rates or DraftRates(WINDOW_SOURCE + 1, cfg.max_draft)
+        rates = rates or DraftRates(SOURCES, cfg.max_draft)
         before = text.tokens[-2] if len(text.tokens) > 1 else -1
         chains = draft_chains(cfg, pool, text, window)
-        grown = grow(budget, x0, cfg.max_draft, chains, rates.chances, successors, before)
+        if occurring is None:
+            occurring = occurrences(int(text.tokens.max()) + 1, len(text.tokens))
+        follow = Follow(text.tokens, *occurring, cfg.follow_len, FOLLOW_SOURCE)
+        grown = grow(budget, x0, cfg.max_draft, chains, rates.chances, successors, before, follow)
         return grown.tree, grown
     builder = TreeBuilder(budget, share=False)
     for draft in ranked_drafts(cfg, pool, text):

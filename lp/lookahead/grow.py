@@ -36,6 +36,35 @@ class Chains(NamedTuple):
 NO_CHAINS = Chains(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64))
 
 
+class Follow(NamedTuple):
+    """Where the text went on after the tree's tokens before, for `grow`: below a node (not
+    itself made by one of these), the `text` (x0 last) after an earlier occurrence of its token,
+    at most `length` tokens: of its newest few (WALK + 1), the newest of those whose tokens
+    before it match the node's path (its ancestors', x0's, then the text's before x0) longest,
+    up to MATCHED tokens (lp/lookahead/loops.py); token i right with chance `chances[source + m,
+    i]` when the ones before it are, for a match of m tokens. `latest` and `earlier`:
+    `occurrences`' arrays, kept between a sequence's growths (each brings them up to date with
+    the text's new tokens)."""
+
+    text: np.ndarray
+    latest: np.ndarray
+    earlier: np.ndarray
+    length: int
+    source: int
+
+
+def occurrences(vocab: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """`Follow.latest` and `Follow.earlier` for a new sequence of at most `positions` tokens: per
+    token, its newest position with a known follower (-1: none) and, last, the positions seen;
+    per position, the one before it of the same token."""
+    latest = np.full(vocab + 1, -1, np.int64)
+    latest[-1] = 0
+    return latest, np.full(positions, -1, np.int64)
+
+
+NO_FOLLOW = Follow(np.zeros(0, np.int64), *occurrences(0, 0), 0, 0)
+
+
 class Grown(NamedTuple):
     """A grown tree (in subtree order, lp/lookahead/tree.py) and, per node: its label (source s's
     token i: `s * depth + i`, the counted rate's index; -1: the successor table's), its parent
@@ -81,6 +110,7 @@ def grow(
     chances: np.ndarray | None = None,
     table: SuccessorTable | None = None,
     before: int = -1,
+    follow: Follow = NO_FOLLOW,
 ) -> Grown:
     """The likeliest nodes below x0, at most `budget`: from `chains` (token i of a draft from
     source s right with chance `chances[s, i]` when the ones before it are; `chances`
@@ -88,12 +118,14 @@ def grow(
     token before x0, whose pair row with x0 is preferred). Entries of equal chance are taken in
     the order they were offered: the chains in order, then x0's row; a taken row offers its next
     sibling, then its node's successors; a taken chain token its node's successors, then the
-    chain's next token."""
+    chain's next token. With `follow`, a new node not made by it also offers the text's
+    continuation after its token's newest earlier occurrence (`Follow`)."""
     if chances is None:
         chances = np.zeros((0, 1))
     tokens, parents, labels, order, groups = grow_tree(
-        budget, x0, before, depth, chains.tokens, chains.starts, chains.sources, chances, *successor_arrays(table)
-    )
+        budget, x0, before, depth, chains.tokens, chains.starts, chains.sources, chances, *successor_arrays(table),
+        follow.text, len(follow.text), follow.latest, follow.earlier, follow.length, follow.source,
+    )  # fmt: skip
     return grown_of(tokens, parents, labels, order, groups)
 
 
@@ -124,4 +156,6 @@ _NO_TABLE = (
 )
 
 
-__all__ = ["NO_CHAINS", "Chains", "Grown", "Labelled", "grow", "grown_of", "successor_arrays"]
+__all__ = [
+    "NO_CHAINS", "NO_FOLLOW", "Chains", "Follow", "Grown", "Labelled", "grow", "grown_of", "occurrences", "successor_arrays",
+]  # fmt: skip

@@ -16,8 +16,12 @@ from numba import njit
 
 NO_ROW = -(1 << 62)  # `find_row`'s answer where neither table has a row
 STAGED_TOKEN = 1 << 62  # a staged token row's key (`stage_rows`), apart from every pair key
-# a growth entry's kind: a successor row, a chain, or a node's own row not yet looked up (`grow_tree`)
-ROW, CHAIN, LATER = 0, 1, 2
+# a growth entry's kind: a successor row, a chain, a node's own row not yet looked up, or the text
+# after an earlier occurrence of a node's token (FOLLOW + c: after c of its path's tokens too,
+# at most MATCHED) (`grow_tree`)
+ROW, CHAIN, LATER, FOLLOW = 0, 1, 2, 3
+MATCHED = 2  # the path's tokens before a node that an earlier occurrence's must match, at most
+WALK = 8  # earlier occurrences of a node's token searched for the longest match, after the newest
 
 
 @njit(cache=True)
@@ -247,9 +251,41 @@ def _pop(keys: np.ndarray, entries: np.ndarray, h: int) -> int:
 
 
 @njit(cache=True)
-def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, table, pairs, index, staged, stage):
+def _matched(text, n_text, tokens, parents, parent, at):
+    """How many of the tokens before a node (its parent's, up the tree to x0, then the text's
+    before x0: `text[n_text - 1]` is x0) the tokens before position `at` of the text match, at
+    most MATCHED."""
+    m, p, back = 0, parent, 0
+    while m < MATCHED and at - 1 - m >= 0:
+        if p >= 0:
+            up, p = tokens[p], parents[p]
+        else:
+            if n_text - 1 - back < 0:
+                break
+            up, back = text[n_text - 1 - back], back + 1
+        if text[at - 1 - m] != up:
+            break
+        m += 1
+    return m
+
+
+@njit(cache=True)
+def grow_tree(
+    budget, x0, before, depth, flat, starts, sources, chances, hits, table, pairs, index, staged, stage,
+    text, n_text, latest, earlier, follow, follow_source,
+):  # fmt: skip
     """`lp.lookahead.grow.grow`'s loop: the tree's nodes in subtree order (tokens, parents, labels),
     each one's place in the growth, and the node counts of the root subtrees."""
+    # each token's newest position before the last (`latest`, -1: none; its follower is known)
+    # and each position's token's one before (`earlier`), brought up to date with the text's new
+    # tokens (`latest[-1]`: the positions seen)
+    if follow:
+        if n_text - 1 > len(earlier):
+            raise ValueError("the text is longer than its index of earlier occurrences")
+        for e in range(latest[-1], n_text - 1):
+            earlier[e] = latest[text[e]]
+            latest[text[e]] = e
+        latest[-1] = max(latest[-1], n_text - 1)
     rates = successor_rates(hits)
     k, n_chains, D = len(rates), len(starts) - 1, chances.shape[1]
     q0 = rates[0] if k else 0.0
@@ -266,7 +302,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
     # entries (parent, kind, row or chain, position i in it, depth), kept in arrival order; a heap
     # of their indices keyed by negated chance (`_push`). A chain offers each of its tokens once
     # at most, a row (x0's, a new node's) each of its k
-    cap = len(flat) + (budget + 1) * k + 1
+    cap = len(flat) + (budget + 1) * k + 1 + (2 * budget + 2 if follow else 0)
     entry = np.empty((cap, 5), np.int64)
     keys, entries = np.empty(cap, np.float64), np.empty(cap, np.int64)
     h = n = size = 0
@@ -292,6 +328,8 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
         while True:  # an entry that would leave next is taken at once, without waiting
             if kind == ROW:
                 token = successor(table, pairs, staged, seq, i)
+            elif kind >= FOLLOW:
+                token = text[seq + i]
             else:
                 token = flat[starts[seq] + i]
             node = first_child[parent + 1]
@@ -306,7 +344,7 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
                 size += 1
                 tokens[node], parents[node] = token, parent
                 roots[node] = node if parent < 0 else roots[parent]
-                labels[node] = -1 if kind == ROW else sources[seq] * D + i
+                labels[node] = -1 if kind == ROW else (follow_source + kind - FOLLOW if kind >= FOLLOW else sources[seq]) * D + i
                 made[node] = neg
                 sibling_of[node] = first_child[parent + 1]
                 first_child[parent + 1] = node
@@ -315,6 +353,18 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
             # each lookup reads a random line or two of the table); a row that proves missing
             # leaves no node, so the tree is the same as with every row looked up here
             below, grows = NO_ROW, LATER if k and d < depth and new else -1
+            if follow and new and kind < FOLLOW and d < depth and token < len(latest) - 1 and latest[token] >= 0:
+                # the text after the token's occurrence whose tokens before it match the node's
+                # path longest (of the newest few; the newest of those), each match length a
+                # source of its own: more matched tokens predict better
+                at, best, matched, walk = latest[token], -1, -1, 0
+                while at >= 0 and walk <= WALK and matched < MATCHED:
+                    m = _matched(text, n_text, tokens, parents, parent, at)
+                    if m > matched:
+                        best, matched = at, m
+                    at, walk = earlier[at], walk + 1
+                chance = neg * chances[follow_source + matched, 0]
+                h, n = _wait(keys, entries, h, entry, n, chance, node, FOLLOW + matched, best + 1, 0, d + 1)
             child = neg * q0
             has_sibling = kind == ROW and i + 1 < k
             sibling = neg / rates[i] * rates[i + 1] if has_sibling else 0.0
@@ -346,6 +396,16 @@ def grow_tree(budget, x0, before, depth, flat, starts, sources, chances, hits, t
                 continue
             if grows >= 0:
                 h, n = _wait(keys, entries, h, entry, n, child, node, grows, below, 0, d + 1)
+            if kind >= FOLLOW:
+                # on while it makes new nodes (an old one grows on from its own maker)
+                if not new or i + 1 >= follow or seq + i + 1 >= n_text or d >= depth:
+                    break
+                neg = neg * chances[follow_source + kind - FOLLOW, i + 1]
+                parent, i, d = node, i + 1, d + 1
+                if h and keys[0] <= neg:
+                    h, n = _wait(keys, entries, h, entry, n, neg, parent, kind, seq, i, d)
+                    break
+                continue
             if starts[seq] + i + 1 >= starts[seq + 1]:
                 break
             # a chain goes on from its node's chance: another source's, if it made the node first
