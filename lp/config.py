@@ -47,10 +47,10 @@ class DecodeConfig:
     feeds x0 alone (the drafts' KV is kept: lp/worker.py `keep`); over P ranks the tokens the
     last step committed are re-fed, so a step after a short commit can verify a deeper draft
     than one after a long one (None: steps of `budget` nodes). `follow`: below each tree node
-    that no text continuation made, the text after its token's newest earlier occurrence, up to
-    `follow` tokens (at most the longest draft), a source with its own counted rates: where a
-    recycled path runs into text the sequence has seen, the text goes on (0: off; text drafts
-    only)."""
+    (but those it made), the text after an earlier occurrence of its token, the one whose tokens
+    before it match the node's path longest, up to `follow` tokens (at most the longest draft),
+    sources with their own counted rates: where a recycled path runs into text the sequence has
+    seen, the text goes on (0: off; text drafts only; lp/lookahead/grow.py `Follow`)."""
 
     W: int = 5
     N: int = 3

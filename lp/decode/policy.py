@@ -65,8 +65,9 @@ class DraftSources:
         # times with the prefill (a GPU prefills meanwhile)
         self.pool = NGramPool(N, cfg.pool_capacity)
         self.rates = DraftRates(SOURCES, cfg.max_draft)
-        # `Follow`'s occurrences, brought up to date by each growth
-        self.occurrences = occurrences(vocab_size, len(prompt_ids) + cfg.max_new_tokens)
+        # `Follow`'s occurrences, brought up to date by each growth (none read without `follow`)
+        follows = cfg.follow_len > 0
+        self.occurrences = occurrences(vocab_size * follows, (len(prompt_ids) + cfg.max_new_tokens) * follows)
         self._follow = (*self.occurrences, cfg.follow_len, FOLLOW_SOURCE)
         self._grown: Labelled | None = None  # the last step's growth, until its outcome is counted
         self._observing: tuple | None = None  # `observe`'s arguments, which `prepare` makes

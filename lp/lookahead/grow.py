@@ -119,7 +119,7 @@ def grow(
     the order they were offered: the chains in order, then x0's row; a taken row offers its next
     sibling, then its node's successors; a taken chain token its node's successors, then the
     chain's next token. With `follow`, a new node not made by it also offers the text's
-    continuation after its token's newest earlier occurrence (`Follow`)."""
+    continuation after an earlier occurrence of its token (`Follow`), before its successors."""
     if chances is None:
         chances = np.zeros((0, 1))
     tokens, parents, labels, order, groups = grow_tree(
