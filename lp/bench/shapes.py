@@ -47,7 +47,8 @@ def parse_lookahead(spec: str) -> dict:
             raise ValueError(
                 f"lookahead config must look like W15N5G15 or auto (options: -pool, -text, "
                 f"-chains, -tree, -recent, -frequent, -context, -B<budget>, -D<draft length>, "
-                f"-T<text drafts>, -P<pool size>, -R<successors>, -L<step limit>, -M<text match>, -F<follow>), got {spec!r}"
+                f"-T<text drafts>, -P<pool size>, -R<successors>, -L<step limit>, -M<text match>, -F<follow>), "
+                f"got {spec!r}"
             )
         out = dict(W=int(m[1]), N=int(m[2]), G=int(m[3]))
     for opt in options:

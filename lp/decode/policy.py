@@ -133,7 +133,8 @@ class DraftSources:
         # text's length changes), so that little Python runs between the read and the plan
         text = self.text
         return (
-            True, budget, self._depth, text.seq, text.n, *self._drafting, self._guesses(0), *self._recycling, *self._follow
+            True, budget, self._depth, text.seq, text.n, *self._drafting, self._guesses(0), *self._recycling,
+            *self._follow,
         )  # fmt: skip
 
     def _guesses(self, updates: int) -> int:

@@ -157,5 +157,6 @@ _NO_TABLE = (
 
 
 __all__ = [
-    "NO_CHAINS", "NO_FOLLOW", "Chains", "Follow", "Grown", "Labelled", "grow", "grown_of", "occurrences", "successor_arrays",
+    "NO_CHAINS", "NO_FOLLOW", "Chains", "Follow", "Grown", "Labelled", "grow", "grown_of", "occurrences",
+    "successor_arrays",
 ]  # fmt: skip

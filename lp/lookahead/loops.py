@@ -344,7 +344,10 @@ def grow_tree(
                 size += 1
                 tokens[node], parents[node] = token, parent
                 roots[node] = node if parent < 0 else roots[parent]
-                labels[node] = -1 if kind == ROW else (follow_source + kind - FOLLOW if kind >= FOLLOW else sources[seq]) * D + i
+                if kind == ROW:
+                    labels[node] = -1
+                else:
+                    labels[node] = (follow_source + kind - FOLLOW if kind >= FOLLOW else sources[seq]) * D + i
                 made[node] = neg
                 sibling_of[node] = first_child[parent + 1]
                 first_child[parent + 1] = node
