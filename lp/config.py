@@ -89,10 +89,12 @@ class DecodeConfig:
             raise LPError(f"order must be one of {ORDERS}, got {self.order!r}")
         if not isinstance(self.tree, bool):
             raise LPError(f"tree must be true or false, got {self.tree!r}")
-        for key in ("budget", "draft_len", "text_drafts", "pool_size", "recycle", "follow"):
+        for key in ("budget", "draft_len", "text_drafts", "pool_size", "recycle"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise LPError(f"{key} must be an integer >= 0, got {value!r}")
+        if type(self.follow) is not int or self.follow < 0:
+            raise LPError(f"follow must be an integer >= 0, got {self.follow!r}")
         if type(self.text_match) is not int or self.text_match not in (1, MIN_MATCH):
             raise LPError(f"text_match must be 1 or {MIN_MATCH}, got {self.text_match!r}")
         if self.step_limit is not None and (

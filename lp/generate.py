@@ -43,6 +43,7 @@ SETTINGS = (
     "order",
     "recycle",
     "step_limit",
+    "follow",
 )
 
 

@@ -168,5 +168,7 @@ def test_the_command_line_leaves_the_shapes_keys_to_auto():
     given = lp.generate.settings_of(cfg)
     assert (given["W"], given["N"], given["G"]) == ("auto", "auto", "auto")
     assert not given.keys() & set(lp.decode.auto.Shape._fields) - {"W", "N", "G"}
-    cfg.draft_len = 12
-    assert lp.generate.settings_of(cfg)["draft_len"] == 12
+    for key in set(lp.decode.auto.Shape._fields) - {"W", "N", "G"}:  # each a setting of the command line
+        assert key in cfg and key in lp.generate.SETTINGS, key
+    cfg.draft_len, cfg.follow = 12, 16
+    assert [lp.generate.settings_of(cfg)[k] for k in ("draft_len", "follow")] == [12, 16]

@@ -52,7 +52,8 @@ def test_growth_equals_the_reference(seed):
     follow = int(rng.integers(1, chances.shape[1] + 1)) if seed % 2 else 0
     occurring = occurrences(vocab, len(text))
     if rng.random() < 0.5:  # brought up to date on an earlier part of the text first, as a decode does
-        grow(0, x0, depth, follow=Follow(np.asarray(text[: len(text) // 2], dtype=np.int64), *occurring, follow, 0))
+        earlier_text = np.asarray(text[: len(text) // 2], dtype=np.int64)
+        grow(0, x0, depth, chances=chances, follow=Follow(earlier_text, *occurring, follow, 0))
     following = Follow(np.asarray(text, dtype=np.int64), *occurring, follow, 0)
     got = grow(budget, x0, depth, chains_of(drafts, sources), chances, table if with_table else None, before, following)
     tokens, parents, labels = reference_grow(
@@ -110,9 +111,9 @@ def test_a_node_goes_on_as_the_text_went_on_after_its_token():
     assert grow(8, 1, 3, chances=chances, table=table).tree.tokens.tolist() == [5]  # no `follow`
     latest, earlier = occurrences(16, 9)
     text = np.asarray([5, 2, 1, 5, 3, 7, 5, 4, 1])
-    grow(0, 1, 3, follow=Follow(text[:4], latest, earlier, 2, 1))  # an earlier, shorter text
+    grow(0, 1, 3, chances=chances, follow=Follow(text[:4], latest, earlier, 2, 1))  # an earlier, shorter text
     assert latest[[5, 2, 1, -1]].tolist() == [0, 1, 2, 3]  # 5 at 3 is the last: no follower yet
-    grow(0, 1, 3, follow=Follow(text, latest, earlier, 2, 1))
+    grow(0, 1, 3, chances=chances, follow=Follow(text, latest, earlier, 2, 1))
     assert latest[[5, 1, -1]].tolist() == [6, 2, 8] and earlier[[6, 3, 0]].tolist() == [3, 0, -1]
 
 

@@ -38,6 +38,7 @@ def random_config(rng: np.random.Generator) -> DecodeConfig:
         recycle=int(rng.choice([0, 2, 4])),
         pool_from_output=bool(rng.integers(4)),
         step_limit=fixed + int(rng.integers(1, 30)) if rng.integers(2) else None,
+        follow=int(rng.choice([0, 3])),
         max_new_tokens=200,
     ).validate()
 

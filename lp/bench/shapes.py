@@ -34,7 +34,7 @@ def parse_lookahead(spec: str) -> dict:
     table keeps each token's top 8 next tokens; `-R0`: no recycled drafts), `-L11` (steps of at
     most 11 tokens: the tree gets what the pending tokens leave of them, up to the budget), `-M1`
     (text drafts also from x0's lone matches), `-F16` (below each tree node, up to 16 tokens of
-    the text after its token's newest earlier occurrence); e.g.
+    the text after an earlier occurrence of its token, the one matching the node's path longest); e.g.
     "W15N5G15-pool-chains-recent-R0" is the classic verification branch."""
     import re
 

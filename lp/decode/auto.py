@@ -89,7 +89,7 @@ class Shape(NamedTuple):
 # 1.84, tying prompt lookup in translation); W1 N3 at 16; from 32, W3 N3, which gave the most S at
 # 128 tokens in results/tree; more recycled successors above 256 tokens; text drafts of up to 14
 # tokens at 128 (S 3.08 against 3.05 with 10, on the 48 prompts) and 16 at 1,024 (4.06 against
-# 4.01), where each node also goes on as the text did after its token, up to 16 tokens (4.17
+# 4.01), where each node also goes on as the text did after its token, up to 16 tokens (4.19
 # against 4.06; at 128 tokens it cost S on 12 prompts). The budget sweeps measure them
 # (results/sweep/spec_bench_48; its screen_11, screen_128 and screen_1024 compare the shapes tried
 # at 11, 128 and 1,024 tokens).

@@ -341,9 +341,9 @@ def _compile(digest: str):
         (`keep`: the last alone, `next_pending`): the observe's answer but its committed tokens,
         whether it planned, those tokens and the plan `packed`. (One array passed once: each
         argument costs the call's dispatch a tenth of a microsecond.) A `rehearsal` observes
-        nothing and changes nothing: it plans the step after the sources' current state, its
-        pending token `gathered[0, 0]` (the ids' alone), through the same `plan_body` call, and
-        its answer is dropped (`rehearse`)."""
+        nothing and changes nothing (but indexes the text's occurrences early, `Follow`): it
+        plans the step after the sources' current state, its pending token `gathered[0, 0]` (the
+        ids' alone), through the same `plan_body` call, and its answer is dropped (`rehearse`)."""
         if len(digest) == 0:  # never: the digest is read for numba's cache key (lp/compiled.py)
             raise ValueError("no digest of the loops' sources")
         e = np.empty(0, np.int64)  # not a global's: numba types those read-only, and so the arrays they meet

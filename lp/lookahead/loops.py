@@ -282,7 +282,11 @@ def grow_tree(
     if follow:
         if n_text - 1 > len(earlier):
             raise ValueError("the text is longer than its index of earlier occurrences")
+        if follow_source + MATCHED >= chances.shape[0] or follow > chances.shape[1]:
+            raise ValueError("the text's continuations have no rows of chances, or are longer than them")
         for e in range(latest[-1], n_text - 1):
+            if not 0 <= text[e] < len(latest) - 1:
+                raise ValueError("a text token is not in the occurrences' vocabulary")
             earlier[e] = latest[text[e]]
             latest[text[e]] = e
         latest[-1] = max(latest[-1], n_text - 1)
