@@ -241,7 +241,7 @@ def rehearse(
 def plan_body(
     grow, budget, depth, seq, n, grams, head, longest, lone, length, count,
     ptable, prows, prings, pstate, pqueue, context, frequent, ranks, row_len, row_source,
-    chances, hits, table, pairs, index, staged, stage, latest, earlier, follow, follow_source,
+    chances, hits, table, pairs, index, staged, stage, latest, earlier, follow,
     window, tokens, parents, groups, pending, W, N, P, rank,
 ):  # fmt: skip
     """A step's plan: with `grow`, its tree of at most `budget` nodes grown from the drafts
@@ -262,7 +262,7 @@ def plan_body(
         before = seq[n - 2] if n > 1 else -1
         tokens, parents, labels, _, groups = grow_tree(
             budget, seq[n - 1], before, depth, flat, starts, sources, chances, hits, table, pairs, index, staged, stage,
-            seq, n, latest, earlier, follow, follow_source,
+            seq, n, latest, earlier, follow, row_source + 1,  # the continuations' rates follow the window's
         )  # fmt: skip
     size = len(tokens)
     if P == 1:
@@ -331,7 +331,7 @@ def _compile(digest: str):
         W, N, P, rank, gathered, bounds, remaining, eos, start, k, tree, parents, labels, rate_hits, offered,
         chances, table, pairs, index, stage, hits, keys, first, seq, grams, head, text_table, n, made, longest,
         lone, state, queue, window, from_window, from_text, budget, depth, length, count, ptable, prows, prings,
-        context, frequent, ranks, row_len, row_source, latest, earlier, follow, follow_source, keep, rehearsal,
+        context, frequent, ranks, row_len, row_source, latest, earlier, follow, keep, rehearsal,
     ):  # fmt: skip
         """`observe_body` (lp/decode/policy.py) on its arguments (the messages to `from_text`),
         then, unless the step ended the decode, `plan_body` for rank `rank` of P on the next
@@ -364,7 +364,7 @@ def _compile(digest: str):
         plan = plan_body(
             True, budget, depth, seq, n + len(new), grams, head, longest, lone, length, count, ptable, prows, prings,
             state, queue, context, frequent, ranks, row_len, row_source, rates, hits, table, pairs, index, rows, stage,
-            latest, earlier, follow, follow_source, window, e, e, e, fed, W, N, P, rank,
+            latest, earlier, follow, window, e, e, e, fed, W, N, P, rank,
         )  # fmt: skip
         return best, stopped, made, rows, True, packed(new, plan)
 
@@ -379,7 +379,7 @@ _GIVEN = (
     False, 0, 1, _NONE, 0, np.zeros((0, 1, 2), np.int64), _NONE, 0, False, 0, 0, np.zeros((0, 2), np.int64),
     np.zeros((0, 1, 2), np.int64), np.zeros((0, 3), np.int64), _NONE, np.zeros((2, 0), np.int64), False, False,
     _NONE, 0, 0, np.zeros((0, 1)), np.ones(1, np.int64), _NO_ROWS, _NO_ROWS, np.full((1, 2), -1, np.int64),
-    np.zeros((0, 1), np.int64), np.full((1, 2), -1, np.int64), np.full(1, -1, np.int64), _NONE, 0, 0,
+    np.zeros((0, 1), np.int64), np.full((1, 2), -1, np.int64), np.full(1, -1, np.int64), _NONE, 0,
 )  # fmt: skip
 _NO_TREE = (_NONE, _NONE, _NONE)  # grown: no given tree
 _NO_BOUNDS = np.zeros((0, 4), np.int64)  # a rehearsal's (`rehearse`): it merges no messages

@@ -68,7 +68,7 @@ class DraftSources:
         # `Follow`'s occurrences, brought up to date by each growth (none read without `follow`)
         follows = cfg.follow_len > 0
         self.occurrences = occurrences(vocab_size * follows, (len(prompt_ids) + cfg.max_new_tokens) * follows)
-        self._follow = (*self.occurrences, cfg.follow_len, FOLLOW_SOURCE)
+        self._follow = (*self.occurrences, cfg.follow_len)  # their rates the window's next (FOLLOW_SOURCE)
         self._grown: Labelled | None = None  # the last step's growth, until its outcome is counted
         self._observing: tuple | None = None  # `observe`'s arguments, which `prepare` makes
         self._unsettled: tuple[int, int] | None = None  # an observe's counts kept for `settle`
