@@ -16,6 +16,18 @@ DRAFTS = ("pool", "pool+text")
 ORDERS = ("recent", "frequent", "context")
 RECYCLE = 8  # successors kept per token unless `recycle` says otherwise
 DRAFT_LEN = 10  # the longest text draft unless `draft_len` says otherwise
+# the number-valued keys as a config name spells them after a dash (lp/bench/shapes.py, W=auto's
+# shapes): -B80 is budget=80
+NUMBER_OPTIONS = {
+    "B": "budget",
+    "D": "draft_len",
+    "T": "text_drafts",
+    "P": "pool_size",
+    "R": "recycle",
+    "L": "step_limit",
+    "M": "text_match",
+    "F": "follow",
+}
 
 
 @dataclass(frozen=True)

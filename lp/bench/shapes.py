@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from lp.config import NUMBER_OPTIONS
+
 LOOKAHEAD_OPTIONS = {
     "pool": ("drafts", "pool"),
     "text": ("drafts", "pool+text"),
@@ -12,16 +14,6 @@ LOOKAHEAD_OPTIONS = {
     "frequent": ("order", "frequent"),
     "context": ("order", "context"),
 }
-NUMBER_OPTIONS = {
-    "B": "budget",
-    "D": "draft_len",
-    "T": "text_drafts",
-    "P": "pool_size",
-    "R": "recycle",
-    "L": "step_limit",
-    "M": "text_match",
-    "F": "follow",
-}  # -B80 etc.
 
 
 def parse_lookahead(spec: str) -> dict:
@@ -52,7 +44,7 @@ def parse_lookahead(spec: str) -> dict:
             )
         out = dict(W=int(m[1]), N=int(m[2]), G=int(m[3]))
     for opt in options:
-        number = re.fullmatch(r"([BDTPRLMF])(\d+)", opt, flags=re.IGNORECASE)
+        number = re.fullmatch(rf"([{''.join(NUMBER_OPTIONS)}])(\d+)", opt, flags=re.IGNORECASE)
         if number:
             out[NUMBER_OPTIONS[number[1].upper()]] = int(number[2])
         elif opt.lower() in LOOKAHEAD_OPTIONS:

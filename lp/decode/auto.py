@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from lp.config import DRAFT_LEN, RECYCLE, DecodeConfig
+from lp.config import DRAFT_LEN, NUMBER_OPTIONS, RECYCLE, DecodeConfig
 from lp.decode.plan import largest_step
 from lp.engine.fixed_steps import bucket
 from lp.lookahead.drafts import MIN_MATCH
@@ -57,16 +57,11 @@ class Shape(NamedTuple):
 
     def _extras(self) -> list[tuple[str, str, int]]:
         """(config name letter, key, value) of the keys that differ from DecodeConfig's defaults."""
+        letters = {key: letter for letter, key in NUMBER_OPTIONS.items()}
         return [
-            (letter, key, value)
-            for letter, key, value, default in (
-                ("R", "recycle", self.recycle, RECYCLE),
-                ("L", "step_limit", self.step_limit, None),
-                ("M", "text_match", self.text_match, MIN_MATCH),
-                ("D", "draft_len", self.draft_len, DRAFT_LEN),
-                ("F", "follow", self.follow, 0),
-            )
-            if value != default
+            (letters[key], key, getattr(self, key))
+            for key, default in self._field_defaults.items()
+            if getattr(self, key) != default
         ]
 
     @property

@@ -16,7 +16,7 @@ from lp.errors import LPError
 from lp.lookahead import JacobiWindow, NGramPool, draft_loops, loops
 from lp.lookahead.draft_loops import feed_step
 from lp.lookahead.drafts import TextIndex, as_tuples, step_drafts
-from lp.lookahead.grow import Chains, Follow, Grown, Labelled, grow, occurrences, successor_arrays
+from lp.lookahead.grow import NO_FOLLOW, Chains, Follow, Grown, Labelled, grow, occurrences, successor_arrays
 from lp.lookahead.loops import MATCHED, count_rates, observe_step
 from lp.lookahead.rates import DraftRates
 from lp.lookahead.successors import SuccessorTable
@@ -350,9 +350,10 @@ def step_tree(
         rates = rates or DraftRates(SOURCES, cfg.max_draft)
         before = text.tokens[-2] if len(text.tokens) > 1 else -1
         chains = draft_chains(cfg, pool, text, window)
-        if occurring is None:
-            occurring = occurrences(int(text.tokens.max()) + 1, len(text.tokens))
-        follow = Follow(text.tokens, *occurring, cfg.follow_len, FOLLOW_SOURCE)
+        follow = NO_FOLLOW
+        if cfg.follow_len:
+            occurring = occurring or occurrences(int(text.tokens.max()) + 1, len(text.tokens))
+            follow = Follow(text.tokens, *occurring, cfg.follow_len, FOLLOW_SOURCE)
         grown = grow(budget, x0, cfg.max_draft, chains, rates.chances, successors, before, follow)
         return grown.tree, grown
     builder = TreeBuilder(budget, share=False)

@@ -403,23 +403,21 @@ def grow_tree(
                 continue
             if grows >= 0:
                 h, n = _wait(keys, entries, h, entry, n, child, node, grows, below, 0, d + 1)
+            # a chain goes on from its node's chance: another source's, if it made the node first;
+            # the text's continuation only while it makes new nodes (an old one grows on from its
+            # own maker)
             if kind >= FOLLOW:
-                # on while it makes new nodes (an old one grows on from its own maker)
+                source = follow_source + kind - FOLLOW
                 if not new or i + 1 >= follow or seq + i + 1 >= n_text or d >= depth:
                     break
-                neg = neg * chances[follow_source + kind - FOLLOW, i + 1]
-                parent, i, d = node, i + 1, d + 1
-                if h and keys[0] <= neg:
-                    h, n = _wait(keys, entries, h, entry, n, neg, parent, kind, seq, i, d)
+            else:
+                source = sources[seq]
+                if starts[seq] + i + 1 >= starts[seq + 1]:
                     break
-                continue
-            if starts[seq] + i + 1 >= starts[seq + 1]:
-                break
-            # a chain goes on from its node's chance: another source's, if it made the node first
-            neg = (neg if new else made[node]) * chances[sources[seq], i + 1]
+            neg = (neg if new else made[node]) * chances[source, i + 1]
             parent, i, d = node, i + 1, d + 1
             if h and keys[0] <= neg:
-                h, n = _wait(keys, entries, h, entry, n, neg, parent, CHAIN, seq, i, d)
+                h, n = _wait(keys, entries, h, entry, n, neg, parent, kind, seq, i, d)
                 break
 
     # subtree order: nodes grouped by their root (roots by index), each group in growth order
