@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -13,7 +14,7 @@ from tqdm import tqdm
 
 from lp import models
 from lp.collective import check_backend, check_device
-from lp.config import check_settings
+from lp.config import DecodeConfig, check_settings
 from lp.errors import LPError
 from lp.frontend import cli
 from lp.frontend.prompts import Prompt, read_jsonl
@@ -21,30 +22,7 @@ from lp.frontend.runtime import LP, Result
 from lp.mesh import check_tp
 from lp.worker import check_options
 
-SETTINGS = (
-    "W",
-    "N",
-    "G",
-    "max_new_tokens",
-    "mode",
-    "seed",
-    "pool_from_prompt",
-    "pool_from_output",
-    "temperature",
-    "top_k",
-    "top_p",
-    "drafts",
-    "tree",
-    "budget",
-    "draft_len",
-    "text_drafts",
-    "text_match",
-    "pool_size",
-    "order",
-    "recycle",
-    "step_limit",
-    "follow",
-)
+SETTINGS = tuple(f.name for f in fields(DecodeConfig))  # the decoding keys of configs/generate.yaml
 
 
 def _prompts(cfg: DictConfig) -> list[Prompt]:
@@ -97,7 +75,7 @@ def summary(pid: object, r: Result) -> str:
     if r.tp > 1:
         ranks += f" ({r.world_size // r.tp} replica{'s' if r.world_size > r.tp else ''} x tp={r.tp})"
     line = (
-        f"[{pid}] {r.new_tokens} tokens in {r.steps} steps, S={r.compression:.2f}, "
+        f"[{pid}] {r.new_tokens} tokens in {r.steps} steps, S={r.S:.2f}, "
         f"{r.tokens_per_s:.1f} tokens/s; {shape}, {ranks}"
     )
     if r.predicted:

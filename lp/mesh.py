@@ -1,4 +1,4 @@
-"""The layout of the ranks: P LP replicas, each a tensor-parallel group of T consecutive ranks.
+"""The mesh of the ranks: P LP replicas, each a tensor-parallel group of T consecutive ranks.
 
 World rank r is rank r % T of tensor-parallel group r // T (its replica) and rank r // T of LP
 group r % T. The LP groups {t, t+T, t+2T, ...} hold the ranks with the same shard of the
@@ -23,7 +23,7 @@ from lp.errors import LPError
 
 @dataclass(frozen=True)
 class Mesh:
-    """World size and T: the arithmetic of the layout, no process groups."""
+    """World size and T: the arithmetic of the mesh, no process groups."""
 
     world_size: int
     tp: int
@@ -51,7 +51,7 @@ class Mesh:
 
 
 def check_tp(tp: object) -> None:
-    """Refuse a `tp` that no world size could take (before anything loads): "auto" (lp/decode/layout.py)
+    """Refuse a `tp` that no world size could take (before anything loads): "auto" (lp/decode/mesh_cost.py)
     or an integer >= 1."""
     if tp == "auto":
         return

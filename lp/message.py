@@ -17,10 +17,10 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from numba import njit
 
 from lp.config import DecodeConfig
 from lp.errors import LPError
+from lp.jit import compiled
 from lp.partition import RankPlan
 from lp.verify.greedy import Acceptance
 
@@ -87,9 +87,7 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k:
     """Merge `[P, K]` messages of steps committing at most `max_commit` tokens (and successor rows
     of `k` tokens, if k > 0). Rank 0's y1 is authoritative: a candidate counts only if its rank
     computed the same y1. The longest acceptance wins, ties to the lowest candidate."""
-    best, new, successors = merge_loop(gathered, bounds_of(plans), HEADER + max_commit, k)
-    if best == -2:
-        raise LPError(f"ranks diverged: output lengths {gathered[:, 3].tolist()}, checksums {gathered[:, 4].tolist()}")
+    best, new, successors = merge_messages(gathered, bounds_of(plans), HEADER + max_commit, k)
     if best < 0:
         return Outcome([int(gathered[0, 0])], new, 0, successors)
     accepted = int(gathered[best, 2])
@@ -102,11 +100,12 @@ def bounds_of(plans: tuple[RankPlan, ...]) -> np.ndarray:
     return np.array([(p.columns.start, p.columns.stop, p.candidates.start, p.candidates.stop) for p in plans])
 
 
-@njit(cache=True)
-def merge_loop(gathered: np.ndarray, bounds: np.ndarray, start: int, k: int) -> tuple[int, np.ndarray, np.ndarray]:
+@compiled
+def merge_messages(gathered: np.ndarray, bounds: np.ndarray, start: int, k: int) -> tuple[int, np.ndarray, np.ndarray]:
     """`merge`'s work on the messages of ranks whose plans are the rows of `bounds` (first
-    column, column stop, first candidate, candidate stop), their window slots from `start`: the rank whose path wins
-    (-1: none, -2: the ranks' output lengths or checksums differ), the window's new level, and
+    column, column stop, first candidate, candidate stop), their window slots from `start`: the
+    rank whose path wins (-1: none; an LPError where the ranks' output lengths or checksums
+    differ: they drifted apart), the window's new level, and
     the successor rows (none, `[0, 1]`, without k) in the order that every rank applies them:
     x0, every column, then every node from the last to the first. The table keeps a token's last row, so a
     token's row computed after its likeliest node (the tree puts the best drafts first) wins
@@ -119,7 +118,11 @@ def merge_loop(gathered: np.ndarray, bounds: np.ndarray, start: int, k: int) -> 
     best, most, lowest = -1, -1, 0  # the winner so far: its rank, accepted tokens, candidate index
     for r in range(P):
         if gathered[r, 3] != gathered[0, 3] or gathered[r, 4] != gathered[0, 4]:
-            return -2, np.zeros(0, np.int64), np.zeros((0, 1), np.int64)
+            lengths, checksums = "", ""
+            for q in range(P):
+                lengths += (", " if q else "") + str(gathered[q, 3])
+                checksums += (", " if q else "") + str(gathered[q, 4])
+            raise LPError("ranks diverged: output lengths [" + lengths + "], checksums [" + checksums + "]")
         # the most accepted, then the lowest global candidate index, among ranks that agree on y1
         if gathered[r, 0] == gathered[0, 0] and gathered[r, 1] >= 0:
             if gathered[r, 2] > most or (gathered[r, 2] == most and gathered[r, 1] < lowest):

@@ -15,7 +15,8 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+
+from lp.jit import compiled
 
 
 class RankPlan(NamedTuple):
@@ -45,7 +46,7 @@ def _tokens(first_col: int, stop_col: int, candidates: int, N: int, pending: int
     return pending + prefix + (N - 2) * (stop_col - first_col) + candidate_tokens * candidates
 
 
-@njit(cache=True)
+@compiled
 def _greedy(W: int, N: int, ends: np.ndarray, P: int, limit: int, candidate_tokens: int, out: np.ndarray) -> bool:
     """Fill ranks in order up to `limit` tokens each: columns first, then whole candidate
     groups (`ends` are the groups' exclusive end indices). Both fills are closed forms: columns
@@ -73,7 +74,7 @@ def _greedy(W: int, N: int, ends: np.ndarray, P: int, limit: int, candidate_toke
     return col == W and g == n
 
 
-@njit(cache=True)
+@compiled
 def _floor(W: int, N: int, P: int, ends: np.ndarray, candidate_tokens: int) -> int:
     """A limit below which no fill succeeds, so the search needs no fill there. A fill keeps
     every rank within the limit, so the limit is at least the mean of the ranks' tokens (each
@@ -87,7 +88,7 @@ def _floor(W: int, N: int, P: int, ends: np.ndarray, candidate_tokens: int) -> i
     return max(spread, W + N - 2 if W else 1, 1 + candidate_tokens * largest)
 
 
-@njit(cache=True)
+@compiled
 def search(W: int, N: int, sizes: np.ndarray, P: int, candidate_tokens: int, G: int) -> np.ndarray:
     """The ranks' shares `[P, 4]` (`_greedy`'s rows) for groups of `sizes` candidates (none, `[0,
     4]`, unless each is at least 1 and they sum to G) at the least limit the fill meets: the floor

@@ -1,4 +1,4 @@
-"""The cost model of a tensor-parallel group (lp/decode/layout.py), `tp=auto`'s choice with given
+"""The cost model of a tensor-parallel group (lp/decode/mesh_cost.py), `tp=auto`'s choice with given
 costs, and tools.layouts' projection: the fit reproduces the published speedups it is fitted to,
 the choice follows the costs, a group never spans nodes, a node-crossing all-gather is charged,
 and the best step shape is the fastest sweep row."""
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lp.decode.auto import CostCurve
-from lp.decode.layout import PUBLISHED_TP, GroupModel, choose, fit, group_sizes
+from lp.decode.mesh_cost import PUBLISHED_TP, GroupModel, choose, fit, group_sizes
 from tools import layouts
 
 SWEEP = Path(__file__).parent / "data" / "sweep_small.json"

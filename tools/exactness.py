@@ -5,9 +5,9 @@ prompt, every lookahead shape and every world size.
     python -m tools.exactness [--prompts 20] [--max-new-tokens 128] [--world-sizes 1,2,3,4]
         [--configs W5N2G5,W3N3G3,W7N5G7,W15N5G15,W5N3G0] [--out DIR]
 
-Configs are named as lp.bench names them: W15N5G15, with `-B88` for a verification budget of
-88 tokens (W8N5G15-B88). `--tp T` runs every world size as world size / T LP replicas, each a
-tensor-parallel group of T ranks (world sizes must be multiples of T), e.g. SmolLM2-135M (9
+Configs are named as lp.bench names them: W15N5G15, with options after dashes (W3N3G15-L128-D14:
+steps of at most 128 tokens, text drafts of up to 14). `--tp T` runs every world size as world
+size / T LP replicas, each a tensor-parallel group of T ranks (world sizes must be multiples of T), e.g. SmolLM2-135M (9
 heads, 3 KV heads) at tp=3:
 
     python -m tools.exactness --tp 3 --world-sizes 3,6 --prompts 6 --max-new-tokens 64 \
@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from lp.bench.shapes import parse_lookahead
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("LP_SPEC_BENCH", ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"))
@@ -83,25 +85,18 @@ def pick_prompts(k: int, path: Path = DATA) -> list[dict]:
     return picked
 
 
-def parse_configs(text: str) -> list[tuple[int, ...]]:
-    """Configs as lp.bench names them ("W15N5G15", "W8N5G15-B88"), as (N, W, G) or (N, W, G, B)."""
-    from lp.bench.shapes import parse_lookahead
-
+def parse_configs(text: str) -> list[str]:
+    """Configs as lp.bench names them ("W15N5G15", "W3N3G15-L128-D14"), checked."""
     out = []
     for part in text.split(","):
         try:
             c = parse_lookahead(part)
         except ValueError as e:
             raise SystemExit(f"exactness: {e}") from None
-        if set(c) - {"W", "N", "G", "budget"} or c["W"] == "auto":
-            raise SystemExit(f"exactness: a config is W<w>N<n>G<g>, optionally -B<budget>, got {part!r}")
-        out.append((c["N"], c["W"], c["G"], *([c["budget"]] if "budget" in c else [])))
+        if c["W"] == "auto":
+            raise SystemExit(f"exactness: a config names its shape (W<w>N<n>G<g> and options), got {part!r}")
+        out.append(part)
     return out
-
-
-def cfg_name(c) -> str:
-    n, w, g, *b = c
-    return f"W{w}N{n}G{g}" + (f"-B{b[0]}" if b else "")
 
 
 def first_diff(a: list[int], b: list[int]) -> int | None:
@@ -145,11 +140,11 @@ def worker(args) -> None:
     if lm.comm.world_size > 1:
         import torch.distributed as dist
 
-        flags = torch.tensor([int((p["key"], cfg_name(c)) in done) for p, c in jobs], dtype=torch.long)
+        flags = torch.tensor([int((p["key"], c) in done) for p, c in jobs], dtype=torch.long)
         dist.broadcast(flags, src=0)
         todo = [j for j, f in zip(jobs, flags.tolist()) if not f]
     else:
-        todo = [(p, c) for p, c in jobs if (p["key"], cfg_name(c)) not in done]
+        todo = [(p, c) for p, c in jobs if (p["key"], c) not in done]
     out = open(args.results, "a" if args.resume else "w", encoding="utf-8") if main else None
     try:
         bar = tqdm(
@@ -162,23 +157,23 @@ def worker(args) -> None:
             ncols=100,
         )
         for p, c in bar:
-            n, w, g, *b = c
-            bar.set_postfix_str(f"q{p['question_id']} {cfg_name(c)}")
-            r = lm.generate(p["ids"], W=w, N=n, G=g, max_new_tokens=spec["max_new_tokens"], budget=b[0] if b else None)
+            settings = parse_lookahead(c)
+            bar.set_postfix_str(f"q{p['question_id']} {c}")
+            r = lm.generate(p["ids"], max_new_tokens=spec["max_new_tokens"], **settings)
             if main:
                 row = {
                     "key": p["key"],
                     "question_id": p["question_id"],
                     "group": p["group"],
-                    "config": cfg_name(c),
-                    "N": n,
-                    "W": w,
-                    "G": g,
+                    "config": c,
+                    "N": settings["N"],
+                    "W": settings["W"],
+                    "G": settings["G"],
                     "world_size": r.world_size,
                     "tp": r.tp,
                     "output_ids": r.output_ids,
                     "steps": r.steps,
-                    "compression": r.compression,
+                    "S": r.S,
                     "accepted_per_step": r.accepted_per_step,
                     "seconds": round(r.seconds, 3),
                     "prefill_seconds": round(r.prefill_seconds, 3),
@@ -263,7 +258,7 @@ def compare(
                     r = json.loads(line)
                     rows[(r["key"], r["config"])] = r
         for c in configs:
-            name = cfg_name(c)
+            name = c
             matched, total, S, steps, toks = 0, 0, [], 0, 0
             for p in prompts:
                 r = rows.get((p["key"], name))
@@ -273,7 +268,7 @@ def compare(
                 total += 1
                 ref = cache[p["key"]]["output_ids"]
                 d = first_diff(r["output_ids"], ref)
-                S.append(r["compression"])
+                S.append(r["S"])
                 steps += r["steps"]
                 toks += len(r["output_ids"])
                 if d is None:
@@ -313,7 +308,7 @@ def compare(
             for p in prompts
         ],
         "max_new_tokens": max_new,
-        "configs": [cfg_name(c) for c in configs],
+        "configs": [c for c in configs],
         "world_sizes": world_sizes,
         "tp": tp,
         "exit_codes": {str(k): v for k, v in rcs.items()},
@@ -430,7 +425,7 @@ def report_only(args) -> int:
     spec = json.loads((out_dir / "jobs.json").read_text())
     cache = json.loads((out_dir / "references.json").read_text())
     prompts = [p for p in spec["prompts"] if p["key"] in cache]
-    configs = [tuple(c) for c in spec["configs"]]
+    configs = list(spec["configs"])
     world_sizes = [int(x) for x in args.world_sizes.split(",")]
     summary, _ = compare(prompts, cache, configs, world_sizes, {}, out_dir, spec["max_new_tokens"], spec.get("tp", 1))
     text = "PARTIAL (run in progress)\n\n" + table(summary)
@@ -511,7 +506,7 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--configs",
         default="W5N2G5,W3N3G3,W7N5G7,W15N5G15,W5N3G0",
-        help="lookahead shapes, comma separated: W15N5G15, or W8N5G15-B88 with a budget of 88 tokens",
+        help="lookahead shapes, comma separated, as lp.bench names them: W15N5G15, W3N3G15-L128-D14",
     )
     ap.add_argument(
         "--out",

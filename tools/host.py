@@ -187,7 +187,7 @@ class _NoForward(Worker):
 
 def _settings(cfg: DecodeConfig) -> dict[str, int]:
     """The settings this tool decodes with (the handshake checks every other one)."""
-    return {"W": cfg.W, "N": cfg.N, "G": cfg.G, "recycle": cfg.successors_sent, "tokens": cfg.max_new_tokens}
+    return {"W": cfg.W, "N": cfg.N, "G": cfg.G, "successors": cfg.successors_sent, "tokens": cfg.max_new_tokens}
 
 
 def _random_prompt() -> list[int]:
@@ -448,7 +448,7 @@ DEFAULTS: dict[str, int | str] = {
     "N": 5,
     "G": 60,
     "P": 8,
-    "recycle": 8,
+    "successors": 8,
     "model": "smollm2-135m",
     "prompts": 4,
     "tokens": 128,
@@ -467,7 +467,7 @@ HELP = {
     "N": "n-gram size",
     "G": "verification n-grams",
     "P": "ranks",
-    "recycle": "successors kept per token for recycled drafts (0: none)",
+    "successors": "successors kept per token for recycled drafts (0: none)",
     "model": "the recorded decode's model (random: a one-layer random model)",
     "prompts": "Spec-Bench prompts decoded (model=random: one random prompt)",
     "tokens": "new tokens per prompt",
@@ -518,7 +518,7 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
     if s["ab"]:
         return ab(s, given)
     try:
-        cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], recycle=s["recycle"], max_new_tokens=s["tokens"]).validate()
+        cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], successors=s["successors"], max_new_tokens=s["tokens"]).validate()
         if min(s["P"], s["prompts"], s["replays"]) < 1:
             raise LPError(
                 f"P, prompts and replays must be >= 1, got P={s['P']} prompts={s['prompts']} replays={s['replays']}"
@@ -544,7 +544,7 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
         np.save(s["dump"], np.array([[r.exposed for r in rank] for rank in runs]))
     ranks = [fastest(r) for r in runs]
     print(
-        f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} recycle={cfg.successors_sent}, P={rec.world_size}, "
+        f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} successors={cfg.successors_sent}, P={rec.world_size}, "
         f"replaying a {rec.model} decode of {len(rec.prompts)} prompt(s) ({len(ranks[0].total)} steps; each "
         f"rank replayed alone, each step its fastest of {s['replays']} replays; each step's plan "
         f"{'rehearsed' if s['rehearse'] else 'not rehearsed'} before the read), {_cpu_name()}:"

@@ -4,7 +4,7 @@
         [--gpus 8] [--node 8] [--allgather-ms 0.05] [--cross-node-ms 0.05,0.5] [--out DIR]
 
 Every layout of `--gpus` GPUs in nodes of `--node`, T a power of two up to the node (a group
-never spans nodes), P = GPUs / T, priced with the group model of lp/decode/layout.py (`a` and the
+never spans nodes), P = GPUs / T, priced with the group model of lp/decode/mesh_cost.py (`a` and the
 all-reduce latency fitted to gpt-fast's published tensor-parallel speedups, the bandwidth
 assumed):
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from lp.bench.sweep import step_tokens_of
 from lp.decode.auto import CostCurve
-from lp.decode.layout import PUBLISHED_SOURCE, PUBLISHED_TP, GroupModel, fit
+from lp.decode.mesh_cost import PUBLISHED_SOURCE, PUBLISHED_TP, GroupModel, fit
 from lp.errors import LPError
 from tools.project import causal_steps, read_costs
 

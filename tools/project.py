@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from lp.decode.loop import StepObserver
-from lp.decode.plan import StepPlan, rank_share
-from lp.decode.throughput import compression
+from lp.decode.plan import Split, StepPlan, rank_share
+from lp.decode.throughput import tokens_per_step
 from lp.engine.fixed_steps import bucket
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
@@ -101,7 +101,7 @@ class Recording:
 
     @property
     def S(self) -> float:
-        return compression(self.new_tokens, len(self.steps))
+        return tokens_per_step(self.new_tokens, len(self.steps))
 
 
 class _Recorder(StepObserver):
@@ -150,7 +150,7 @@ def record(lm, prompts: list[list[int]], shape: Shape, max_new_tokens: int) -> R
 def rank_layouts(step: Step, shape: Shape) -> list[StepLayout]:
     """Every rank's layout of `step` at `shape`, as lp.decode.plan.plan_step lays them out."""
     m, _ = step.pending(shape.P)
-    return [rank_share(m, step.tree, W=shape.W, N=shape.N, P=shape.P, rank=r)[1] for r in range(shape.P)]
+    return [rank_share(m, step.tree, Split(shape.W, shape.N, shape.P, r))[1] for r in range(shape.P)]
 
 
 def project(rec: Recording, time_step: Timer, allgather_s: float) -> dict:

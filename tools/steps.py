@@ -11,7 +11,7 @@ model and real text, not on the hardware. What it measures:
 
 - step latency (median, p10, p90 over `reps`) of one lp forward of a causal block of T tokens
   after a `prompt_len`-token prefill, for every T of `tokens`, and of the lookahead step shapes
-  of `W=auto`'s ladder (lp/decode/auto.py), labelled with their (W, N, G, budget);
+  of `W=auto`'s ladder (lp/decode/auto.py), labelled with their (W, N, G, step size);
 - decoding tokens/s of lp `mode=ar`, transformers' eager `generate(do_sample=False)` and
   `generate(cache_implementation="static")` on the same model and prompt, `new_tokens` each
   (eos never stops them), medians of `runs` runs after one warm-up of each, interleaved;
@@ -333,9 +333,9 @@ def _progress(message: str) -> None:
 
 
 def _shape(step: dict) -> str:
-    """A ladder step's shape as the tables print it (files of older runs have no budget)."""
-    budget = step.get("budget")
-    return f"{step['W']},{step['N']},{step['G']}" + ("" if budget is None else f",{budget}")
+    """A ladder step's shape as the tables print it (W, N, G and its size, where the file has it)."""
+    size = step.get("step_tokens")
+    return f"{step['W']},{step['N']},{step['G']}" + ("" if size is None else f",{size}")
 
 
 def _percentiles(seconds: list[float]) -> dict:
@@ -346,12 +346,12 @@ def _percentiles(seconds: list[float]) -> dict:
 def step_shapes(tokens: list[int]) -> list[tuple[dict, StepLayout]]:
     """(label, layout) of every timed step: causal blocks of T tokens (logits for one row, as
     W=auto's calibration), then the largest lookahead steps of the ladder (the most pending
-    tokens, the tree they leave: the whole budget but under a step limit)."""
-    causal = {"kind": "causal", "W": None, "N": None, "G": None, "budget": None}
+    tokens, the tree they leave of the step's size)."""
+    causal = {"kind": "causal", "W": None, "N": None, "G": None, "step_tokens": None}
     shapes = [(causal, step_layout(T, 1, 2, range(0), 0)) for T in tokens]
     shapes += [
         (
-            {"kind": "ladder", "W": s.W, "N": s.N, "G": s.G, "budget": s.budget},
+            {"kind": "ladder", "W": s.W, "N": s.N, "G": s.G, "step_tokens": s.step_tokens},
             step_layout(s.config.max_commit, s.W, s.N, range(s.W), (-1,) * s.config.tree_budget(s.config.max_commit)),
         )
         for s in LADDER
@@ -506,7 +506,7 @@ def markdown(r: dict) -> str:
         f"- steps after a {r['settings']['prompt_len']}-token prefill; median, p10, p90 of "
         f"{r['settings']['reps']} repetitions after {r['settings']['warmup']} warm-up(s)",
         "",
-        "| step | W,N,G,budget | tokens | median ms | p10 ms | p90 ms | x 1-token step |",
+        "| step | W,N,G,size | tokens | median ms | p10 ms | p90 ms | x 1-token step |",
         "|---|---|---|---|---|---|---|",
     ]
     for s in r["steps"]:
@@ -563,7 +563,7 @@ def plot(r: dict, path: Path) -> Path:
         [s["median_ms"] for s in ladder],
         marker="D",
         color="C3",
-        label="W=auto ladder step (W,N,G,budget)",
+        label="W=auto ladder step (W,N,G,size)",
         zorder=3,
     )
     for s in ladder:

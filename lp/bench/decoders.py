@@ -127,8 +127,8 @@ class LPDecoder(BenchDecoder):
         pool_from_prompt: bool = True,
         **options,
     ) -> None:
-        """`options`: further DecodeConfig settings (drafts, tree, budget, draft_len, text_drafts,
-        pool_size, recycle), named in the label as in `parse_lookahead`."""
+        """`options`: further DecodeConfig settings (drafts, tree, step_tokens, draft_len, text_drafts,
+        pool_size, successors, ...), named in the label as in `parse_lookahead`."""
         self.name = "lp" if mode == "lookahead" else "lp-ar"
         auto = (W, N, G) == ("auto",) * 3
         suffix = "".join(f"-{option_name(k, v)}" for k, v in options.items())

@@ -19,7 +19,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from lp.decode.throughput import NAN, compression, tokens_per_s  # S and tokens/s: one formula for lp and the bench
+from lp.decode.throughput import NAN, tokens_per_s, tokens_per_step  # S and tokens/s: one formula for lp and the bench
 
 
 def mean_step_tokens(step_tokens: Iterable[int]) -> float:
@@ -161,9 +161,9 @@ def summarize(
             prompts=len(rs),
             new_tokens=new,
             steps=steps,
-            S=compression(new, steps),
+            S=tokens_per_step(new, steps),
             step_tokens=(sum(int(r.get("step_tokens_total") or 0) for r in rs) / steps) if steps else NAN,
-            S_mean=(sum(compression(int(r["new_tokens"]), int(r["steps"])) for r in rs) / len(rs)) if rs else NAN,
+            S_mean=(sum(tokens_per_step(int(r["new_tokens"]), int(r["steps"])) for r in rs) / len(rs)) if rs else NAN,
             prefill_seconds=pre,
             decode_seconds=dec,
             tokens_per_s=tokens_per_s(new, dec),

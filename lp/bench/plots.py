@@ -98,7 +98,7 @@ def scaling_points(runs: list[dict]) -> list[dict]:
             "prompts": a[2],
             "new_tokens": a[0],
             "steps": a[1],
-            "S": metrics.compression(a[0], a[1]),
+            "S": metrics.tokens_per_step(a[0], a[1]),
         }
         for (n, w, g), a in sorted(acc.items())
     ]
@@ -157,7 +157,7 @@ def strong_points(runs: list[dict]) -> list[dict]:
                     )
                     if paired
                     else float("nan"),
-                    S=metrics.compression(tokens, sum(int(r["steps"]) for r in ok)),
+                    S=metrics.tokens_per_step(tokens, sum(int(r["steps"]) for r in ok)),
                     matches_greedy=all(r.get("matches_greedy") is not False for r in ok),
                     status="ok",
                 )

@@ -64,12 +64,12 @@ def _row(
         "prompt_tokens": len(ids),
         "max_new_tokens": s.max_new_tokens,
     }
-    row.update({k: d.settings[k] for k in ("W", "N", "G", "drafts", "tree", "budget", "draft_len") if k in d.settings})
+    row.update({k: d.settings[k] for k in ("W", "N", "G", "drafts", "tree", "step_tokens", "tree_tokens", "draft_len") if k in d.settings})
     if o is not None:
         row.update(
             new_tokens=o.new_tokens,
             steps=o.steps,
-            S=o.compression,
+            S=o.S,
             prefill_seconds=o.prefill_seconds,
             decode_seconds=o.seconds,
             tokens_per_s=o.tokens_per_s,

@@ -1,6 +1,6 @@
 """`python -m lp.bench.sweep [key=value ...]`: the budget sweep. lp decodes a dataset at a ladder of
 step sizes, a step's size being the most tokens it feeds the model (its pending tokens, at most
-the last step's commit; the window; the tree: `lp.decode.plan.largest_step`), and the draft-free
+the last step's commit; the window; the tree: `DecodeConfig.largest_step`), and the draft-free
 baselines (Token Recycling, transformers' prompt lookup) decode the same prompts at their own step
 sizes. Every output is checked token by token against transformers' greedy `generate` (fp32 on
 the CPU by default), computed once per prompt and cached in OUT/references.json
@@ -39,7 +39,6 @@ from lp.bench.shapes import parse_lookahead
 from lp.config import DecodeConfig
 from lp.decode.auto import LADDER as AUTO_LADDER
 from lp.decode.auto import step_tokens
-from lp.decode.plan import largest_step
 from lp.decode.record import collector_paused
 from lp.errors import LPError
 
@@ -109,7 +108,7 @@ def step_tokens_of(config: str) -> int:
         raise LPError(str(e)) from None
     if "auto" in settings.values():
         raise LPError(f"the sweep needs fixed shapes, got {config!r}")
-    return largest_step(DecodeConfig(**settings).validate())
+    return DecodeConfig(**settings).validate().largest_step
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,7 @@ def _row(p: datasets.BenchPrompt, ids: list[int], e: Entry, o, ref: list[int]) -
         "prompt_tokens": len(ids),
         "new_tokens": o.new_tokens,
         "steps": o.steps,
-        "S": o.compression,
+        "S": o.S,
         "step_tokens_total": sum(o.step_tokens),
         "step_tokens_max": max(o.step_tokens, default=0),
         "identical": first is None,
@@ -202,7 +201,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def _pooled(rs: list[dict]) -> float:
     """S over a group of prompts: all their new tokens / all their steps."""
-    return metrics.compression(sum(r["new_tokens"] for r in rs), sum(r["steps"] for r in rs))
+    return metrics.tokens_per_step(sum(r["new_tokens"] for r in rs), sum(r["steps"] for r in rs))
 
 
 def markdown(head: dict, summary: list[dict], rows: list[dict]) -> str:

@@ -13,90 +13,88 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 import torch
 
-from lp.config import DRAFT_LEN, NUMBER_OPTIONS, RECYCLE, DecodeConfig
-from lp.decode.plan import largest_step
+from lp.config import DRAFT_LEN, NUMBER_OPTIONS, SUCCESSORS, DecodeConfig
 from lp.engine.fixed_steps import bucket
-from lp.lookahead.drafts import MIN_MATCH
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
 
-class Shape(NamedTuple):
-    """A lookahead step's shape: W window columns, n-gram size N, G pool n-grams per first token,
-    `budget` tree tokens, `recycle` successors kept per token, the `step_limit` on a step's
-    tokens, the `text_match` a text draft needs, the longest text draft, `draft_len`, and the
-    text continuations below each node, `follow` (DecodeConfig's keys)."""
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """A lookahead step's shape: DecodeConfig's keys that W=auto chooses. W window columns, n-gram
+    size N, G pool n-grams per first token; the step's size, `step_tokens`, and the tree's limit
+    where it does not follow from it (`tree_tokens`); `successors` kept per token; text drafts
+    from x0's lone matches too (`lone_matches`), of at most `draft_len` tokens; the text's
+    continuations below each node (`continuation_len`)."""
 
     W: int
     N: int
     G: int
-    budget: int
-    recycle: int = RECYCLE
-    step_limit: int | None = None
-    text_match: int = MIN_MATCH
+    step_tokens: int
+    tree_tokens: int | None = None
+    successors: int = SUCCESSORS
+    lone_matches: bool = False
     draft_len: int = DRAFT_LEN
-    follow: int = 0
+    continuation_len: int = 0
 
     @property
     def config(self) -> DecodeConfig:
-        return DecodeConfig(**self._asdict())
+        return DecodeConfig(**asdict(self))
 
     @classmethod
     def of(cls, cfg: DecodeConfig) -> Shape:
-        """The shape `cfg` steps in (its budget and successors as the steps run them). A shape's
-        steps take text drafts (`drafts` is not one of its keys): `cfg`'s without them are priced
-        as if they could commit a text draft's length."""
-        given = {key: getattr(cfg, key) for key in cls._fields}  # every key, however many a shape has
-        return cls(**{**given, "budget": cfg.verify_budget, "recycle": cfg.successors_sent})
+        """The shape `cfg` steps in: its size the largest step, its tree's limit where another than
+        the size gives, the successors as its steps send them. A shape's steps take text drafts
+        (`drafts` is not one of its keys): `cfg`'s without them are priced as if they could commit
+        a text draft's length."""
+        given = {f.name: getattr(cfg, f.name) for f in fields(cls)}  # every key, however many a shape has
+        shape = cls(**{**given, "step_tokens": cfg.largest_step, "tree_tokens": None, "successors": cfg.successors_sent})
+        tree = cfg.tree_limit
+        return shape if shape.config.tree_limit == tree else replace(shape, tree_tokens=tree)
 
-    def _extras(self) -> list[tuple[str, str, int]]:
-        """(config name letter, key, value) of the keys that differ from DecodeConfig's defaults."""
+    def _extras(self) -> list[tuple[str, str, object]]:
+        """(name part, key, value) of the keys that differ from their defaults, in field order."""
         letters = {key: letter for letter, key in NUMBER_OPTIONS.items()}
-        return [
-            (letters[key], key, getattr(self, key))
-            for key, default in self._field_defaults.items()
-            if getattr(self, key) != default
-        ]
+        out = []
+        for f in fields(self)[4:]:
+            value = getattr(self, f.name)
+            if value != f.default:
+                out.append(("lone" if f.name == "lone_matches" else f"{letters[f.name]}{value}", f.name, value))
+        return out
 
     @property
     def name(self) -> str:
-        """The shape as lp.bench names configs: W3N3G15-B112, with -R16, -L11, -M1, -D16, -F16
-        where those keys are not the defaults."""
-        return f"W{self.W}N{self.N}G{self.G}-B{self.budget}" + "".join(f"-{c}{v}" for c, _, v in self._extras())
+        """The shape as lp.bench names configs: W3N3G15-L128-D14 (lp/bench/shapes.py)."""
+        return f"W{self.W}N{self.N}G{self.G}-L{self.step_tokens}" + "".join(f"-{part}" for part, _, _ in self._extras())
 
     def describe(self) -> str:
-        extra = "".join(f" {key}={v}" for _, key, v in self._extras())
-        return f"W={self.W} N={self.N} G={self.G} budget={self.budget}{extra}"
+        extra = "".join(f" {key}={'true' if v is True else v}" for _, key, v in self._extras())
+        return f"W={self.W} N={self.N} G={self.G} step_tokens={self.step_tokens}{extra}"
 
 
-# Shapes of growing step size (largest steps of 11 to 1,024 tokens). Up to 32 tokens, a step limit
-# (the tree gets what the pending tokens leave: one replica's x0 alone, P ranks' last commit)
-# and text drafts from x0's lone matches too (prompt lookup's fallback). A small window and a tree
-# of the rest: at 11 tokens, the size prompt lookup feeds, W1 N2 (no window token: the column is
-# x0's own prediction; a tree of up to 9, so at most 10 tokens a step on one replica), above
-# prompt lookup in every category (W1 N3, a window token and the same tree, gave 1.88 against its
-# 1.84, tying prompt lookup in translation); W1 N3 at 16; from 32, W3 N3, which gave the most S at
-# 128 tokens in results/tree; more recycled successors above 256 tokens; text drafts of up to 14
-# tokens at 128 (S 3.08 against 3.05 with 10, on the 48 prompts) and 16 at 1,024 (4.06 against
-# 4.01), where each node also goes on as the text did after its token, up to 16 tokens (4.19
-# against 4.06; at 128 tokens it cost S on 12 prompts). The budget sweeps measure them
-# (results/sweep/spec_bench_48; its screen_11, screen_128 and screen_1024 compare the shapes tried
-# at 11, 128 and 1,024 tokens).
+# Shapes of growing step size (11 to 1,024 tokens). Up to 32 tokens, the tree gets what the
+# pending tokens leave (one replica's x0 alone, P ranks' last commit) and text drafts come from
+# x0's lone matches too (prompt lookup's fallback). A small window and a tree of the rest: at 11
+# tokens, the size prompt lookup feeds, W1 N2 (no window token: the column is x0's own prediction;
+# a tree of up to 9, so at most 10 tokens a step on one replica), above prompt lookup in every
+# category; W1 N3 at 16; from 32, W3 N3, which gave the most S at 128 tokens (results/tree); more
+# recycled successors from 512 tokens; text drafts of up to 14 tokens at 128 and 16 at 1,024, where
+# each node also goes on as the text did after its token. The budget sweep measures them
+# (results/sweep/spec_bench_48; its screens compare the shapes tried at 11, 128 and 1,024 tokens).
 LADDER: tuple[Shape, ...] = (
-    Shape(1, 2, 15, 9, step_limit=11, text_match=1),
-    Shape(1, 3, 15, 14, step_limit=16, text_match=1),
-    Shape(3, 3, 15, 26, step_limit=32, text_match=1),
-    Shape(3, 3, 15, 48),
-    Shape(3, 3, 15, 108, draft_len=14),
-    Shape(3, 3, 15, 240),
-    Shape(3, 3, 15, 496, 16),
-    Shape(3, 3, 15, 1002, 16, draft_len=16, follow=16),
+    Shape(W=1, N=2, G=15, step_tokens=11, tree_tokens=9, lone_matches=True),
+    Shape(W=1, N=3, G=15, step_tokens=16, tree_tokens=14, lone_matches=True),
+    Shape(W=3, N=3, G=15, step_tokens=32, tree_tokens=26, lone_matches=True),
+    Shape(W=3, N=3, G=15, step_tokens=64),
+    Shape(W=3, N=3, G=15, step_tokens=128, draft_len=14),
+    Shape(W=3, N=3, G=15, step_tokens=256),
+    Shape(W=3, N=3, G=15, step_tokens=512, successors=16),
+    Shape(W=3, N=3, G=15, step_tokens=1024, successors=16, draft_len=16, continuation_len=16),
 )
 # S - 1 per doubling of a step's tokens before anything is decoded: the least-squares slope
 # (through the origin, against log2 of the largest step) of the ladder's S in the budget sweep
@@ -112,7 +110,7 @@ def step_tokens(shape: Shape, P: int = 1) -> int:
     """The most tokens one of P ranks feeds in a step of `shape`: the pending tokens on every rank,
     the window's columns and the tree split evenly (lp/partition.py balances them)."""
     cfg = shape.config
-    return cfg.max_commit + math.ceil((largest_step(cfg) - cfg.max_commit) / P)
+    return cfg.max_commit + math.ceil((cfg.largest_step - cfg.max_commit) / P)
 
 
 @dataclass(frozen=True)
@@ -262,7 +260,7 @@ class AutoTuner:
             f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding"
         )
 
-    def observe(self, shape: Shape | None, compression: float) -> None:
+    def observe(self, shape: Shape | None, S: float) -> None:
         """Record the S a sequence achieved with `shape` (plain sequences teach nothing)."""
         if shape is not None:
-            self.seen.append((step_tokens(shape), compression))
+            self.seen.append((step_tokens(shape), S))

@@ -12,9 +12,8 @@ import torch
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decode import plan, policy
-from lp.decode.plan import StepPlan, largest_step, observe_next, plan_next, plan_step
-from lp.decode.policy import DraftSources
+from lp.decode.drafter import Drafter, warm_up
+from lp.decode.plan import Split, StepPlan, plan_step
 from lp.decode.record import Generation, collector_paused
 from lp.decode.state import DecodeState, decide, fingerprint, message
 from lp.engine import fixed_steps
@@ -52,10 +51,9 @@ class StepObserver:
 
 
 def compile_kernels() -> None:
-    """Compile (or load from numba's cache) every compiled loop of a decode: the step's plan, the
-    drafting's and the layout's padding, before any decode's clock starts."""
-    plan.compile_kernels()
-    policy.compile_kernels()
+    """Compile (or load from numba's cache) the host's compiled code of a decode: the drafter's and
+    the layout's padding, before any decode's clock starts."""
+    warm_up()
     fixed_steps.compile_kernels()
 
 
@@ -74,7 +72,7 @@ class Decoder:
         """`ahead`: run greedy `mode=ar` one step ahead of the host (`_decode_ahead`); None: where
         the device runs asynchronously to the host (CUDA) and the all-gather does not wait for
         it (not over gloo through host memory). Elsewhere it would only add a step. `rehearse`:
-        rehearse each step's plan while the device computes (lp/decode/plan.py `rehearse`); None:
+        rehearse each step's plan while the device computes (lp/decode/drafter.py `before_read`); None:
         where the device runs asynchronously to the host (CUDA). A CPU's forward would wait for it."""
         self.worker = worker
         self.comm = collective
@@ -129,7 +127,7 @@ class Decoder:
             verify = verifier or verifier_for(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, stream=stream)
             observe = observer or StepObserver()
             W, N, _, _ = cfg.step_shape
-            largest = largest_step(cfg)
+            largest = cfg.largest_step
             # the smallest: one pending token and every column (one rank), or a rank's 1-token share
             P = self.comm.world_size
             fewest = RankPlan(range(W), range(0)).cost(N, pending=1, candidate_tokens=1) if P == 1 else 1
@@ -140,7 +138,8 @@ class Decoder:
             self.worker.reset(L + cfg.max_new_tokens, most, fewest, kept=cfg.max_commit - 1 if keep else 0)
             t0 = time.perf_counter()
             self.worker.prefill(torch.tensor(prompt_ids[:-1], dtype=torch.long, device=self.worker.device))
-            sources = DraftSources(cfg, prompt_ids, self.worker.vocab_size, keep)  # while a GPU prefills
+            # the prompt's drafting state, while a GPU prefills
+            drafter = Drafter(cfg, prompt_ids, self.worker.vocab_size, P=P, rank=self.comm.rank, keep=keep)
             observe.prefill_done()
             if self.worker.device.type == "cuda":
                 torch.cuda.synchronize(self.worker.device)
@@ -149,7 +148,7 @@ class Decoder:
             if self.ahead and not cfg.lookahead and cfg.temperature == 0 and verifier is None:
                 self._decode_ahead(state, cfg, observe)
             else:
-                self._decode(state, sources, cfg, verify=verify, observe=observe)
+                self._decode(state, drafter, cfg, verify=verify, observe=observe)
             if self.worker.device.type == "cuda":  # the decode's time ends with the device's last op
                 torch.cuda.synchronize(self.worker.device)
             return Generation(
@@ -162,15 +161,13 @@ class Decoder:
             )
 
     def _decode(
-        self, state: DecodeState, sources: DraftSources, cfg: DecodeConfig, *, verify: Verifier, observe: StepObserver
+        self, state: DecodeState, drafter: Drafter, cfg: DecodeConfig, *, verify: Verifier, observe: StepObserver
     ) -> None:
         """Lookahead decoding (and plain decoding, its W = G = 0 case) until `max_new_tokens` or an EOS."""
-        W, N, _, budget = cfg.step_shape
-        k, rows, P, rank = cfg.successors_sent, successor_rows(W, budget), self.comm.world_size, self.comm.rank
-        # plan: drafts -> tree -> this rank's ids and layout (later steps: planned with the last one's observe)
-        step: StepPlan | None = plan_next(state.pending, sources, W=W, N=N, P=P, rank=rank)
+        W, _, _, budget = cfg.step_shape
+        k, rows, keep = cfg.successors_sent, successor_rows(W, budget), drafter.shape.keep
+        step: StepPlan | None = drafter.first_step(state.pending)
         last: tuple[list[int], int] | None = None  # a step's committed tokens and fed count, until the state takes them
-        gathered: np.ndarray | None = None  # the last step's messages (a rehearsal's arguments' types)
         while step is not None:
             x0 = state.length - 1 + (len(last[0]) if last is not None else 0)
             observe.planned(step, x0)
@@ -182,13 +179,18 @@ class Decoder:
             observe.forward_start()
             logits = self.worker.step(ids, step.layout, x0)
             observe.forward_done()
-            if last is not None:  # the last step's outcome kept, while the device computes (the
-                state.advance(*last, sources.keep)  # sources' own counts: at `prepare`)
+            if last is not None:  # the last step's outcome, taken while the device computes
+                state.advance(*last, keep)
 
             # accept on this rank (the lookahead branch stays greedy), then pack this rank's message
-            steps_done = len(state.accepted)
             decision = decide(
-                verify, logits, ids, step, on_device=on_device, steps_done=steps_done, max_commit=cfg.max_commit
+                verify,
+                logits,
+                ids,
+                step,
+                on_device=on_device,
+                steps_done=len(state.accepted),
+                max_commit=cfg.max_commit,
             )
             # every used row's input token and its top-k next tokens, for the successor table
             top = (
@@ -199,30 +201,25 @@ class Decoder:
             mine = message(state, step, decision, W=W, successors=top, rows=rows)
             # the pending tokens' KV stays whatever the step decides: kept before the read
             self.worker.commit(len(state.pending))
-            if sources.keep:  # and the accepted drafts', moved after them on the device
+            if keep:  # and the accepted drafts', moved after them on the device
                 _, _, acc = decision
                 if acc.path is None:
                     raise LPError("the verifier's Acceptance has no path: one replica keeps its accepted drafts' KV")
                 self.worker.keep(acc.path, step.layout, acc.accepted)
 
-            # all-gather and merge: the step's one device sync
-            sources.prepare()  # what the step's outcome does not decide, meanwhile
-            if self.rehearse and gathered is not None:
-                plan.rehearse(gathered, self._eos, sources, W=W, N=N, P=P, rank=rank)
+            # all-gather: the step's one device sync; what the outcome does not decide, meanwhile
+            drafter.before_read(self.rehearse)
             fed, remaining = step.layout.size, cfg.max_new_tokens - len(state.output)
             gathered = self.comm.all_gather(mine).cpu().numpy()
             observe.message_read()
 
-            # merge, observe (the sources' own counts settled later) and the next step's plan, unless
-            # the decode ends, wait for the read; the state takes the tokens once that step is queued
-            tokens, state.stopped, step = observe_next(
-                gathered, step.bounds, remaining, self._eos, sources, W=W, N=N, P=P, rank=rank
-            )
+            # merge, feed the sources and plan the next step (unless the decode ends): one call
+            tokens, state.stopped, step = drafter.after_read(gathered, step.bounds, remaining, self._eos)
             last = tokens, fed
-            if sources.keep and step is not None:  # the device kept the drafts: the host follows
+            if keep and step is not None:  # the device kept the drafts: the host follows
                 self.worker.commit(len(tokens) - 1, on_device=False)
         if last is not None:
-            state.advance(*last, sources.keep)
+            state.advance(*last, keep)
 
     def _decode_ahead(self, state: DecodeState, cfg: DecodeConfig, observe: StepObserver) -> None:
         """Greedy `mode=ar` with the device one step ahead of the host: a step's input is the
@@ -236,9 +233,7 @@ class Decoder:
         step past it, whose KV the next sequence overwrites. Every step is planned alike
         (`observe.planned` gets the first step's plan, its ids the prompt's last token)."""
         L = len(state.prompt)
-        step = plan_step(
-            state.pending, None, TreeBuilder(0).tree(), W=0, N=2, P=self.comm.world_size, rank=self.comm.rank
-        )
+        step = plan_step(state.pending, None, TreeBuilder(0).tree(), Split(0, 2, self.comm.world_size, self.comm.rank))
         ids = self.worker.upload(step.ids)
 
         # two host buffers and their copies' events, alternating: step i's is read before step i+2's lands

@@ -31,9 +31,9 @@ class Generation:
         return len(self.output_ids)
 
     @property
-    def compression(self) -> float:
+    def S(self) -> float:  # noqa: N802 - the docs' name for it
         """S: generated tokens per decoding step."""
-        return throughput.compression(self.new_tokens, self.steps)
+        return throughput.tokens_per_step(self.new_tokens, self.steps)
 
     @property
     def tokens_per_s(self) -> float:

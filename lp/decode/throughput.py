@@ -10,7 +10,7 @@ import math
 NAN = float("nan")
 
 
-def compression(new_tokens: int, steps: int) -> float:
+def tokens_per_step(new_tokens: int, steps: int) -> float:
     """S: generated tokens per decoding step (nan when no step ran)."""
     if steps <= 0:
         return NAN
@@ -24,4 +24,4 @@ def tokens_per_s(new_tokens: int, seconds: float) -> float:
     return new_tokens / seconds
 
 
-__all__ = ["compression", "tokens_per_s"]
+__all__ = ["tokens_per_s", "tokens_per_step"]

@@ -3,7 +3,7 @@
     from lp import LP
     lm = LP("smollm2-135m")
     r = lm.generate("Write a haiku about GPUs.", chat=True, W=5, N=3, G=5, max_new_tokens=64)
-    print(r.text, r.compression, r.tokens_per_s)
+    print(r.text, r.S, r.tokens_per_s)
 
 Under `torchrun`, every rank builds an `LP` and calls `generate` with the same arguments;
 each rank holds a full replica and the ranks split each step's lookahead work. With `tp=T`,
@@ -28,7 +28,7 @@ from lp.decode.loop import Decoder, StepObserver
 from lp.decode.record import Generation
 from lp.engine import tp as tensor_parallel
 from lp.errors import LPError
-from lp.frontend.layout import auto_layout
+from lp.frontend.mesh_choice import choose_mesh
 from lp.worker import Worker
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,11 +52,11 @@ class Result(Generation):
     tp: int = 1  # ranks per replica (tensor parallelism); world_size / tp replicas
 
     def to_dict(self) -> dict:
-        """The JSONL record: the fields and the figures (new_tokens, compression, tokens_per_s)."""
+        """The JSONL record: the fields and the figures (new_tokens, S, tokens_per_s)."""
         return {
             **asdict(self),
             "new_tokens": self.new_tokens,
-            "compression": self.compression,
+            "S": self.S,
             "tokens_per_s": self.tokens_per_s,
         }
 
@@ -83,13 +83,13 @@ class LP:
         (lp/engine/attention.py); `max_seq_len`: KV cache slots, allocated once (lp/worker.py);
         `backend`: auto | nccl | gloo for the collectives (lp/collective.py); `tp`: ranks per
         replica, which shard the model tensor-parallel (it must divide the world size); "auto"
-        chooses it (lp/frontend/layout.py; 1 on one rank)."""
+        chooses it (lp/frontend/mesh_choice.py; 1 on one rank)."""
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         mesh.check_tp(tp)
         self.comm = Collective.from_env(device, timeout_s, backend)  # the world: rank 0 reports
         self._tuner: AutoTuner | None = None
-        self.layout: str | None = None  # with tp="auto": the layout chosen and why
+        self.mesh: str | None = None  # with tp="auto": the mesh chosen and why
         load = partial(
             self._load,
             model,
@@ -103,13 +103,16 @@ class LP:
         if tp != "auto" or self.comm.world_size == 1:
             load(1 if tp == "auto" else tp)
         else:
-            self.layout = auto_layout(self, load, model)
+            self.mesh, curve = choose_mesh(self, load, model)
+            if curve is not None:  # W=auto reuses the calibration of the chosen mesh
+                self._tuner = AutoTuner(curve, self.lp.world_size)
             if self.comm.is_main:
-                print(f"lp: tp=auto: {self.layout}", file=sys.stderr, flush=True)
+                print(f"lp: tp=auto: {self.mesh}", file=sys.stderr, flush=True)
 
     def _load(self, model: str, dtype: torch.dtype, timeout_s: float, tp: int, **options) -> None:
         """Split the world into replicas of `tp` ranks, load this rank's model (its shard with
         tp > 1) and build the decoder; `options`: the Worker's."""
+        self.model = self.decoder = None  # a model loaded before (tp=auto's probe): its memory first
         self.lp, self.tp = mesh.split(self.comm, tp, timeout_s)  # the all-gather's ranks; this replica's
         if tp == 1:
             self.model, self.tokenizer = models.load(model, dtype, self.comm.device)
@@ -152,7 +155,7 @@ class LP:
                 settings[k] = getattr(DecodeConfig, k)
             return None
         if self._tuner is None:
-            self._tuner = AutoTuner(self._calibrate(), self.lp.world_size)
+            self._tuner = AutoTuner(self.calibrate(), self.lp.world_size)
         shape, reason = self._tuner.choose(allow_plain=len(auto) == 3)
         if shape is None:
             settings.update(mode="ar", W=1, N=2, G=0)
@@ -163,7 +166,7 @@ class LP:
                 settings.update({k: v for k, v in chosen.items() if k not in auto and settings.get(k) is None})
         return reason
 
-    def _calibrate(self) -> CostCurve:
+    def calibrate(self) -> CostCurve:
         """This rank's step costs; under LP the slowest rank's, so all ranks choose alike."""
         mine = calibrate(self.decoder.worker, world_size=self.lp.world_size)
         micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=self.comm.device)
@@ -195,7 +198,7 @@ class LP:
         if reason is not None:
             S, tokens_per_s, _ = self._tuner.expect(shape)  # before this sequence teaches the tuner
             predicted = {"S": S, "tokens_per_s": tokens_per_s}
-            self._tuner.observe(shape, g.compression)
+            self._tuner.observe(shape, g.S)
         return Result(
             **{f.name: getattr(g, f.name) for f in fields(Generation)},
             prompt_ids=ids,

@@ -1,7 +1,3 @@
-"""The lookahead branch: the 2D Jacobi window, the n-gram pool and the layout/mask of one step."""
-
-from lp.lookahead.mask import StepLayout, step_layout
-from lp.lookahead.pool import NGramPool
-from lp.lookahead.window import JacobiWindow
-
-__all__ = ["JacobiWindow", "NGramPool", "StepLayout", "step_layout"]
+"""The draft sources and one step's shape: the Jacobi window, the text index, the n-gram pool, the
+successor table, the sources' rates, the best-first growth of the token tree, the step's layout
+and mask."""

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 import numpy as np
-from numba import njit
 
+from lp.jit import compiled
 from lp.lookahead.tree import chain_parents
 
 # Token identities: ("p", i) pending i; ("w", l, j) window row l column j; ("g", i) tree node i.
@@ -99,8 +99,7 @@ def step_layout(m: int, W: int, N: int, columns: range, tree: tuple[int, ...] | 
     parents = np.fromiter(tree, dtype=np.int64, count=len(tree))
     if m < 1 or N < 2 or not 0 <= columns.start <= columns.stop <= W:
         raise ValueError(f"bad step shape m={m} W={W} N={N} columns={columns}")
-    prefix = columns[-1] if len(columns) else 0  # the row-0 tokens rows[0, 1..prefix]
-    arrays = lay_out(m, W, N, columns.start, columns.stop, prefix, parents, 0, len(parents))
+    arrays = lay_out(m, W, N, columns.start, columns.stop, parents, 0, len(parents))
     return layout_of(m, W, N, columns, parents, range(len(parents)), *arrays)
 
 
@@ -129,19 +128,20 @@ def layout_of(
     return StepLayout(m, columns, columns[-1] if len(columns) else 0, N - 2, gather, depth, mask, rows, mine, key)
 
 
-@njit(cache=True)
+@compiled
 def lay_out(
-    m: int, W: int, N: int, start: int, stop: int, prefix: int, tree: np.ndarray, a: int, b: int
+    m: int, W: int, N: int, start: int, stop: int, tree: np.ndarray, a: int, b: int
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The layout's arrays (`layout_of`) for nodes a..b-1 of a tree of parents `tree`: the first of them
     whose parent is neither -1 nor an earlier one of them (-1: none); their parents as a tree
     of their own; gather, depth, `[T, T]` mask and logit rows of a step with m pending tokens,
-    window columns start..stop-1 (and the row-0 prefix rows[0, 1..prefix]), then those nodes.
+    window columns start..stop-1 (and the row-0 prefix they need, rows[0, 1..stop-1]), then those nodes.
     Compiled: most steps of a real decode bring a new tree (and, over several ranks, new
     columns), and a node's mask row is a walk up its ancestors, per node, which array ops
     cannot do in one op and Python does in tens of microseconds, on the host's path between
     the message read and the next forward."""
     L, nc, n = N - 2, stop - start, b - a
+    prefix = stop - 1 if nc else 0  # the row-0 tokens rows[0, 1..prefix]
     parents = np.empty(n, np.int64)
     for i in range(n):
         p = tree[a + i]
@@ -189,7 +189,7 @@ def lay_out(
     return -1, parents, gather, depth, mask, rows
 
 
-@njit(cache=True)
+@compiled
 def gather_ids(gather: np.ndarray, pending: np.ndarray, rows: np.ndarray, tree: np.ndarray, a: int) -> np.ndarray:
     """A step's input ids: `gather` (a layout's) applied to the flat source [pending, the window's
     `rows` `[N-1, W]` row by row, tree tokens from `tree[a]` on], without building the source

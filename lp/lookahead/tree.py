@@ -70,13 +70,6 @@ class DraftTree:
         return DraftTree(self.tokens[start:stop], tuple([p - start if p >= 0 else -1 for p in inside]))
 
 
-def pair_key(first: int | np.ndarray, second: int | np.ndarray) -> int | np.ndarray:
-    """One int for a pair of tokens (or of a node index >= -1 and a token): `first << 32 | second`,
-    distinct for every pair with 0 <= second < 2**32. Ints or int64 arrays: a dict keyed by one int
-    is read faster than one keyed by tuples (which each lookup would build)."""
-    return first << 32 | second
-
-
 def node_depths(parents: Sequence[int]) -> np.ndarray:
     """Each node's depth below x0 (1 for x0's children), given parent pointers that precede
     their children (-1: x0)."""
@@ -167,4 +160,4 @@ def build_tree(drafts: Sequence[Sequence[int]], budget: int, share: bool = True)
     return builder.tree()
 
 
-__all__ = ["DraftTree", "TreeBuilder", "build_tree", "chain_parents", "node_depths", "pair_key"]
+__all__ = ["DraftTree", "TreeBuilder", "build_tree", "chain_parents", "node_depths"]

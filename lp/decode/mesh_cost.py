@@ -1,4 +1,4 @@
-"""`tp=auto`: choose the layout (T, P) of a world of ranks, and the cost model of a tensor-parallel group.
+"""`tp=auto`: choose the mesh (T, P) of a world of ranks, and the cost model of a tensor-parallel group.
 
 A world of T x P ranks is P LP replicas, each a tensor-parallel group of T ranks (lp/mesh.py).
 A group's step is priced from one rank's step:
@@ -11,7 +11,7 @@ all-reduce n x hidden values, twice per layer). `a` and `lat` are fitted (least 
 published tensor-parallel speedups of gpt-fast's README (PUBLISHED_TP), where the 1-token
 all-reduce's bandwidth term is negligible; `bw` is assumed.
 
-`choose` prices every layout of a world with that model and lookahead's expected S (the prior of
+`choose` prices every mesh of a world with that model and lookahead's expected S (the prior of
 lp/decode/auto.py: S - 1 grows with the log of the step's tokens, which P replicas share) and
 returns the fastest. At run time (lp/frontend/runtime.py) one rank's step costs and the
 all-reduce and all-gather latencies are measured; `a` stays the fitted one.
@@ -78,8 +78,8 @@ def group_sizes(world_size: int, *counts: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """A priced layout: T ranks per replica, P replicas, the best lookahead shape for it (None:
+class PricedMesh:
+    """A priced mesh: T ranks per replica, P replicas, the best lookahead shape for it (None:
     plain decoding), its expected S and tokens/s."""
 
     T: int
@@ -100,8 +100,8 @@ def price(
     model: GroupModel,
     allgather_ms: float,
     slope: float = PRIOR_SLOPE,
-) -> Layout:
-    """Layout (T, P) at its best ladder shape (or plain decoding): expected S from the step's
+) -> PricedMesh:
+    """The mesh (T, P) at its best ladder shape (or plain decoding): expected S from the step's
     tokens, cost from one rank's step at the tokens of its share, the group model and, with
     P > 1, the all-gather."""
 
@@ -113,7 +113,7 @@ def price(
 
     shapes: Sequence[Shape | None] = (None, *LADDER) if P == 1 else LADDER
     best = max(shapes, key=lambda s: rate(s)[1])
-    return Layout(T, P, best, *rate(best))
+    return PricedMesh(T, P, best, *rate(best))
 
 
 def choose(
@@ -122,9 +122,9 @@ def choose(
     one_gpu_s: Callable[[float], float],
     model: GroupModel,
     allgather_ms: float,
-) -> tuple[Layout, list[Layout]]:
-    """The fastest layout of `world_size` ranks with T in `sizes` (ties: the larger T, which
-    holds less of the model per rank), and every priced layout."""
+) -> tuple[PricedMesh, list[PricedMesh]]:
+    """The fastest mesh of `world_size` ranks with T in `sizes` (ties: the larger T, which
+    holds less of the model per rank), and every priced mesh."""
     priced = [price(T, world_size // T, one_gpu_s, model, allgather_ms) for T in sizes]
     return max(priced, key=lambda x: (x.tok_s, x.T)), priced
 
@@ -135,7 +135,7 @@ __all__ = [
     "PUBLISHED_SOURCE",
     "PUBLISHED_TP",
     "GroupModel",
-    "Layout",
+    "PricedMesh",
     "choose",
     "fit",
     "group_sizes",

@@ -1,10 +1,10 @@
-"""`tp=auto` at run time: measure what these ranks can, price every layout (T, P) of the world
-with the cost model of lp/decode/layout.py, and load the fastest, the same on every rank.
+"""`tp=auto` at run time: measure what these ranks can, price every mesh (T, P) of the world with
+the cost model of lp/decode/mesh_cost.py, and load the fastest, the same on every rank.
 
 A group size T divides the ranks, the ranks of a node (a group never spans nodes) and the model's
 heads, KV heads and MLP width. Measured (a few calls, the slowest rank's): the step costs of the
 largest such group, loaded as its shard (the least memory per rank, so it fits wherever any
-layout does) and calibrated as `W=auto` calibrates (lp/decode/auto.py); one all-reduce of a
+mesh does) and calibrated as `W=auto` calibrates (lp/decode/auto.py); one all-reduce of a
 hidden-state row inside that group; one all-gather over the world of the largest ladder shape's
 message (the most a step sends). Modelled: one rank's
 step at other T through the fitted unsplit share; the same all-reduce latency for every T;
@@ -20,19 +20,29 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from lp import models
-from lp.decode.auto import LADDER, PRIOR_SLOPE, AutoTuner
-from lp.decode.layout import PUBLISHED_SOURCE, choose, fit, group_sizes
+from lp.collective import Collective
+from lp.decode.auto import LADDER, PRIOR_SLOPE, CostCurve
+from lp.decode.mesh_cost import PUBLISHED_SOURCE, choose, fit, group_sizes
 from lp.engine.llama import FAMILY
+from lp.engine.tp import TensorGroup
 from lp.errors import LPError
 from lp.message import step_message_size
 
-if TYPE_CHECKING:
-    from lp.frontend.runtime import LP
+
+class Replicas(Protocol):
+    """What the choice reads of the loaded ranks (lp.frontend.runtime.LP): the world, this rank's
+    tensor-parallel group and its model, and the step costs of the LP replicas' slowest rank."""
+
+    comm: Collective
+    tp: TensorGroup
+    model: torch.nn.Module
+
+    def calibrate(self) -> CostCurve: ...
 
 
 def _config(name: str):
@@ -57,8 +67,10 @@ def _latency_ms(call: Callable[[], object], device: torch.device, reps: int = 10
     return statistics.median(times)
 
 
-def auto_layout(lm: LP, load: Callable[[int], None], model: str) -> str:
-    """Choose T for `lm`'s world, leave `lm` loaded at it (`load(T)`), return the choice and why."""
+def choose_mesh(lm: Replicas, load: Callable[[int], None], model: str) -> tuple[str, CostCurve | None]:
+    """Choose T for `lm`'s world and leave `lm` loaded at it (`load(T)`, which frees the model it
+    replaces): the choice and why, and the step costs measured where they are those of the
+    chosen mesh (W=auto reuses them)."""
     comm, cfg = lm.comm, _config(model)
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
@@ -73,10 +85,10 @@ def auto_layout(lm: LP, load: Callable[[int], None], model: str) -> str:
             if cfg.model_type in FAMILY
             else f"tensor parallelism needs a Llama-family model ({', '.join(FAMILY)}), not {cfg.model_type}"
         )
-        return f"tp=1 x {world} replicas: {why}"
+        return f"tp=1 x {world} replicas: {why}", None
     largest = sizes[-1]
     load(largest)
-    curve = lm._calibrate()
+    curve = lm.calibrate()
     row = torch.zeros(cfg.hidden_size, dtype=lm.model.dtype, device=comm.device)
     message = torch.zeros(step_message_size(LADDER[-1].config), dtype=torch.long, device=comm.device)
     mine = [
@@ -93,19 +105,17 @@ def auto_layout(lm: LP, load: Callable[[int], None], model: str) -> str:
     best, priced = choose(world, sizes, one_rank_s, group, allgather_ms)
     chosen = int(comm.all_gather(torch.tensor([best.T], device=comm.device))[0, 0])  # rank 0's, everywhere
     best = next(x for x in priced if x.T == chosen)
-    if chosen == largest:
-        lm._tuner = AutoTuner(curve, lm.lp.world_size)  # W=auto reuses the calibration
-    else:
-        del lm.decoder, lm.model  # the shard's memory, before the chosen layout loads
+    if chosen != largest:
         load(chosen)
     others = "; ".join(x.describe() for x in priced if x is not best)
-    return (
+    why = (
         f"{best.describe()}, expected ahead of {others}. Measured at tp={largest}: a step "
         f"{1e3 * curve.seconds[0]:.2f} ms ({curve.tokens[0]} token) to {1e3 * curve.seconds[-1]:.2f} ms "
         f"({curve.tokens[-1]} tokens), one all-reduce {allreduce_ms:.3f} ms, one all-gather {allgather_ms:.3f} ms; "
         f"modelled: unsplit share a = {group.a:.2f} (fitted to {PUBLISHED_SOURCE}), "
         f"S - 1 = {PRIOR_SLOPE} x log2(step tokens)"
     )
+    return why, curve if chosen == largest else None
 
 
-__all__ = ["auto_layout"]
+__all__ = ["Replicas", "choose_mesh"]
