@@ -267,7 +267,7 @@ def cli_env() -> dict[str, str]:
 def tree_tensors(tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(parents, depth, ancestors) of a DraftTree as greedy_accept takes them; the ancestor
     matrix is the last block of a step layout's mask, as the decoder reads it."""
-    from lp.lookahead import step_layout
+    from lp.lookahead.mask import step_layout
 
     n = tree.size
     mask = step_layout(1, 1, 2, range(0), tree.parents).mask

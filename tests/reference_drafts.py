@@ -1,5 +1,5 @@
-"""Plain references of the text index (lp/lookahead/drafts.py), the n-gram pool
-(lp/lookahead/pool.py) and a step's drafts (lp/decode/policy.py), for randomized equality tests:
+"""Plain references of the text index (lp/lookahead/text.py), the n-gram pool
+(lp/lookahead/pool.py) and a step's drafts (lp/lookahead/drafts.py), for randomized equality tests:
 Python lists, dicts and tuples, one n-gram or occurrence at a time."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from lp.config import DecodeConfig
-from lp.decode.policy import KINDS, WINDOW_SOURCE
-from lp.lookahead.drafts import MAX_MATCH, MIN_MATCH
+from lp.lookahead.drafts import KINDS, WINDOW_SOURCE
+from lp.lookahead.text import MAX_MATCH, MIN_MATCH
 
 
 class ListTextIndex:
@@ -107,25 +107,25 @@ class DictPool:
 
 
 def listed_drafts(cfg: DecodeConfig, pool: DictPool, text: ListTextIndex) -> list[list[tuple[int, ...]]]:
-    """`source_drafts`: the text's drafts, the context-matched pool tails, the pool's tails, the
-    drafts of x0's lone matches."""
+    """A step's drafts by kind (lp/lookahead/drafts.py `step_drafts`): the text's drafts, the
+    context-matched pool tails, the pool's tails, the drafts of x0's lone matches."""
     out = text.tokens
     x0 = out[-1]
     text_on = cfg.drafts == "pool+text"
     texts = text.drafts(cfg.draft_len, cfg.text_drafts) if text_on else []
     context = (
         [t[1:] for t in pool.best(out[-2]) if t[0] == x0]
-        if cfg.order == "context" and len(out) > 1 and pool.n > 2
+        if cfg.pool_order == "context" and len(out) > 1 and pool.n > 2
         else []
     )
     lone = text.lone_drafts(cfg.draft_len, cfg.text_drafts) if text_on else []
-    return [texts, context, pool.best(x0, cfg.order == "frequent"), lone]
+    return [texts, context, pool.best(x0, cfg.pool_order == "frequent"), lone]
 
 
 def listed_chains(
     cfg: DecodeConfig, pool: DictPool, text: ListTextIndex, row: Sequence[int] = ()
 ) -> tuple[list[tuple[int, ...]], list[int]]:
-    """`draft_chains`: every draft and its source, the window's `row` (if any) last."""
+    """`step_drafts`: every draft and its source, the window's `row` (if any) last."""
     drafts: list[tuple[int, ...]] = []
     sources: list[int] = []
     source = 0

@@ -6,20 +6,67 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from itertools import accumulate, chain
+from dataclasses import dataclass
 
 import numpy as np
 
-from lp.lookahead.grow import Chains
-from lp.lookahead.loops import MATCHED, WALK
+from lp.lookahead.chains import Chains, add, new_chains
+from lp.lookahead.drafts import MATCHED
+from lp.lookahead.grow import WALK, grow
+from lp.lookahead.successors import SuccessorTable, new_table
+from lp.lookahead.text import TextIndex
 from lp.lookahead.tree import DraftTree, TreeBuilder
 
 
 def chains_of(drafts: Sequence[Sequence[int]], sources: Sequence[int]) -> Chains:
     """Drafts (lists or tuples of tokens) and their sources as `grow`'s chains."""
-    lengths = list(map(len, drafts))
-    tokens = np.fromiter(chain.from_iterable(drafts), dtype=np.int64, count=sum(lengths))
-    return Chains(tokens, np.array([0, *accumulate(lengths)], dtype=np.int64), np.array(sources, dtype=np.int64))
+    chains = new_chains(len(drafts), sum(map(len, drafts)))
+    for draft, source in zip(drafts, sources):
+        add(chains, np.asarray(draft, dtype=np.int64), 0, len(draft), source)
+    return chains
+
+
+@dataclass(frozen=True)
+class Grown:
+    """lp's grown tree (in subtree order) and, per node, its label and place in the growth."""
+
+    tree: DraftTree
+    labels: np.ndarray
+    order: np.ndarray
+
+    @property
+    def parents(self) -> np.ndarray:
+        return self.tree.parent_array
+
+    def leaf_paths(self) -> list[tuple[int, ...]]:
+        """The token path from x0 to each leaf, leaves in the order they were grown."""
+        tokens, parents = self.tree.tokens.tolist(), self.parents.tolist()
+        paths: list[tuple[int, ...]] = []
+        for p, token in zip(parents, tokens):
+            paths.append((paths[p] if p >= 0 else ()) + (token,))
+        inner = set(parents)
+        return [paths[i] for i in sorted((i for i in range(len(paths)) if i not in inner), key=self.order.__getitem__)]
+
+
+def lp_grow(
+    budget: int,
+    text: Sequence[int],
+    depth: int,
+    chains: Chains | None = None,
+    chances: np.ndarray | None = None,
+    table: SuccessorTable | None = None,
+    continuation_len: int = 0,
+    vocab: int = 64,
+) -> Grown:
+    """lp's growth (lp/lookahead/grow.py) below the last token of `text` (the one before it: the
+    pair rows' context), its continuations indexed over tokens below `vocab`."""
+    index = TextIndex(text, vocab=vocab if continuation_len else 0)
+    chances = np.zeros((1, 1)) if chances is None else np.asarray(chances, dtype=np.float64)
+    table = new_table(0, 1, 1) if table is None else table
+    tokens, parents, labels, order, groups = grow(
+        index, chains or new_chains(0, 0), chances, table, budget, depth, continuation_len
+    )
+    return Grown(DraftTree(tokens, parents, groups), labels, order)
 
 
 class DictTable:

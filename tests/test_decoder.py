@@ -18,8 +18,8 @@ from lp.decode.plan import largest_step
 from lp.decode.policy import ranked_drafts
 from lp.decode.record import collector_paused
 from lp.errors import LPError
-from lp.lookahead import NGramPool
-from lp.lookahead.drafts import TextIndex
+from lp.lookahead.pool import NGramPool
+from lp.lookahead.text import TextIndex
 from lp.worker import Worker
 
 MAX_NEW = 48

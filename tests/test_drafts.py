@@ -1,4 +1,4 @@
-"""The text index and a step's drafts (lp/lookahead/drafts.py, lp/decode/policy.py) against
+"""The text index and a step's drafts (lp/lookahead/text.py, lp/lookahead/drafts.py) against
 plain list-and-dict references (tests/reference_drafts.py): random sequences over a few tokens
 (long, overlapping matches; ties), pools with evictions and refreshes, every order of the pool's
 candidates."""
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from lp.config import DecodeConfig
-from lp.decode.policy import draft_chains, ranked_drafts, source_drafts
-from lp.lookahead import JacobiWindow, NGramPool
-from lp.lookahead.drafts import TextIndex, as_tuples
-from tests.reference_drafts import DictPool, ListTextIndex, listed_chains, listed_drafts
+from lp.lookahead.drafts import step_drafts
+from lp.lookahead.pool import NGramPool
+from lp.lookahead.text import TextIndex
+from lp.lookahead.window import JacobiWindow
+from tests.reference_drafts import DictPool, ListTextIndex, listed_chains
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -37,39 +38,38 @@ def step_config(rng: np.random.Generator) -> DecodeConfig:
         N=int(rng.integers(2, 6)),
         G=int(rng.integers(1, 8)),
         drafts=str(rng.choice(["pool", "pool+text"])),
-        order=str(rng.choice(["recent", "frequent", "context"])),
+        pool_order=str(rng.choice(["recent", "frequent", "context"])),
         draft_len=int(rng.integers(1, 12)),
         text_drafts=int(rng.integers(1, 9)),
-        text_match=int(rng.choice([1, 2])),
+        lone_matches=bool(rng.integers(2)),
     )
 
 
 @pytest.mark.parametrize("seed", range(30))
 def test_step_drafts_equal_the_listed_ones(seed):
-    """A decode's sources fed the same tokens and window n-grams: each step's drafts by kind,
-    ranked, and as chains with their sources (the window's row last) equal the references'."""
+    """A decode's sources fed the same tokens and window n-grams: each step's drafts, best first by
+    kind, and their sources (the window's row last) equal the references'."""
     rng = np.random.default_rng(seed)
     cfg = step_config(rng)
     vocab = int(rng.integers(2, 6))
     prompt = rng.integers(0, vocab, int(rng.integers(1, 40))).tolist()
     pool, ref_pool = NGramPool(cfg.N, cfg.pool_capacity), DictPool(cfg.N, cfg.pool_capacity)
-    lone = cfg.text_match == 1
+    lone = cfg.lone_matches
     text, ref_text = TextIndex(prompt, lone=lone), ListTextIndex(prompt, lone=lone)
     pool.add_sequence(prompt)
     ref_pool.add_sequence(prompt)
     window = JacobiWindow(max(cfg.W, 2), cfg.N, prompt, seed)
     for _ in range(40):
-        want = listed_drafts(cfg, ref_pool, ref_text)
-        assert source_drafts(cfg, pool, text) == want
-        assert ranked_drafts(cfg, pool, text) == list(dict.fromkeys(d for kind in want for d in kind))
-        chains = draft_chains(cfg, pool, text, window)
-        row = window.rows[0, 1 : cfg.max_draft + 1].tolist() if window.ready else ()
-        drafts, sources = listed_chains(cfg, ref_pool, ref_text, row)
-        assert as_tuples(chains.tokens, chains.starts) == drafts and chains.sources.tolist() == sources
+        guesses = cfg.max_draft if window.ready else 0
+        count = cfg.text_drafts if cfg.drafts == "pool+text" else 0
+        context, frequent = cfg.pool_order == "context" and cfg.N > 2, cfg.pool_order == "frequent"
+        chains = step_drafts(text, pool, window, cfg.draft_len, count, context, frequent, guesses)
+        drafts, sources = listed_chains(cfg, ref_pool, ref_text, window.rows[0, 1 : guesses + 1].tolist())
+        assert chains.drafts == drafts and chains.sources.tolist() == sources
         grams = rng.integers(0, vocab, size=(int(rng.integers(0, 8)), cfg.N))
         pool.add_rows(grams)
         ref_pool.add_rows(grams)
-        window.update(rng.integers(0, vocab, window.W))
+        window.update(rng.integers(0, vocab, window.rows.shape[1]))
         new = rng.integers(0, vocab, int(rng.integers(1, 5))).tolist()
         text.extend(new)
         ref_text.extend(new)

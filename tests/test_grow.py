@@ -1,15 +1,16 @@
-"""The tree grown best first across drafts and recycled successors (lp/lookahead/grow.py), against
-a plain heap-and-dicts reference (tests/reference_grow.py) on random sources with tied chances."""
+"""The tree grown best first across drafts, recycled successors and the text's continuations
+(lp/lookahead/grow.py), against a plain heap-and-dicts reference (tests/reference_grow.py) on
+random sources with tied chances."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lp.lookahead.grow import Follow, grow, occurrences
-from lp.lookahead.loops import successor_rates
-from lp.lookahead.successors import SuccessorTable
-from tests.reference_grow import DictTable, chains_of, reference_grow, subtree_order
+from lp.errors import LPError
+from lp.lookahead.drafts import CONTINUATION_SOURCE, SOURCES
+from lp.lookahead.successors import SuccessorTable, rates
+from tests.reference_grow import DictTable, chains_of, lp_grow, reference_grow, subtree_order
 
 
 def random_sources(rng: np.random.Generator, vocab: int, k: int):
@@ -29,9 +30,8 @@ def random_sources(rng: np.random.Generator, vocab: int, k: int):
         table.observe(seen)
         twin.observe(seen)
     drafts = [rng.integers(0, vocab, int(rng.integers(0, 6))).tolist() for _ in range(int(rng.integers(0, 8)))]
-    n_sources, D = 3, 6
-    sources = rng.integers(0, n_sources, len(drafts)).tolist()
-    chances = rng.choice([0.25, 0.5, 0.5, 0.75, 1.0], size=(n_sources, D))
+    sources = rng.integers(0, SOURCES, len(drafts)).tolist()
+    chances = rng.choice([0.25, 0.5, 0.5, 0.75, 1.0], size=(SOURCES, 6))
     return table, twin, drafts, sources, chances
 
 
@@ -43,22 +43,20 @@ def test_growth_equals_the_reference(seed):
     table, twin, drafts, sources, chances = random_sources(rng, vocab, k)
     for t in range(vocab):
         assert table.row(-1, t) == (list(twin.next[t]) if t in twin.next else None)
-    assert table.hits.tolist() == twin.hits and successor_rates(table.hits).tolist() == twin.rates()
+    assert table.hits.tolist() == twin.hits and rates(table).tolist() == twin.rates()
     budget, depth = int(rng.integers(0, 60 if seed % 4 else 400)), int(rng.integers(1, 8))
     x0, before = int(rng.integers(vocab)), int(rng.integers(-1, vocab))
     with_table = rng.random() < 0.8
-    # half the growths follow the text too: its tokens before x0 from the table's vocabulary
-    text = [*rng.integers(0, vocab, int(rng.integers(0, 30))).tolist(), x0]
+    # the text before x0 (its last token the pair rows' context); half the growths follow it too
+    text = [*rng.integers(0, vocab, int(rng.integers(0, 30))).tolist(), before, x0] if before >= 0 else [x0]
     follow = int(rng.integers(1, chances.shape[1] + 1)) if seed % 2 else 0
-    occurring = occurrences(vocab, len(text))
-    if rng.random() < 0.5:  # brought up to date on an earlier part of the text first, as a decode does
-        earlier_text = np.asarray(text[: len(text) // 2], dtype=np.int64)
-        grow(0, x0, depth, chances=chances, follow=Follow(earlier_text, *occurring, follow, 0))
-    following = Follow(np.asarray(text, dtype=np.int64), *occurring, follow, 0)
-    got = grow(budget, x0, depth, chains_of(drafts, sources), chances, table if with_table else None, before, following)
-    tokens, parents, labels = reference_grow(
-        budget, x0, depth, drafts, sources, chances, twin if with_table else None, before, text, follow, 0
+    got = lp_grow(
+        budget, text, depth, chains_of(drafts, sources), chances, table if with_table else None, follow, vocab
     )
+    tokens, parents, labels = reference_grow(
+        budget, x0, depth, drafts, sources, chances, twin if with_table else None, before, text, follow,
+        CONTINUATION_SOURCE,
+    )  # fmt: skip
     want = subtree_order(tokens, parents)
     assert got.tree.tokens.tolist() == want.tokens.tolist() and got.tree.parents == want.parents
     assert got.tree.groups() == want.groups()
@@ -76,7 +74,7 @@ def test_a_chain_beats_a_less_likely_successor():
     table.update(np.asarray([[0, 7, 8], [7, 9, 10]]))
     table.hits[:] = [4, 2, 4]  # rates 0.4, 0.2
     chances = np.asarray([[0.9, 0.9, 0.3]])
-    got = grow(4, 0, 3, chains_of([(1, 2, 3)], [0]), chances, table)
+    got = lp_grow(4, [0], 3, chains_of([(1, 2, 3)], [0]), chances, table)
     # 1 (0.9), 1-2 (0.81), 7 (0.4), 1-2-3 (0.243); not 8 (0.2) nor 7-9 (0.16)
     made = np.argsort(got.order)
     assert got.tree.tokens[made].tolist() == [1, 2, 7, 3]
@@ -87,47 +85,44 @@ def test_a_chain_beats_a_less_likely_successor():
 def test_a_node_goes_on_as_the_text_went_on_after_its_token():
     """Below a recycled node, the text after an occurrence of its token before x0, at most
     `length` tokens: of its newest few, the one whose tokens before it match the node's path
-    (then the text before x0) longest, labelled by the match's length (`source` + 0 to MATCHED;
-    x0's own position may go on from it); without `follow`, none."""
-    chances = np.asarray([[0.5] * 3, [0.8, 0.6, 0.5], [0.85, 0.7, 0.5], [0.87, 0.7, 0.5]])  # rows 1-3: continuations
+    (then the text before x0) longest, labelled by the match's length (CONTINUATION_SOURCE + 0 to
+    MATCHED; x0's own position may go on from it); without continuations, none."""
+    chances = np.full((SOURCES, 3), 0.5)
+    chances[CONTINUATION_SOURCE : CONTINUATION_SOURCE + 3] = [[0.8, 0.6, 0.5], [0.85, 0.7, 0.5], [0.87, 0.7, 0.5]]
+    label = 3 * CONTINUATION_SOURCE  # a continuation's first token, its match of 0 tokens
 
-    def grown(x0: int, text: list[int], length: int = 2) -> tuple[list[int], list[int]]:
+    def grown(text: list[int], length: int = 2) -> tuple[list[int], list[int]]:
         table = SuccessorTable(1, 16)
-        table.update(np.asarray([[x0, 5]]))  # x0, then 5 (rank 0, rate 0.9)
+        table.update(np.asarray([[text[-1], 5]]))  # x0, then 5 (rank 0, rate 0.9)
         table.hits[:] = [9, 1]
-        follow = Follow(np.asarray(text), *occurrences(16, len(text)), length, 1)
-        got = grow(8, x0, 3, chances=chances, table=table, follow=follow)
+        got = lp_grow(8, text, 3, chances=chances, table=table, continuation_len=length, vocab=16)
         made = np.argsort(got.order)
         return got.tree.tokens[made].tolist(), got.labels[made].tolist()
 
-    # 5 at 0, 3 and 6: only at 3 after x0's token 1, so 3 7 go on from source 1 + 1
-    assert grown(1, [5, 2, 1, 5, 3, 7, 5, 4, 1]) == ([5, 3, 7], [-1, 6, 7])
-    # never after 2: the newest, 6, goes on 4 and then x0 itself (source 1)
-    assert grown(2, [5, 2, 1, 5, 3, 7, 5, 4, 2]) == ([5, 4, 2], [-1, 3, 4])
-    # after 9 1 (the text's token before x0, and x0) at 2, after 2 1 at 7: 2 matches longer (source 1 + 2)
-    assert grown(1, [9, 1, 5, 3, 7, 2, 1, 5, 4, 8, 9, 1]) == ([5, 3, 7], [-1, 9, 10])
+    # 5 at 0, 3 and 6: only at 3 after x0's token 1, so 3 7 go on from a match of 1
+    assert grown([5, 2, 1, 5, 3, 7, 5, 4, 1]) == ([5, 3, 7], [-1, label + 3, label + 4])
+    # never after 2: the newest, 6, goes on 4 and then x0 itself (a match of 0)
+    assert grown([5, 2, 1, 5, 3, 7, 5, 4, 2]) == ([5, 4, 2], [-1, label, label + 1])
+    # after 9 1 (the text's token before x0, and x0) at 2, after 2 1 at 7: 2 matches longer
+    assert grown([9, 1, 5, 3, 7, 2, 1, 5, 4, 8, 9, 1]) == ([5, 3, 7], [-1, label + 6, label + 7])
     table = SuccessorTable(1, 16)
     table.update(np.asarray([[1, 5]]))
-    assert grow(8, 1, 3, chances=chances, table=table).tree.tokens.tolist() == [5]  # no `follow`
-    latest, earlier = occurrences(16, 9)
-    text = np.asarray([5, 2, 1, 5, 3, 7, 5, 4, 1])
-    grow(0, 1, 3, chances=chances, follow=Follow(text[:4], latest, earlier, 2, 1))  # an earlier, shorter text
-    assert latest[[5, 2, 1, -1]].tolist() == [0, 1, 2, 3]  # 5 at 3 is the last: no follower yet
-    grow(0, 1, 3, chances=chances, follow=Follow(text, latest, earlier, 2, 1))
-    assert latest[[5, 1, -1]].tolist() == [6, 2, 8] and earlier[[6, 3, 0]].tolist() == [3, 0, -1]
+    assert lp_grow(8, [5, 2, 1, 5, 3, 7, 5, 4, 1], 3, chances=chances, table=table).tree.tokens.tolist() == [5]
 
 
 def test_leaf_paths_come_in_growth_order():
     table = SuccessorTable(2, 16)
     table.update(np.asarray([[1, 2, 3], [2, 4, 5]]))
     table.hits[:] = [6, 3, 1]  # rates 0.6, 0.3
-    got = grow(4, 1, 3, table=table)
+    got = lp_grow(4, [1], 3, table=table)
     # made: 2 (.6), 2-4 (.36), 3 (.3), 2-5 (.18)
     assert got.leaf_paths() == [(2, 4), (3,), (2, 5)]
 
 
 def test_chains_need_their_rows_of_chances():
-    with pytest.raises(ValueError, match="row of chances"):
-        grow(4, 1, 3, chains_of([(1, 2, 3)], [2]), np.full((2, 3), 0.5))
-    with pytest.raises(ValueError, match="longer"):
-        grow(4, 1, 3, chains_of([(1, 2, 3, 4)], [0]), np.full((1, 3), 0.5))
+    with pytest.raises(LPError, match="row of chances"):
+        lp_grow(4, [1], 3, chains_of([(1, 2, 3)], [2]), np.full((2, 3), 0.5))
+    with pytest.raises(LPError, match="longer"):
+        lp_grow(4, [1], 3, chains_of([(1, 2, 3, 4)], [0]), np.full((1, 3), 0.5))
+    with pytest.raises(LPError, match="continuations have no rows"):
+        lp_grow(4, [1], 3, chances=np.full((2, 3), 0.5), continuation_len=2)

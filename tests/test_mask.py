@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from lp.lookahead import step_layout
+from lp.lookahead.mask import step_layout
 from lp.partition import RankPlan
 
 

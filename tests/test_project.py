@@ -70,7 +70,7 @@ def test_every_rank_replays_what_the_decoder_would_plan(lm, P):
     """At P ranks, each rank's replayed layout is the one lp.decode.plan.plan_step gives that rank
     for the same step (the real tree, a window of the right shape: ids do not matter)."""
     from lp.decode.plan import plan_step
-    from lp.lookahead import JacobiWindow
+    from lp.lookahead.window import JacobiWindow
 
     watch = _Layouts()
     W, N, G = 4, 4, 3

@@ -5,10 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lp.lookahead.grow import Grown, grow
-from lp.lookahead.loops import stage_rows, successor_rates
-from lp.lookahead.successors import SuccessorTable
-from lp.lookahead.tree import build_tree, pair_key
+from numba import njit
+
+from lp.config import DecodeConfig
+from lp.decode.drafter import Drafter
+from lp.lookahead.successors import SuccessorTable, apply, pair_key, rates, reserve, stage
+from lp.lookahead.tree import build_tree
+from tests.reference_grow import Grown, lp_grow
 
 
 def rows(*r: tuple[int, ...]) -> np.ndarray:
@@ -46,7 +49,7 @@ def test_observe_counts_the_rank_each_token_had():
     table.observe([0, 1, 3, 0])  # 3 was rank 1 after 1; 0 follows unseen 3: not counted
     table.observe([0, 2, 9])  # 9 is none of 2's successors
     assert table.hits.tolist() == [1, 2, 1, 2]
-    q = successor_rates(table.hits)
+    q = rates(table)
     assert (np.diff(q) <= 0).all() and q[0] == pytest.approx(1 / 6)  # made non-increasing
 
 
@@ -59,7 +62,7 @@ def test_rows_with_the_token_before_them_are_preferred():
     assert table.row(7, 3) == [1, 2] and table.row(6, 3) == [4, 5] and table.row(7, 1) is None
     table.observe([7, 3, 2, 6, 3, 4])  # 2: rank 1 after (7, 3); 4: rank 0 after 3
     assert table.hits.tolist() == [2, 2, 1]
-    assert paths(grow(2, 3, 1, table=table, before=7)) == [(1,), (2,)]
+    assert paths(lp_grow(2, [7, 3], 1, table=table)) == [(1,), (2,)]
 
 
 def test_pair_rows_survive_the_table_growing():
@@ -98,24 +101,36 @@ def test_staged_rows_read_as_written(seed):
             table.update(rows_, keys, first)
         rows_, keys, first = batch()
         written.update(rows_, keys, first)
-        staged.reserve(len(rows_))
-        stage_rows(staged.stage, rows_, keys, first, vocab)
-        staged.hold(rows_, keys, first)
+        reserve(staged, len(rows_))
+        stage(staged, np.ascontiguousarray(rows_, np.int64), np.asarray(keys, np.int64), first)
         pairs = [(b, t) for b in range(-1, vocab) for t in range(vocab)]
         assert [staged.row(b, t) for b, t in pairs] == [written.row(b, t) for b, t in pairs]
         for x0 in range(vocab):
-            for before in (-1, 0, x0):
-                assert paths(grow(12, x0, 3, table=staged, before=before)) == paths(
-                    grow(12, x0, 3, table=written, before=before)
-                )
+            for text in ([x0], [0, x0], [x0, x0]):
+                assert paths(lp_grow(12, text, 3, table=staged)) == paths(lp_grow(12, text, 3, table=written))
         tokens = rng.integers(0, vocab, 8)
         staged.observe(tokens)
         written.observe(tokens)
         assert np.array_equal(staged.hits, written.hits)
-        staged.apply()
-        assert np.array_equal(staged.table, written.table) and staged.n_pairs == written.n_pairs
-        assert np.array_equal(staged.pairs[: staged.n_pairs], written.pairs[: written.n_pairs])
-        assert (staged.stage == -1).all() and not len(staged.staged)
+        apply(staged)
+        for got, want in zip(_arrays(staged), _arrays(written)):
+            assert np.array_equal(got, want)
+        assert staged.n_pairs == written.n_pairs and (_stage(staged) == -1).all() and not _staged(staged)
+
+
+@njit
+def _arrays(table: SuccessorTable) -> tuple[np.ndarray, np.ndarray]:
+    return table.table.copy(), table.pairs[: table.n_pairs].copy()
+
+
+@njit
+def _stage(table: SuccessorTable) -> np.ndarray:
+    return table.stage.copy()
+
+
+@njit
+def _staged(table: SuccessorTable) -> int:
+    return len(table.staged)
 
 
 def paths(grown: Grown) -> list[tuple[int, ...]]:
@@ -133,17 +148,21 @@ def test_growth_takes_the_likeliest_paths_best_first():
     table.update(rows((1, 2, 3), (2, 4, 5), (3, 6, 7), (4, 8, 9)))
     table.hits[:] = [6, 3, 1]  # rates 0.6 and 0.3
     # chances: (2) .6, (2,4) .36, (3) .3, (2,4,8) .216, then (2,5) and (3,6) .18
-    assert paths(grow(4, 1, 3, table=table)) == [(2,), (2, 4), (3,), (2, 4, 8)]
-    assert paths(grow(3, 1, 1, table=table)) == [(2,), (3,)]  # depth 1: only x0's successors
-    assert grow(5, 7, 3, table=table).tree.size == 0  # 7 was never an input row
+    assert paths(lp_grow(4, [1], 3, table=table)) == [(2,), (2, 4), (3,), (2, 4, 8)]
+    assert paths(lp_grow(3, [1], 1, table=table)) == [(2,), (3,)]  # depth 1: only x0's successors
+    assert lp_grow(5, [7], 3, table=table).tree.size == 0  # 7 was never an input row
+
+
+def random_successors(seed: int, vocab: int = 50, k: int = 4) -> np.ndarray:
+    """Each token's k successors: distinct, as a top-k is."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.permutation(vocab)[:k] for _ in range(vocab)])
 
 
 def random_table(seed: int, vocab: int = 50, k: int = 4) -> SuccessorTable:
-    rng = np.random.default_rng(seed)
     table = SuccessorTable(k, vocab)
-    successors = np.stack([rng.permutation(vocab)[:k] for _ in range(vocab)])  # distinct, as a top-k is
-    table.update(np.concatenate([np.arange(vocab)[:, None], successors], axis=1))
-    table.hits[:] = rng.integers(1, 20, k + 1).tolist()
+    table.update(np.concatenate([np.arange(vocab)[:, None], random_successors(seed, vocab, k)], axis=1))
+    table.hits[:] = np.random.default_rng(seed + 100).integers(1, 20, k + 1)
     return table
 
 
@@ -153,7 +172,7 @@ def test_growth_is_best_first_among_all_paths(seed, budget):
     """The grown nodes are the `budget` likeliest paths of at most `depth` tokens (a brute-force
     enumeration), and the tree is the one inserting their paths in that order gives."""
     table = random_table(seed)
-    q, depth = successor_rates(table.hits), 3
+    q, depth = rates(table), 3
     chances: dict[tuple[int, ...], float] = {}
 
     def walk(path: tuple[int, ...], token: int, chance: float) -> None:
@@ -163,7 +182,7 @@ def test_growth_is_best_first_among_all_paths(seed, budget):
                 walk(path + (nxt,), nxt, chance * q[r])
 
     walk((), 3, 1.0)
-    grown = grow(budget, 3, depth, table=table)
+    grown = lp_grow(budget, [3], depth, table=table)
     got = paths(grown)
     assert len(got) == budget == len(set(got))
     assert min(chances[p] for p in got) >= sorted(chances.values(), reverse=True)[budget - 1]
@@ -176,17 +195,15 @@ def test_growth_is_best_first_among_all_paths(seed, budget):
 def test_unshared_trees_take_the_recycled_leaf_paths_as_chains(seed):
     """Without sharing, the budget's likeliest recycled nodes come as the chains of their paths
     to the leaves, after the drafts (a path that is a prefix of another is no chain of its own)."""
-    from lp.config import DecodeConfig
-    from lp.decode.policy import step_tree
-    from lp.lookahead.drafts import TextIndex
-    from lp.lookahead.pool import NGramPool
-
     table, budget = random_table(seed), 12
-    pool = NGramPool(3, 4)
-    pool.add(3, (7, 8))
-    nodes = paths(grow(budget, 3, 4, table=table))
+    nodes = paths(lp_grow(budget, [5, 3], 4, table=table))
     leaves = [p for p in nodes if not any(q[: len(p)] == p and q != p for q in nodes)]
-    got, _ = step_tree(DecodeConfig(N=3, G=1, tree=False, draft_len=4), budget, pool, TextIndex([5, 3]), table)
+    cfg = DecodeConfig(N=3, G=1, tree=False, draft_len=4, tree_tokens=budget, successors=4)
+    drafter = Drafter(cfg, [5, 3], vocab=50)
+    drafter.table.update(np.concatenate([np.arange(50)[:, None], random_successors(seed)], axis=1))
+    drafter.table.hits[:] = table.hits
+    drafter.pool.add(3, (7, 8))
+    got = drafter._unshared_tree(np.asarray([3]))
     want = build_tree([(7, 8), *leaves], budget, share=False)
     assert got.tokens.tolist() == want.tokens.tolist() and got.parents == want.parents
 

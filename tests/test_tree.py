@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import chains
 
-from lp.lookahead.drafts import MAX_MATCH, MIN_MATCH, TextIndex
+from lp.lookahead.text import MAX_MATCH, MIN_MATCH, TextIndex
 from lp.lookahead.tree import TreeBuilder, build_tree
 
 

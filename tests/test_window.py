@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lp.lookahead import JacobiWindow
+from lp.lookahead.window import JacobiWindow
 
 PROMPT = [11, 12, 13, 14, 15, 16, 17]
 

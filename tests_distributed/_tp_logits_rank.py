@@ -14,7 +14,7 @@ import torch
 from lp import mesh
 from lp.collective import Collective
 from lp.engine.tp import ALONE, load_sharded
-from lp.lookahead import step_layout
+from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
 

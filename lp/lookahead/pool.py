@@ -47,6 +47,11 @@ class NGramPool(structref.StructRefProxy):
     def n(self) -> int:
         return _n(self)
 
+    @property
+    def queued(self) -> int:
+        """The n-grams waiting to be inserted."""
+        return _queued(self)
+
     def add(self, key: int, tail: tuple[int, ...]) -> None:
         """Insert one n-gram `(key, *tail)`."""
         self.add_rows(np.array([[key, *tail]], np.int64))
@@ -288,6 +293,11 @@ def _tails(pool: NGramPool, key: int, frequent: bool, oldest: bool) -> np.ndarra
 @compiled
 def _n(pool: NGramPool) -> int:
     return pool.n
+
+
+@compiled
+def _queued(pool: NGramPool) -> int:
+    return pool.queued
 
 
 @compiled

@@ -59,6 +59,7 @@ class SuccessorTable(structref.StructRefProxy):
 
     @property
     def hits(self) -> np.ndarray:
+        """The rank counts (the table's own array: writes count)."""
         return _hits(self)
 
     @property
@@ -281,7 +282,7 @@ def _vocab(table: SuccessorTable) -> int:
 
 @compiled
 def _hits(table: SuccessorTable) -> np.ndarray:
-    return table.hits.copy()
+    return table.hits
 
 
 @compiled

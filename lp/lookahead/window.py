@@ -35,6 +35,10 @@ class JacobiWindow(structref.StructRefProxy):
         return _rows(self)
 
     @property
+    def updates(self) -> int:
+        return _updates(self)
+
+    @property
     def ready(self) -> bool:
         return ready(self, 0)
 
@@ -73,6 +77,11 @@ def update(window: JacobiWindow, new: np.ndarray) -> None:
 @compiled
 def _rows(window: JacobiWindow) -> np.ndarray:
     return window.rows.copy()
+
+
+@compiled
+def _updates(window: JacobiWindow) -> int:
+    return window.updates
 
 
 __all__ = ["JacobiWindow", "ready", "update"]
