@@ -370,7 +370,7 @@ def follow_first_drafts(first_token: int, tree, p_nodes: torch.Tensor, max_commi
 # changes for recycled drafts: drafts from the successor table alone (no pool, no text drafts),
 # which start empty, so they appear from the second step on and three tokens reach them.
 SAMPLING = dict(W=3, N=3, G=3, max_new_tokens=2, temperature=0.9, top_k=6)
-RECYCLED = dict(G=0, budget=6, drafts="pool", max_new_tokens=3)
+RECYCLED = dict(G=0, tree_tokens=6, drafts="pool", max_new_tokens=3)
 
 
 @torch.inference_mode()
@@ -436,7 +436,7 @@ OUTPUT_FIELDS = (
     "text",
     "new_tokens",
     "steps",
-    "compression",
+    "S",
     "seconds",
     "tokens_per_s",
     "world_size",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import lp.decode.auto
-from lp.decode.auto import LADDER, AutoTuner, CostCurve, step_tokens
+from lp.decode.auto import LADDER, AutoTuner, CostCurve, rank_tokens
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ def choices(per_token: float, runs: int = 40, noise: float = 0.02) -> set:
 def _ties() -> tuple[float, float]:
     """Per-token costs (of `curve`) at which, with the prior, the cheapest shape is expected to run
     exactly as fast as plain decoding, and exactly as fast as the next shape."""
-    (t0, s0), (t1, s1) = ((T, 1 + lp.decode.auto.PRIOR_SLOPE * math.log2(T)) for T in map(step_tokens, LADDER[:2]))
+    (t0, s0), (t1, s1) = ((T, 1 + lp.decode.auto.PRIOR_SLOPE * math.log2(T)) for T in map(rank_tokens, LADDER[:2]))
     return (s0 - 1) / (t0 - 1), (s1 - s0) / (s0 * (t1 - 1) - s1 * (t0 - 1))
 
 
@@ -57,7 +57,7 @@ def test_predictions_follow_what_is_achieved():
     for _ in range(12):
         shape, _ = tuner.choose()
         assert shape is not None  # steps are cheap here: lookahead always pays
-        achieved = 1 + 0.06 * math.log2(step_tokens(shape)) + rng.uniform(-0.02, 0.02)
+        achieved = 1 + 0.06 * math.log2(rank_tokens(shape)) + rng.uniform(-0.02, 0.02)
         errors.append(abs(tuner.expect(shape)[0] - achieved))
         tuner.observe(shape, achieved)
     assert max(errors[1:]) < 0.05, errors
@@ -66,7 +66,7 @@ def test_predictions_follow_what_is_achieved():
 def test_the_reason_reads_as_words():
     plain = AutoTuner(curve(0.5)).choose()[1]
     assert plain.startswith(
-        "plain decoding: even the cheapest lookahead step (W=1 N=2 G=15 budget=9 step_limit=11 text_match=1, 11 tokens)"
+        "plain decoding: even the cheapest lookahead step (W=1 N=2 G=15 step_tokens=11 tree_tokens=9 lone_matches=true, 11 tokens)"
     )
     assert "nothing decoded yet" in plain and "((" not in plain and "(s)" not in plain
     tuner = AutoTuner(curve(0.01))
@@ -114,7 +114,7 @@ def test_calibration_builds_every_bucket_auto_can_use(tiny_models):
     cost = calibrate(worker, reps=1)
     # every rank's share of a ladder step, one pending token or the most, up to what the cache
     # holds: the largest shape's 1024-token step does not fit this tiny model's KV slots
-    assert bucket(step_tokens(LADDER[-1])) == 1024 and worker.step_slots(1024) > worker.capacity - worker.max_seq_len
+    assert bucket(rank_tokens(LADDER[-1])) == 1024 and worker.step_slots(1024) > worker.capacity - worker.max_seq_len
     assert cost.padded and cost.tokens == (1, 16, 32, 64, 128, 256, 512)
     assert set(cost.tokens) <= set(worker.fixed._buckets)
     # at 8 ranks a share is at most 138 tokens: no rank builds the buckets it never runs
@@ -146,29 +146,36 @@ def test_the_prior_is_the_budget_sweeps_slope():
 
 
 def test_a_shapes_name_is_its_config():
-    """Shape.name spells every key that differs from DecodeConfig's defaults, as lp.bench parses it."""
+    """Shape.name spells every key that differs from its default, as lp.bench parses it."""
     from lp.bench.shapes import parse_lookahead
     from lp.config import DecodeConfig
 
-    for shape in (*LADDER, lp.decode.auto.Shape(1, 2, 15, 10, 16, step_limit=11, text_match=1, draft_len=16)):
-        assert lp.decode.auto.Shape.of(DecodeConfig(**parse_lookahead(shape.name))) == shape, shape.name
-    assert lp.decode.auto.Shape(1, 2, 15, 10, step_limit=11, text_match=1).name == "W1N2G15-B10-L11-M1"
-    assert lp.decode.auto.Shape(3, 3, 15, 1002, 16, draft_len=16).name == "W3N3G15-B1002-R16-D16"
+    Shape = lp.decode.auto.Shape
+    odd = Shape(W=1, N=2, G=15, step_tokens=16, tree_tokens=10, successors=16, lone_matches=True, draft_len=16)
+    for shape in (*LADDER, odd):
+        assert Shape.of(DecodeConfig(**parse_lookahead(shape.name))) == shape, shape.name
+    assert Shape(W=1, N=2, G=15, step_tokens=11, tree_tokens=10, lone_matches=True).name == "W1N2G15-L11-B10-lone"
+    assert Shape(W=3, N=3, G=15, step_tokens=1024, successors=16, draft_len=16).name == "W3N3G15-L1024-R16-D16"
+    # a shape's size is its largest step, whatever gave it: the tree's limit follows from it
+    assert Shape.of(DecodeConfig(W=3, N=3, G=15, tree_tokens=112)).name == "W3N3G15-L128"
 
 
 def test_the_command_line_leaves_the_shapes_keys_to_auto():
     """`python -m lp.generate`'s defaults (W, N and G auto) give none of the other keys a shape
     sets, so W=auto's choice sets them all (it sets only keys not given); a key given on the
     command line is kept."""
+    from dataclasses import fields
+
     from omegaconf import OmegaConf
 
     import lp.generate
 
     cfg = OmegaConf.load(ROOT / "configs" / "generate.yaml")
     given = lp.generate.settings_of(cfg)
+    keys = {f.name for f in fields(lp.decode.auto.Shape)} - {"W", "N", "G"}
     assert (given["W"], given["N"], given["G"]) == ("auto", "auto", "auto")
-    assert not given.keys() & set(lp.decode.auto.Shape._fields) - {"W", "N", "G"}
-    for key in set(lp.decode.auto.Shape._fields) - {"W", "N", "G"}:  # each a setting of the command line
+    assert not given.keys() & keys
+    for key in keys:  # each a setting of the command line
         assert key in cfg and key in lp.generate.SETTINGS, key
-    cfg.draft_len, cfg.follow = 12, 16
-    assert [lp.generate.settings_of(cfg)[k] for k in ("draft_len", "follow")] == [12, 16]
+    cfg.draft_len, cfg.continuation_len = 12, 16
+    assert [lp.generate.settings_of(cfg)[k] for k in ("draft_len", "continuation_len")] == [12, 16]

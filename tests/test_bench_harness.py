@@ -340,10 +340,10 @@ def test_parse_lookahead():
     assert parse_lookahead(" Auto") == dict(W="auto", N="auto", G="auto")
     assert parse_lookahead("W15N5G15-pool-chains") == dict(W=15, N=5, G=15, drafts="pool", tree=False)
     assert parse_lookahead("W7N5G7-text-tree-B40-D6") == dict(
-        W=7, N=5, G=7, drafts="pool+text", tree=True, budget=40, draft_len=6
+        W=7, N=5, G=7, drafts="pool+text", tree=True, tree_tokens=40, draft_len=6
     )
     assert parse_lookahead("W7N5G7-frequent-T8-P28") == dict(
-        W=7, N=5, G=7, order="frequent", text_drafts=8, pool_size=28
+        W=7, N=5, G=7, pool_order="frequent", text_drafts=8, pool_size=28
     )
     with pytest.raises(ValueError):
         parse_lookahead("W15N5G15-fast")

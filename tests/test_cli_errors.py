@@ -111,7 +111,7 @@ def test_cli_success_writes_the_contract(cli_runs):
     assert 1 <= row["new_tokens"] == len(row["output_ids"]) <= 6
     assert (row["W"], row["N"], row["G"], row["mode"], row["world_size"]) == (4, 3, 4, "lookahead", 1)
     assert row["steps"] == len(row["accepted_per_step"]) and sum(row["accepted_per_step"]) == row["new_tokens"]
-    assert row["compression"] == pytest.approx(row["new_tokens"] / row["steps"])
+    assert row["S"] == pytest.approx(row["new_tokens"] / row["steps"])
 
 
 # ---------------------------------------------------------------------------------------------

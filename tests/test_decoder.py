@@ -14,12 +14,12 @@ from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
-from lp.decode.plan import largest_step
-from lp.decode.policy import ranked_drafts
+from lp.lookahead.drafts import step_drafts
 from lp.decode.record import collector_paused
 from lp.errors import LPError
 from lp.lookahead.pool import NGramPool
 from lp.lookahead.text import TextIndex
+from lp.lookahead.window import JacobiWindow
 from lp.worker import Worker
 
 MAX_NEW = 48
@@ -56,7 +56,7 @@ def test_lookahead_equals_greedy(arch, N, W, G, tiny_models, refs):
     assert sum(g.accepted_per_step) == MAX_NEW and len(g.accepted_per_step) == g.steps
     assert all(1 <= a <= DecodeConfig(W=W, N=N, G=G).max_draft + 1 for a in g.accepted_per_step)
     assert col.calls == g.steps + 1  # one handshake, then one all-gather per step
-    assert g.compression == pytest.approx(MAX_NEW / g.steps)
+    assert g.S == pytest.approx(MAX_NEW / g.steps)
     if G == 0:
         assert g.steps == MAX_NEW  # nothing to verify: one token per step
 
@@ -88,12 +88,12 @@ VARIANTS = [
     dict(drafts="pool", tree=False),
     dict(drafts="pool", tree=True),
     dict(drafts="pool+text", tree=False),
-    dict(drafts="pool+text", budget=7, draft_len=3),
-    dict(drafts="pool+text", budget=40),
-    dict(pool_size=30, order="frequent", text_drafts=8),
-    dict(order="recent", draft_len=4),
-    dict(text_match=1, budget=12, step_limit=34),
-    dict(follow=4, budget=40),
+    dict(drafts="pool+text", tree_tokens=7, draft_len=3),
+    dict(drafts="pool+text", tree_tokens=40),
+    dict(pool_size=30, pool_order="frequent", text_drafts=8),
+    dict(pool_order="recent", draft_len=4),
+    dict(lone_matches=True, tree_tokens=12, step_tokens=34),
+    dict(continuation_len=4, tree_tokens=40),
 ]
 
 
@@ -105,21 +105,21 @@ def test_draft_and_tree_variants_equal_greedy(N, W, G, variant, tiny_models, ref
         g = decode(tiny_models[arch], PROMPT, W=W, N=N, G=G, max_new_tokens=MAX_NEW, **variant)
         assert g.output_ids == refs[arch], (arch, variant)
         cfg = DecodeConfig(W=W, N=N, G=G, **variant)
-        pending = min(cfg.max_draft, cfg.verify_budget) + 1  # the previous step's tokens, x0 last
-        assert all(t <= pending + (W - 1) + W * (N - 2) + cfg.verify_budget for t in g.step_tokens)
+        pending = min(cfg.max_draft, cfg.tree_limit) + 1  # the previous step's tokens, x0 last
+        assert all(t <= pending + (W - 1) + W * (N - 2) + cfg.tree_limit for t in g.fed_per_step)
 
 
-def test_step_limit_caps_steps_and_deepens_trees(tiny_models, refs):
-    """`step_limit`: no step feeds more tokens, the output stays greedy, and a step after a
-    one-token commit verifies the tree the limit leaves (10 nodes; a fixed budget that fits the
-    same limit would have 5)."""
-    cfg = dict(W=1, N=2, G=5, budget=10, step_limit=11)
-    assert largest_step(DecodeConfig(**cfg)) == 11 == largest_step(DecodeConfig(W=1, N=2, G=5, budget=5))
+def test_step_tokens_cap_steps_and_deepen_trees(tiny_models, refs):
+    """`step_tokens`: no step feeds more tokens, the output stays greedy, and a step after a
+    one-token commit verifies the tree the size leaves (10 nodes; a fixed tree that fits the
+    same size would have 5)."""
+    cfg = dict(W=1, N=2, G=5, tree_tokens=10, step_tokens=11)
+    assert DecodeConfig(**cfg).largest_step == 11 == DecodeConfig(W=1, N=2, G=5, tree_tokens=5).largest_step
     for arch in ("llama", "qwen2"):
         g = decode(tiny_models[arch], PROMPT, max_new_tokens=MAX_NEW, **cfg)
         assert g.output_ids == refs[arch], arch
-        assert max(g.step_tokens) == 11, arch
-        after_one = [t for n, t in zip(g.accepted_per_step, g.step_tokens[1:]) if n == 1]
+        assert max(g.fed_per_step) == 11, arch
+        after_one = [t for n, t in zip(g.accepted_per_step, g.fed_per_step[1:]) if n == 1]
         assert 11 in after_one, arch  # the pending token and 10 tree nodes
 
 
@@ -157,7 +157,7 @@ def test_ar_mode_one_step_ahead(arch, engine, tiny_models, refs):
     dec = Decoder(Worker(tiny_models[arch], **engine), col, set(), 512, ahead=True)
     g = dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW), observer=order)
     assert g.output_ids == refs[arch]
-    assert g.steps == MAX_NEW and g.accepted_per_step == [1] * MAX_NEW == g.step_tokens
+    assert g.steps == MAX_NEW and g.accepted_per_step == [1] * MAX_NEW == g.fed_per_step
     assert col.calls == MAX_NEW + 1
     assert order.events == "ff" + "rf" * (MAX_NEW - 2) + "rr"
 
@@ -185,21 +185,21 @@ def test_ar_ahead_stops_at_eos_and_max_new_tokens(tiny_models, refs):
     assert dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW)).output_ids == ref
 
 
-@pytest.mark.parametrize("N,W,G,recycle,follow", [(5, 7, 7, None, 0), (3, 4, 6, 0, 0), (2, 5, 5, None, 4)])
-def test_rehearsals_change_no_decode(N, W, G, recycle, follow, tiny_models, refs):
+@pytest.mark.parametrize("N,W,G,successors,continuation_len", [(5, 7, 7, None, 0), (3, 4, 6, 0, 0), (2, 5, 5, None, 4)])
+def test_rehearsals_change_no_decode(N, W, G, successors, continuation_len, tiny_models, refs):
     """Rehearsing each step's plan while the device computes (on by default on CUDA, asked
     for here) leaves the output, the steps and their acceptances as they are, at one rank and
-    at two (the text's continuations too: a rehearsal brings their index up to date early)."""
+    at two."""
     model = tiny_models["llama"]
-    cfg = dict(W=W, N=N, G=G, recycle=recycle, follow=follow, max_new_tokens=MAX_NEW)
+    cfg = dict(W=W, N=N, G=G, successors=successors, continuation_len=continuation_len, max_new_tokens=MAX_NEW)
     plain = decode(model, PROMPT, rehearse=False, **cfg)
     rehearsed = decode(model, PROMPT, rehearse=True, **cfg)
     assert plain.output_ids == rehearsed.output_ids == refs["llama"]
     assert plain.accepted_per_step == rehearsed.accepted_per_step and plain.steps > 0
-    assert plain.step_tokens == rehearsed.step_tokens
+    assert plain.fed_per_step == rehearsed.fed_per_step
     (a, _), (b, _) = (run_ranks(model, 2, [PROMPT] * 2, DecodeConfig(**cfg), rehearse=r) for r in (False, True))
     assert [g.output_ids for g in a + b] == [refs["llama"]] * 4
-    assert [(g.accepted_per_step, g.step_tokens) for g in a] == [(g.accepted_per_step, g.step_tokens) for g in b]
+    assert [(g.accepted_per_step, g.fed_per_step) for g in a] == [(g.accepted_per_step, g.fed_per_step) for g in b]
 
 
 def test_ahead_leaves_lookahead_and_sampling_alone(tiny_models, refs):
@@ -285,9 +285,9 @@ def test_bad_settings_raise(tiny_models):
         dict(mode="beam"),
         dict(W=2.5),
         dict(N=True),
-        dict(step_limit=6, W=3, N=3),
-        dict(text_match=0),
-        dict(text_match=3),
+        dict(step_tokens=6, W=3, N=3),
+        dict(lone_matches=1),
+        dict(tree_tokens=-1),
     ):
         with pytest.raises(LPError):
             decode(model, PROMPT, **cfg)
@@ -425,7 +425,7 @@ def test_one_replica_keeps_the_accepted_drafts_kv(graphs, temperature, tiny_mode
     assert g.output_ids == refs["llama"] or temperature > 0
     assert max(g.accepted_per_step) > 1  # drafts were kept, not only bonus tokens
     window = (cfg.W - 1) + cfg.W * (cfg.N - 2)
-    assert all(t <= 1 + window + 12 for t in g.step_tokens)  # x0, the window and the tree, no re-fed tokens
+    assert all(t <= 1 + window + 12 for t in g.fed_per_step)  # x0, the window and the tree, no re-fed tokens
     kept = worker.kv.length  # the last step's drafts are not committed on the host
     fresh = Worker(model)
     fresh.reset(512, 1)
@@ -434,16 +434,16 @@ def test_one_replica_keeps_the_accepted_drafts_kv(graphs, temperature, tiny_mode
         torch.testing.assert_close(mine[:, :kept], theirs[:, :kept], atol=1e-5, rtol=1e-4)
 
 
-def test_step_limit_with_kept_drafts_feeds_the_whole_limit(tiny_models, refs):
-    """With its drafts' KV kept, a step's tree gets what x0 and the window leave of `step_limit`
+def test_step_tokens_with_kept_drafts_feed_the_whole_step(tiny_models, refs):
+    """With its drafts' KV kept, a step's tree gets what x0 and the window leave of `step_tokens`
     whatever the last step committed: over P ranks, where the drafts are re-fed, a step after a
     long commit gets less, so one replica takes no more steps."""
-    cfg = dict(W=1, N=2, G=5, budget=10, step_limit=11, max_new_tokens=MAX_NEW)
+    cfg = dict(W=1, N=2, G=5, tree_tokens=10, step_tokens=11, max_new_tokens=MAX_NEW)
     one = decode(tiny_models["llama"], PROMPT, **cfg)
     two, _ = run_ranks(tiny_models["llama"], 2, [PROMPT] * 2, DecodeConfig(**cfg))
     assert one.output_ids == two[0].output_ids == refs["llama"]
     assert one.steps <= two[0].steps
-    assert max(one.step_tokens) == 11 and max(two[0].step_tokens) == 11
+    assert max(one.fed_per_step) == 11 and max(two[0].fed_per_step) == 11
 
 
 @pytest.mark.parametrize("P", [2, 3])
@@ -554,21 +554,25 @@ def test_draft_ranking():
     pool = NGramPool(4, 8)
     for gram in ((5, 1, 1, 1), (5, 2, 2, 2), (5, 2, 2, 2), (5, 3, 3, 3), (4, 5, 3, 9)):
         pool.add(gram[0], gram[1:])
-    out = TextIndex([4, 5, 6, 4, 5])  # "4 5" occurred before, followed by 6 4 5
-    assert ranked_drafts(DecodeConfig(drafts="pool", order="recent"), pool, out) == [(3, 3, 3), (2, 2, 2), (1, 1, 1)]
-    assert ranked_drafts(DecodeConfig(drafts="pool", order="frequent"), pool, out) == [(2, 2, 2), (3, 3, 3), (1, 1, 1)]
-    assert ranked_drafts(DecodeConfig(drafts="pool"), pool, out) == [(3, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
-    assert ranked_drafts(DecodeConfig(draft_len=2), pool, out)[0] == (6, 4)
+    out, window = TextIndex([4, 5, 6, 4, 5]), JacobiWindow(0, 4, [0], 0)  # "4 5" occurred before, then 6 4 5
+
+    def drafts(text_drafts: int = 0, draft_len: int = 10, context: bool = True, frequent: bool = False) -> list:
+        return step_drafts(out, pool, window, draft_len, text_drafts, context, frequent, 0).drafts
+
+    assert drafts(context=False) == [(3, 3, 3), (2, 2, 2), (1, 1, 1)]
+    assert drafts(context=False, frequent=True) == [(2, 2, 2), (3, 3, 3), (1, 1, 1)]
+    assert drafts() == [(3, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
+    assert drafts(text_drafts=4, draft_len=2)[0] == (6, 4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_recycled_drafts_keep_the_output_and_raise_acceptance(arch, tiny_models, refs):
-    """With the successor table off (recycle=0) and on, the output is greedy's; on, the tree
+    """With the successor table off (successors=0) and on, the output is greedy's; on, the tree
     takes more of the budget and commits at least as many tokens over the decode."""
-    off = decode(tiny_models[arch], PROMPT, W=5, N=3, G=5, max_new_tokens=MAX_NEW, recycle=0)
+    off = decode(tiny_models[arch], PROMPT, W=5, N=3, G=5, max_new_tokens=MAX_NEW, successors=0)
     on = decode(tiny_models[arch], PROMPT, W=5, N=3, G=5, max_new_tokens=MAX_NEW)
     assert off.output_ids == on.output_ids == refs[arch]
-    assert np.mean(on.step_tokens) > np.mean(off.step_tokens)
+    assert np.mean(on.fed_per_step) > np.mean(off.fed_per_step)
     assert on.steps <= off.steps
 
 
@@ -576,11 +580,11 @@ def test_recycled_drafts_keep_the_output_and_raise_acceptance(arch, tiny_models,
     "settings",
     [
         dict(),
-        dict(recycle=0),
+        dict(successors=0),
         dict(G=0),
-        dict(G=0, budget=8),
+        dict(G=0, tree_tokens=8),
         dict(mode="ar"),
-        dict(N=2, tree=False, recycle=3, budget=30),
+        dict(N=2, tree=False, successors=3, tree_tokens=30),
     ],
 )
 def test_message_size_is_what_steps_send(settings, tiny_models):

@@ -160,7 +160,7 @@ def test_kept_drafts_kv_on_captured_steps(model):
     decode's reset, not while it decodes: the cache then holds what a causal prefill of the
     output gives."""
     worker = Worker(model)
-    cfg = DecodeConfig(W=3, N=3, G=5, budget=12, max_new_tokens=48)
+    cfg = DecodeConfig(W=3, N=3, G=5, tree_tokens=12, max_new_tokens=48)
 
     class Captures(StepObserver):
         def prefill_done(self):

@@ -5,6 +5,8 @@ reuse across steps and prompts, and a cache that never moves."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
@@ -92,16 +94,16 @@ def test_fixed_shape_decoding_equals_greedy(arch, N, W, G, tiny_models):
     assert [t.data_ptr() for t in worker.kv.k] == buffers
 
 
-def test_fixed_shape_decoding_of_step_limited_shapes(tiny_models):
-    """W=auto's shapes with a step limit (trees that shrink with the pending tokens, empty ones
-    too) run at fixed shapes and stay greedy."""
+def test_fixed_shape_decoding_of_capped_shapes(tiny_models):
+    """W=auto's shapes whose trees shrink with the pending tokens (empty ones too: their size
+    caps the step) run at fixed shapes and stay greedy."""
     from lp.decode.auto import LADDER
 
     model = tiny_models["llama"]
     dec = Decoder(Worker(model, graphs=True, attention="sdpa"), Collective(), set(), 512)
     prompt = make_prompt(1, 8, 3)
-    for shape in (s for s in LADDER if s.step_limit is not None):
-        cfg = DecodeConfig(**{**shape._asdict(), "max_new_tokens": 40})
+    for shape in (s for s in LADDER if s.tree_tokens is not None):
+        cfg = replace(shape.config, max_new_tokens=40)
         assert dec.generate(prompt, cfg).output_ids == reference_greedy(model, prompt, 40), shape.name
 
 
@@ -176,7 +178,7 @@ def test_compiled_decode_compiles_nothing_once_started(monkeypatch):
             out = dec.generate(prompt, cfg, observer=counts)
             assert out.output_ids == reference_greedy(model, prompt, 24)
             assert set(counts.after_steps) == {counts.at_start}, (W, prompt)
-            sizes |= set(out.step_tokens)
+            sizes |= set(out.fed_per_step)
     assert len({bucket(t) for t in sizes}) > 2  # the steps did cross buckets
 
 
@@ -230,6 +232,6 @@ def test_an_n2_step_at_a_bucket_edge_is_prepared_at_reset(tiny_models):
             assert set(worker.fixed._buckets) == self.at_start
 
     prompt = make_prompt(1, 8, 3)
-    cfg = DecodeConfig(W=1, N=2, G=5, budget=15, step_limit=16, max_new_tokens=24)
+    cfg = DecodeConfig(W=1, N=2, G=5, tree_tokens=15, step_tokens=16, max_new_tokens=24)
     out = Decoder(worker, Collective(), set(), 512).generate(prompt, cfg, observer=Buckets())
     assert 32 in worker.fixed._buckets and out.output_ids == reference_greedy(tiny_models["llama"], prompt, 24)

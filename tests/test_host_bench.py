@@ -39,7 +39,7 @@ def test_replay_times_every_step_of_the_recorded_decode(recorded):
     assert all(0 < e < t for e, t in zip(times.exposed, times.total))
     assert times.packing[0] > 0 and all(p >= 0 for p in times.packing)  # 0: a layout the worker holds
     # rank 0 of 2 runs 4 of the 8 columns: fewer tokens than the whole step
-    assert max(times.step_tokens) < 1 + 7 + 8 * 2 + cfg.verify_budget
+    assert max(times.step_tokens) < 1 + 7 + 8 * 2 + cfg.tree_limit
 
 
 def test_every_rank_replays_and_the_slowest_bounds_each(recorded):

@@ -11,7 +11,7 @@ import statistics
 import pytest
 import torch
 
-from lp.decode.auto import LADDER, step_tokens
+from lp.decode.auto import LADDER, rank_tokens
 from tools import steps
 
 ARGS = ["arch=tiny", "prompt_len=16", "tokens=1,4,8", "reps=3", "warmup=1", "new_tokens=8", "runs=2", "copy_mib=8"]
@@ -34,8 +34,8 @@ def _check(r: dict, md: str, device: torch.device) -> None:
     causal = [s for s in r["steps"] if s["kind"] == "causal"]
     ladder = [s for s in r["steps"] if s["kind"] == "ladder"]
     assert [s["tokens"] for s in causal] == [1, 4, 8]
-    assert [(s["W"], s["N"], s["G"], s["budget"]) for s in ladder] == [shape[:4] for shape in LADDER]
-    assert [s["tokens"] for s in ladder] == [step_tokens(shape) for shape in LADDER]
+    assert [(s["W"], s["N"], s["G"], s["step_tokens"]) for s in ladder] == [(x.W, x.N, x.G, x.step_tokens) for x in LADDER]
+    assert [s["tokens"] for s in ladder] == [rank_tokens(shape) for shape in LADDER]
     for s in r["steps"]:
         assert 0 < s["p10_ms"] <= s["median_ms"] <= s["p90_ms"]
         assert math.isclose(s["relative"], s["median_ms"] / causal[0]["median_ms"])

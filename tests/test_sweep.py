@@ -56,8 +56,8 @@ def test_token_recycling_equals_greedy(arch):
         prompt = make_prompt(seed, length=6, repeats=2)
         out = d.generate(prompt, 30)
         assert out.output_ids == reference_greedy(model, prompt, 30)
-        assert sum(out.accepted_per_step) == 30 and len(out.step_tokens) == out.steps
-        assert max(out.step_tokens) <= d.max_step_tokens == 87
+        assert sum(out.accepted_per_step) == 30 and len(out.fed_per_step) == out.steps
+        assert max(out.fed_per_step) <= d.max_step_tokens == 87
         assert out.steps < 30  # recycled drafts get accepted on a tiny random model
 
 

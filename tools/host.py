@@ -383,7 +383,7 @@ def replay(cfg: DecodeConfig, rec: Recording, rank: int = 0, rehearse: bool = Tr
         for end, read, gather, start in zip(watch.ends, watch.reads, gathers, watch.starts[1:]):
             times.total.append(start - end - gather)
             times.exposed.append(start - read)
-        times.step_tokens.extend(g.step_tokens)
+        times.step_tokens.extend(g.fed_per_step)
     if next(ranks.kept, None) is not None:
         raise LPError("the replay ended before the recorded decode did")
     times.packing.extend(worker.packing)  # one a forward, as step_tokens

@@ -92,7 +92,7 @@ class HFGenerate(BenchDecoder):
         ids = out[0, x.shape[1] :].tolist()
         times, counts = stream.times, stream.counts
         if not times:  # nothing generated
-            return DecodeOutput(ids, 0, t_end - t0, 0.0, accepted_per_step=[], step_tokens=[])
+            return DecodeOutput(ids, 0, t_end - t0, 0.0, accepted_per_step=[], fed_per_step=[])
         if sum(counts) != len(ids):
             log.warning("%s: streamed %d tokens but generate returned %d", self.label, sum(counts), len(ids))
         # the first forward reads the whole prompt; count it as lp does: the prompt's last token
@@ -104,7 +104,7 @@ class HFGenerate(BenchDecoder):
             times[0] - t0,
             t_end - times[0],
             accepted_per_step=counts,
-            step_tokens=fed,
+            fed_per_step=fed,
             step_latencies=[b - a for a, b in zip(times[:-1], times[1:])],
         )
 
@@ -204,6 +204,6 @@ class PipelineParallel(BenchDecoder):
             times[0] - t0,
             t_end - times[0],
             accepted_per_step=[1] * len(times),
-            step_tokens=[1] * len(times),
+            fed_per_step=[1] * len(times),
             step_latencies=[b - a for a, b in zip(times[:-1], times[1:])],
         )

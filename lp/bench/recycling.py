@@ -194,6 +194,6 @@ class TokenRecycling(BenchDecoder):
             t1 - t0,
             end - t1,
             accepted_per_step=list(state.accepted),
-            step_tokens=list(state.step_tokens),
+            fed_per_step=list(state.fed_per_step),
             step_latencies=[b - a for a, b in zip(starts, [*starts[1:], end])],
         )

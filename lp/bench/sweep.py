@@ -38,12 +38,12 @@ from lp.bench.settings import PromptKeys
 from lp.bench.shapes import parse_lookahead
 from lp.config import DecodeConfig
 from lp.decode.auto import LADDER as AUTO_LADDER
-from lp.decode.auto import step_tokens
+from lp.decode.auto import rank_tokens
 from lp.decode.record import collector_paused
 from lp.errors import LPError
 
 # lp's config at each step size: W=auto's ladder (lp/decode/auto.py), each shape at its largest step.
-LADDER = {step_tokens(shape): shape.name for shape in AUTO_LADDER}
+LADDER = {rank_tokens(shape): shape.name for shape in AUTO_LADDER}
 BASELINES = {"token-recycling": "token-recycling", "hf-prompt-lookup": "prompt-lookup"}  # kind -> sweep name
 
 
@@ -158,8 +158,8 @@ def _row(p: datasets.BenchPrompt, ids: list[int], e: Entry, o, ref: list[int]) -
         "new_tokens": o.new_tokens,
         "steps": o.steps,
         "S": o.S,
-        "step_tokens_total": sum(o.step_tokens),
-        "step_tokens_max": max(o.step_tokens, default=0),
+        "step_tokens_total": sum(o.fed_per_step),
+        "step_tokens_max": max(o.fed_per_step, default=0),
         "identical": first is None,
         "first_mismatch": first,
         "prefill_seconds": o.prefill_seconds,

@@ -106,7 +106,7 @@ PRIOR_SLOPE = 0.30
 MARGIN = 1.1
 
 
-def step_tokens(shape: Shape, P: int = 1) -> int:
+def rank_tokens(shape: Shape, P: int = 1) -> int:
     """The most tokens one of P ranks feeds in a step of `shape`: the pending tokens on every rank,
     the window's columns and the tree split evenly (lp/partition.py balances them)."""
     cfg = shape.config
@@ -157,7 +157,7 @@ def calibrate(
             tuple(
                 sorted(
                     {
-                        bucket(step_tokens(shape, world_size) - fewer)
+                        bucket(rank_tokens(shape, world_size) - fewer)
                         for shape in LADDER
                         for fewer in (0, shape.config.max_commit - 1)
                     }
@@ -213,7 +213,7 @@ class AutoTuner:
     def expect(self, shape: Shape | None) -> tuple[float, float, float]:
         """(expected S, tokens/s, tokens/s relative to plain decoding) of a shape (None: plain): S
         from the whole step's tokens, the cost from a rank's share of them."""
-        whole, share = (1, 1) if shape is None else (step_tokens(shape), step_tokens(shape, self.world_size))
+        whole, share = (1, 1) if shape is None else (rank_tokens(shape), rank_tokens(shape, self.world_size))
         S = 1 + self.slope() * math.log2(whole)
         return S, S / self.cost.seconds_at(share), S / self.cost.relative(share)
 
@@ -222,7 +222,7 @@ class AutoTuner:
         expected tokens/s (None: plain decoding), and why, in plain words."""
         best, best_rate = None, 1.0 if allow_plain else -math.inf
         # shapes whose steps the calibration timed (a longer one's cost would be extrapolated)
-        for shape in (s for s in LADDER if step_tokens(s, self.world_size) <= self.cost.tokens[-1]):
+        for shape in (s for s in LADDER if rank_tokens(s, self.world_size) <= self.cost.tokens[-1]):
             rate = self.expect(shape)[2]
             if rate > best_rate * MARGIN:
                 best, best_rate = shape, rate
@@ -241,20 +241,20 @@ class AutoTuner:
             )
         elif best is None:
             self.plain_streak += 1
-            T = step_tokens(LADDER[0], self.world_size)
+            T = rank_tokens(LADDER[0], self.world_size)
             reason = (
                 f"plain decoding: even the cheapest lookahead step ({LADDER[0].describe()}, {T} tokens) "
                 f"{self._outlook(LADDER[0], 'only ')} ({basis})"
             )
         else:
-            T = step_tokens(best, self.world_size)
+            T = rank_tokens(best, self.world_size)
             reason = f"{best.describe()}: its {T}-token step {self._outlook(best)} ({basis})"
         return best, reason
 
     def _outlook(self, shape: Shape, only: str = "") -> str:
         """What a shape's step costs and is expected to make, in words."""
         S, _, rate = self.expect(shape)
-        T = step_tokens(shape, self.world_size)
+        T = rank_tokens(shape, self.world_size)
         return (
             f"costs {self.cost.relative(T):.2f}x a one-token step here and is expected to make "
             f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding"
@@ -263,4 +263,4 @@ class AutoTuner:
     def observe(self, shape: Shape | None, S: float) -> None:
         """Record the S a sequence achieved with `shape` (plain sequences teach nothing)."""
         if shape is not None:
-            self.seen.append((step_tokens(shape), S))
+            self.seen.append((rank_tokens(shape), S))

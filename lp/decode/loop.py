@@ -157,7 +157,7 @@ class Decoder:
                 prefill_seconds=t1 - t0,
                 seconds=time.perf_counter() - t1,
                 accepted_per_step=state.accepted,
-                step_tokens=state.step_tokens,
+                fed_per_step=state.fed_per_step,
             )
 
     def _decode(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lp.decode.auto import LADDER, PRIOR_SLOPE, Shape, step_tokens
+from lp.decode.auto import LADDER, PRIOR_SLOPE, Shape, rank_tokens
 
 # gpt-fast README, Llama-2-7B bf16 batch 1 on 8x A100-80GB (330 W): tensor-parallel ranks -> tok/s
 PUBLISHED_TP = {1: 104.9, 2: 168.8, 4: 254.0, 8: 328.4}
@@ -106,7 +106,7 @@ def price(
     P > 1, the all-gather."""
 
     def rate(shape: Shape | None) -> tuple[float, float]:
-        total, share = (1, 1) if shape is None else (step_tokens(shape), step_tokens(shape, P))
+        total, share = (1, 1) if shape is None else (rank_tokens(shape), rank_tokens(shape, P))
         S = 1 + slope * math.log2(total)
         ms = model.step_ms(1e3 * one_gpu_s(share), T, share) + (allgather_ms if P > 1 else 0.0)
         return S, S / ms * 1e3

@@ -16,7 +16,7 @@ class Generation:
     """One sequence's result: the record every decoder returns (lp.frontend.runtime.Result and the
     benchmark's rows extend it), its figures computed here once. `prefill_seconds` is the
     prompt's prefill, with the host's indexing of the prompt for drafts (which a GPU's prefill
-    hides); `seconds` the decode time after it; `accepted_per_step` the tokens committed by each step, `step_tokens`
+    hides); `seconds` the decode time after it; `accepted_per_step` the tokens committed by each step, `fed_per_step`
     the tokens of this rank's forward in each step (empty where a decoder cannot tell)."""
 
     output_ids: list[int]
@@ -24,7 +24,7 @@ class Generation:
     prefill_seconds: float
     seconds: float
     accepted_per_step: list[int]
-    step_tokens: list[int]
+    fed_per_step: list[int]
 
     @property
     def new_tokens(self) -> int:

@@ -32,7 +32,7 @@ class DecodeState:
     output: list[int] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
-    step_tokens: list[int] = field(default_factory=list)
+    fed_per_step: list[int] = field(default_factory=list)
     stopped: bool = False
 
     def __post_init__(self) -> None:
@@ -55,7 +55,7 @@ class DecodeState:
         self.length += len(tokens)
         self.pending = next_pending(tokens, keep)
         self.accepted.append(len(tokens))
-        self.step_tokens.append(fed)
+        self.fed_per_step.append(fed)
 
 
 def decide(

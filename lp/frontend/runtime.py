@@ -160,7 +160,7 @@ class LP:
         if shape is None:
             settings.update(mode="ar", W=1, N=2, G=0)
         else:  # W, N, G where they are auto; with all three auto, the shape's other keys where not given
-            chosen = shape._asdict()
+            chosen = asdict(shape)
             settings.update({k: chosen[k] for k in auto})
             if len(auto) == 3:
                 settings.update({k: v for k, v in chosen.items() if k not in auto and settings.get(k) is None})
