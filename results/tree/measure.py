@@ -1,4 +1,4 @@
-"""S per lookahead config (any lp.bench name, options included: W3N3G15-B112-R16) on the first
+"""S per lookahead config (any lp.bench name, options included: W3N3G15-L128-R16) on the first
 `per_group` Spec-Bench prompts of each category group, with each config's largest possible step
 (pending + window + tree tokens, as the decode sizes its buffers) and the step tokens it fed.
 
