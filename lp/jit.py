@@ -2,11 +2,11 @@
 
 A decode's host work runs loops over a few hundred rows and nodes a step, which Python would
 take a microsecond each for, so it is compiled with numba (wheels: no toolchain at install time).
-Compiling all of it takes tens of seconds, so the machine code is cached on disk. numba keys a
-cached function by its own source file only, while a function inlines the compiled functions of
-the other modules it calls: an edit there would leave its cached code stale. So lp's compiled
-functions are cached in one directory per version of the modules that hold them (those that
-import this one): an edit to any of them compiles them all anew, once.
+Compiling all of it takes tens of seconds, so numba caches the machine code on disk, beside each
+module (__pycache__). numba keys a cached function by its own source file only, while a function
+inlines the compiled functions of the other modules it calls: an edit there would leave its cached
+code stale. So lp keeps a digest of every module that compiles code (those that import this one)
+with the cache, and drops all of lp's cached code when it changes: an edit compiles anew, once.
 
 State that the compiled code keeps between steps (the text index, the n-gram pool, ...) is a
 `State`: a numba StructRef, a mutable record of arrays and numbers that compiled code reads and
@@ -16,20 +16,13 @@ writes by field name and Python holds as one object (one cheap argument for a co
 from __future__ import annotations
 
 import hashlib
-import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-import numba
 from numba import njit, types
-
-from lp.models import cache_dir
 
 _PACKAGE = Path(__file__).parent
 _IMPORT = b"from lp.jit import"
-STALE_DAYS = 7  # cache directories of other versions unused this long are removed
+_STAMP = _PACKAGE / "__pycache__" / "numba-sources.sha256"  # the digest the cached code was compiled from
 
 
 def _sources_digest() -> str:
@@ -39,33 +32,26 @@ def _sources_digest() -> str:
         source = path.read_bytes()
         if _IMPORT in source or path == Path(__file__):
             digest.update(path.relative_to(_PACKAGE).as_posix().encode() + b"\0" + source)
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()
 
 
-def _cache_root() -> Path:
-    """This version's numba cache directory (made, and the stale ones of other versions removed)."""
-    versions = cache_dir() / "numba"
-    mine = versions / _sources_digest()
-    if not mine.is_dir():
-        mine.mkdir(parents=True, exist_ok=True)
-        for other in versions.iterdir():
-            if other != mine and time.time() - other.stat().st_mtime > STALE_DAYS * 86400:
-                shutil.rmtree(other, ignore_errors=True)
-    return mine
-
-
-_CACHE = str(_cache_root())
-F = TypeVar("F", bound=Callable)
-
-
-def compiled(fn: F) -> F:
-    """`fn` compiled by numba (nopython), its machine code cached in this version's directory."""
-    given = numba.config.CACHE_DIR  # numba picks a function's cache directory when it is decorated
-    numba.config.CACHE_DIR = _CACHE
+def _drop_stale_code() -> None:
+    """Remove lp's cached machine code if it was compiled from other sources (where the cache is
+    lp's to write: an installed, read-only lp does not change)."""
+    digest = _sources_digest()
     try:
-        return njit(cache=True)(fn)
-    finally:
-        numba.config.CACHE_DIR = given
+        if _STAMP.exists() and _STAMP.read_text() == digest:
+            return
+        for cached in _PACKAGE.rglob("__pycache__/*.nb[ci]"):
+            cached.unlink(missing_ok=True)
+        _STAMP.parent.mkdir(exist_ok=True)
+        _STAMP.write_text(digest)
+    except OSError:
+        return
+
+
+_drop_stale_code()
+compiled = njit(cache=True)  # a function compiled by numba (nopython), its machine code cached
 
 
 @compiled

@@ -342,11 +342,14 @@ def test_parse_lookahead():
     assert parse_lookahead("W7N5G7-text-tree-B40-D6") == dict(
         W=7, N=5, G=7, drafts="pool+text", tree=True, tree_tokens=40, draft_len=6
     )
-    assert parse_lookahead("W7N5G7-frequent-T8-P28") == dict(
-        W=7, N=5, G=7, pool_order="frequent", text_drafts=8, pool_size=28
+    assert parse_lookahead("W7N5G7-frequent-X8-C28-lone-L130-F4") == dict(
+        W=7, N=5, G=7, pool_order="frequent", text_drafts=8, pool_size=28, lone_matches=True, step_tokens=130,
+        continuation_len=4,
     )
     with pytest.raises(ValueError):
         parse_lookahead("W15N5G15-fast")
+    with pytest.raises(ValueError, match="-X<text_drafts>"):
+        parse_lookahead("W7N5G7-T8")  # T is a tensor-parallel group's size
     with pytest.raises(ValueError):
         parse_lookahead("15:5:15")
 

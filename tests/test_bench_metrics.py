@@ -10,10 +10,10 @@ import pytest
 from lp.bench import metrics as m
 
 
-def test_compression():
-    assert m.compression(128, 64) == 2.0
-    assert m.compression(10, 10) == 1.0
-    assert math.isnan(m.compression(5, 0))
+def test_tokens_per_step():
+    assert m.tokens_per_step(128, 64) == 2.0
+    assert m.tokens_per_step(10, 10) == 1.0
+    assert math.isnan(m.tokens_per_step(5, 0))
 
 
 def test_accepted_histogram():

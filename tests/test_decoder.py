@@ -419,7 +419,7 @@ def test_one_replica_keeps_the_accepted_drafts_kv(graphs, temperature, tiny_mode
     gives, slot by slot, and a greedy output stays greedy. The engines: exact sizes and fixed
     shapes; the verifiers: greedy and sampling (its path: the first alive node of each level)."""
     model = tiny_models["llama"]
-    cfg = DecodeConfig(W=3, N=3, G=5, budget=12, max_new_tokens=MAX_NEW, temperature=temperature)
+    cfg = DecodeConfig(W=3, N=3, G=5, tree_tokens=12, max_new_tokens=MAX_NEW, temperature=temperature)
     worker = Worker(model, graphs=graphs, compile=False)
     g = Decoder(worker, Collective(), set(), 512).generate(PROMPT, cfg)
     assert g.output_ids == refs["llama"] or temperature > 0

@@ -69,7 +69,7 @@ def test_one_rank_replays_the_planned_layout(lm):
 def test_every_rank_replays_what_the_decoder_would_plan(lm, P):
     """At P ranks, each rank's replayed layout is the one lp.decode.plan.plan_step gives that rank
     for the same step (the real tree, a window of the right shape: ids do not matter)."""
-    from lp.decode.plan import plan_step
+    from lp.decode.plan import Split, plan_step
     from lp.lookahead.window import JacobiWindow
 
     watch = _Layouts()
@@ -79,7 +79,7 @@ def test_every_rank_replays_what_the_decoder_would_plan(lm, P):
     window = JacobiWindow(W, N, PROMPTS[0], 0)
     for step, tree in zip(watch.steps, watch.trees, strict=True):
         replayed = rank_layouts(step, Shape(P, W, N, G))
-        planned = [plan_step([0] * step.m, window, tree, W=W, N=N, P=P, rank=r).layout for r in range(P)]
+        planned = [plan_step([0] * step.m, window.rows, tree, Split(W, N, P, r)).layout for r in range(P)]
         assert [(a.tokens, a.tree) for a in replayed] == [(b.tokens, b.tree) for b in planned]
 
 

@@ -115,21 +115,21 @@ def reserve(pool: NGramPool, k: int) -> None:
     if need > len(pool.rings) or 2 * need > len(pool.table):
         size = 2 * need
         if size > len(pool.rings):
-            rows = np.zeros((size, pool.capacity, pool.n), np.int64)
-            rows[: len(pool.rows)] = pool.rows
-            rings = np.zeros((size, 2 + pool.capacity), np.int64)
-            rings[: len(pool.rings)] = pool.rings
-            pool.rows, pool.rings = rows, rings
+            larger_rows = np.zeros((size, pool.capacity, pool.n), np.int64)
+            larger_rows[: len(pool.rows)] = pool.rows
+            larger_rings = np.zeros((size, 2 + pool.capacity), np.int64)
+            larger_rings[: len(pool.rings)] = pool.rings
+            pool.rows, pool.rings = larger_rows, larger_rings
         old = pool.table
-        table = np.full((1 << bit_length(2 * size), 2), -1, np.int64)
+        rehashed = np.full((1 << bit_length(2 * size), 2), -1, np.int64)
         for i in range(len(old)):
             if old[i, 1] >= 0:
-                table[_slot(table, old[i, 0]), :] = old[i, :]
-        pool.table = table
+                rehashed[_slot(rehashed, old[i, 0]), :] = old[i, :]
+        pool.table = rehashed
     if pool.queued + k > pool.queue.shape[1]:
-        queue = np.zeros((pool.n, 2 * (pool.queued + k)), np.int64)
-        queue[:, : pool.queued] = pool.queue[:, : pool.queued]
-        pool.queue = queue
+        longer = np.zeros((pool.n, 2 * (pool.queued + k)), np.int64)
+        longer[:, : pool.queued] = pool.queue[:, : pool.queued]
+        pool.queue = longer
 
 
 @compiled

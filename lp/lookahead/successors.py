@@ -231,19 +231,19 @@ def stage(table: SuccessorTable, rows: np.ndarray, keys: np.ndarray, first: int)
 def apply(table: SuccessorTable) -> None:
     """Write the staged rows in order (a token's last row wins), in the room `reserve` made before
     they were staged, and empty the stage."""
-    rows, keys, first = table.staged, table.staged_keys, table.staged_first
-    n, m = rows.shape[0], len(keys)
+    staged, pair_keys, first_key = table.staged, table.staged_keys, table.staged_first
+    n, m = staged.shape[0], len(pair_keys)
     if not n:
         return
     need = table.n_pairs + n + 1
     if 2 * need > len(table.index) or need > len(table.pairs):
         raise LPError("staged successor rows without room: reserve() before they are staged")
-    if first >= 0:
-        _set_pair(table, first, rows, 0)
+    if first_key >= 0:
+        _set_pair(table, first_key, staged, 0)
     for j in range(m):
-        _set_pair(table, keys[j], rows, n - m + j)
+        _set_pair(table, pair_keys[j], staged, n - m + j)
     for j in range(n):
-        _copy(table.table, rows[j, 0], rows, j)
+        _copy(table.table, staged[j, 0], staged, j)
     table.staged = np.zeros((0, 1 + table.k), np.int64)
     table.staged_keys, table.staged_first = np.zeros(0, np.int64), -1
     table.stage[:] = -1

@@ -130,17 +130,17 @@ def reserve(text: TextIndex, tokens: int) -> None:
 def _grow(text: TextIndex, size: int) -> None:
     """Room for `size` tokens: every array copied into a larger one."""
     n, old = text.n, len(text.seq)
-    seq = np.zeros(size, np.int64)
-    seq[:n] = text.seq[:n]
-    grams = np.full((size, GRAMS + 1, 2), -1, np.int64)
-    grams[:old] = text.grams
-    head = np.zeros(size * (GRAMS + 1), np.int64)
-    head[: len(text.head)] = text.head
-    text.seq, text.grams, text.head = seq, grams, head
+    longer_seq = np.zeros(size, np.int64)
+    longer_seq[:n] = text.seq[:n]
+    longer_grams = np.full((size, GRAMS + 1, 2), -1, np.int64)
+    longer_grams[:old] = text.grams
+    longer_head = np.zeros(size * (GRAMS + 1), np.int64)
+    longer_head[: len(text.head)] = text.head
+    text.seq, text.grams, text.head = longer_seq, longer_grams, longer_head
     if len(text.latest):
-        earlier = np.full(size, -1, np.int64)
-        earlier[: len(text.earlier)] = text.earlier
-        text.earlier = earlier
+        longer_earlier = np.full(size, -1, np.int64)
+        longer_earlier[: len(text.earlier)] = text.earlier
+        text.earlier = longer_earlier
 
 
 @compiled
@@ -149,11 +149,11 @@ def _fit(text: TextIndex, tokens: int) -> None:
     most = text.n_ids + (GRAMS + text.lone) * tokens if text.longest else 0
     if 2 * most > len(text.table):
         old = text.table
-        table = np.full((1 << bit_length(2 * most), 4), -1, np.int64)
+        rehashed = np.full((1 << bit_length(2 * most), 4), -1, np.int64)
         for i in range(len(old)):
             if old[i, 3] >= 0:
-                table[_slot(table, old[i, 0], old[i, 1], old[i, 2]), :] = old[i, :]
-        text.table = table
+                rehashed[_slot(rehashed, old[i, 0], old[i, 1], old[i, 2]), :] = old[i, :]
+        text.table = rehashed
 
 
 @compiled
