@@ -64,7 +64,13 @@ def _row(
         "prompt_tokens": len(ids),
         "max_new_tokens": s.max_new_tokens,
     }
-    row.update({k: d.settings[k] for k in ("W", "N", "G", "drafts", "tree", "step_tokens", "tree_tokens", "draft_len") if k in d.settings})
+    row.update(
+        {
+            k: d.settings[k]
+            for k in ("W", "N", "G", "drafts", "tree", "step_tokens", "tree_tokens", "draft_len")
+            if k in d.settings
+        }
+    )
     if o is not None:
         row.update(
             new_tokens=o.new_tokens,

@@ -53,7 +53,9 @@ class Shape:
         (`drafts` is not one of its keys): `cfg`'s without them are priced as if they could commit
         a text draft's length."""
         given = {f.name: getattr(cfg, f.name) for f in fields(cls)}  # every key, however many a shape has
-        shape = cls(**{**given, "step_tokens": cfg.largest_step, "tree_tokens": None, "successors": cfg.successors_sent})
+        shape = cls(
+            **{**given, "step_tokens": cfg.largest_step, "tree_tokens": None, "successors": cfg.successors_sent}
+        )
         tree = cfg.tree_limit
         return shape if shape.config.tree_limit == tree else replace(shape, tree_tokens=tree)
 

@@ -1,94 +1,44 @@
-"""The drafter: one sequence's draft sources and the host's work of each step, identical on every rank.
+"""The drafter: one sequence's draft sources and the host's work of each step, as the decode loop
+(lp/decode/loop.py) sees it: the first step's plan, then two phases a step, each one compiled call
+on the sequence's drafting state (lp/decode/phases.py): `before_read` while the device computes
+the forward, `after_read` once the step's messages are read (merge, observe, grow, split, lay out).
 
-The sources (lp/lookahead/): the text index, the n-gram pool, the successor table of recycled
-top-k tokens, the sources' counted rates and the Jacobi window. A step's host work comes in two
-phases, one compiled call each:
-
-* `before_read`, while the device computes the step's forward: what the step's outcome does not
-  decide. The last step's successor rows are written into the table and the pool's queued
-  n-grams inserted (both wait until then: scattered writes the next plan did not need); every
-  source makes room for what the step may bring; this step's successor rows get their pair keys.
-  On a GPU it also rehearses the plan, so that the call after the read finds its code and arrays
-  in the host's caches.
-* `after_read`, what the device waits for, in order:
-  1. merge the ranks' messages (lp/message.py): the winning path, the window's new level, the
-     step's successor rows;
-  2. commit the path's tokens, cut at `remaining` and after an EOS;
-  3. feed the outcome to the sources (`observe`): the tree's nodes counted against the accepted
-     path (rates); each new token's rank in its predecessor's successor row counted, then the
-     step's rows staged; the window's n-grams queued for the pool; the tokens added to the text
-     and the n-grams ending in them queued; the window moved up a level;
-  4. grow the next step's tree best first over every source (lp/lookahead/grow.py);
-  5. split it over the ranks and lay out this rank's share (lp/decode/plan.py).
-
-Without sharing (`tree=False`: one chain per draft) the tree is built in Python between a
-compiled observe and a compiled plan (`_unshared_tree`)."""
+Without sharing (`tree=False`: one chain per draft, the classic verification branch) the tree is
+built in Python between a compiled observe and a compiled plan (`_unshared_tree`)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
-from numba.experimental import structref
 
 from lp.config import DecodeConfig
-from lp.decode.plan import Split, StepPlan, lay_out_step, next_pending
+from lp.decode import phases
+from lp.decode.phases import DraftShape
+from lp.decode.plan import Split, StepPlan, next_pending
 from lp.errors import LPError
-from lp.jit import State, compiled
-from lp.lookahead import pool as pools
-from lp.lookahead import successors as tables
-from lp.lookahead import text as texts
 from lp.lookahead.chains import new_chains
-from lp.lookahead.drafts import SOURCES, step_drafts
+from lp.lookahead.drafts import SOURCES
 from lp.lookahead.grow import grow
 from lp.lookahead.pool import NGramPool
-from lp.lookahead.rates import DraftRates, count
-from lp.lookahead.successors import SuccessorTable, count_ranks, new_table
+from lp.lookahead.rates import DraftRates
+from lp.lookahead.successors import SuccessorTable, new_table
 from lp.lookahead.text import TextIndex
 from lp.lookahead.tree import DraftTree, TreeBuilder
-from lp.lookahead.window import JacobiWindow, ready, update
-from lp.message import HEADER, merge, merge_messages, step_message_size
+from lp.lookahead.window import JacobiWindow
+from lp.message import merge, step_message_size
 
 
-class DraftShape(NamedTuple):
-    """A decode's constants for the drafter's compiled calls (from its DecodeConfig and world)."""
-
-    split: Split  # the step's window and ranks
-    k: int  # successors per logits row sent for the successor table (0: no table)
-    depth: int  # the longest draft: the rates' depths
-    draft_len: int  # the longest text draft
-    text_drafts: int  # text drafts a step (0: none)
-    context: bool  # the pool's tails under the token before x0 that go on with x0 first
-    frequent: bool  # the pool's tails most often produced first, not newest
-    continuation_len: int  # the text's continuations below tree nodes (0: none)
-    tree_limit: int  # the most tree nodes a step verifies
-    step_tokens: int  # the most tokens a step feeds (-1: no cap)
-    fixed: int  # the tokens every step feeds: x0 and the window's
-    max_commit: int  # the most tokens a step commits
-    keep: bool  # the accepted drafts' KV is kept: each step feeds x0 alone
-    pooled: bool  # the window's n-grams go to the pool
-    from_text: bool  # the committed text's n-grams go to the pool
-    shared: bool  # the drafts share their prefixes in one grown tree (else one chain each)
-
-
-@structref.register
-class DrafterType(State):
-    pass
-
-
-class Drafter(structref.StructRefProxy):
+class Drafter:
     """The draft sources of one sequence decoded with `cfg` by rank `rank` of P (`keep`: its
-    accepted drafts' KV is kept, lp/worker.py), the tree of its current step (its nodes' tokens,
-    parents and labels) and the pair keys of that step's successor rows."""
+    accepted drafts' KV is kept, lp/worker.py, so every step feeds x0 alone)."""
 
-    def __new__(
-        cls, cfg: DecodeConfig, prompt: list[int], vocab: int, *, P: int = 1, rank: int = 0, keep: bool = False
-    ) -> Drafter:
+    def __init__(
+        self, cfg: DecodeConfig, prompt: list[int], vocab: int, *, P: int = 1, rank: int = 0, keep: bool = False
+    ) -> None:
         W, N, G, limit = cfg.step_shape
         k, pooled = cfg.successors_sent, G > 0 and cfg.pool_capacity > 0
         if k > vocab:
             raise LPError(f"successors={k} is more than the model's {vocab} tokens")
-        shape = DraftShape(
+        self.shape = DraftShape(
             split=Split(W, N, P, rank),
             k=k,
             depth=cfg.max_draft,
@@ -109,100 +59,93 @@ class Drafter(structref.StructRefProxy):
         # the prompt's n-grams and text index: host work on the prompt's length, which the caller
         # times with the prefill (a GPU prefills meanwhile)
         room = len(prompt) + cfg.max_new_tokens
-        indexed, vocab_seen = cfg.drafts == "pool+text" and limit > 0, vocab if shape.continuation_len else 0
+        indexed, vocab_seen = cfg.drafts == "pool+text" and limit > 0, vocab if self.shape.continuation_len else 0
         pool = NGramPool(N, cfg.pool_capacity)
         if G and cfg.pool_from_prompt:
             pool.add_sequence(prompt)
             pool.flush()
         # every step keys at most a successor row per tree node and x0's
         table = SuccessorTable(k, vocab, cfg.max_new_tokens * (limit + 1)) if k else new_table(0, 1, 1)
-        drafter = _new(
+        self.state = phases.new_state(
             TextIndex(prompt, indexed, cfg.lone_matches, room, vocab_seen),
             pool,
             table,
             DraftRates(SOURCES, cfg.max_draft),
             JacobiWindow(W, N, prompt, cfg.seed),
-            shape,
+            self.shape,
         )
-        drafter.shape = shape  # read by Python without a compiled call
-        return drafter
 
     @property
     def text(self) -> TextIndex:
-        return _text(self)
+        return phases.text_of(self.state)
 
     @property
     def pool(self) -> NGramPool:
-        return _pool(self)
+        return phases.pool_of(self.state)
 
     @property
     def table(self) -> SuccessorTable:
-        return _table(self)
+        return phases.table_of(self.state)
 
     @property
     def rates(self) -> DraftRates:
-        return _rates(self)
+        return phases.rates_of(self.state)
 
     @property
     def window(self) -> JacobiWindow:
-        return _window(self)
+        return phases.window_of(self.state)
 
     def first_step(self, pending: list[int]) -> StepPlan:
-        """The plan of the decode's first step, which feeds `pending` (x0 last)."""
+        """The plan of a step without an outcome to observe first (a decode's first), which feeds
+        `pending` (x0 last)."""
         fed = np.asarray(pending, dtype=np.int64)
         if self.shape.shared:
-            return StepPlan(*first_plan(self, fed), len(fed), self.shape.split)
+            return StepPlan(*phases.first_plan(self.state, fed), len(fed), self.shape.split)
         return self._unshared_step(fed)
 
     def before_read(self, rehearse: bool = False) -> None:
-        """The step's work that its outcome does not decide (`before_read`)."""
-        before_read(self, rehearse)
+        """The step's work that its outcome does not decide (`phases.before_read`); with
+        `rehearse`, a plan rehearsed (an asynchronous device's host: lp/decode/loop.py)."""
+        phases.before_read(self.state, rehearse)
 
     def after_read(
         self, gathered: np.ndarray, bounds: np.ndarray, remaining: int, eos: np.ndarray
     ) -> tuple[list[int], bool, StepPlan | None]:
         """The step's gathered messages `[P, K]` (of ranks whose shares are the rows of `bounds`,
         `StepPlan.bounds`) merged and fed to the sources, and the next step planned
-        (`after_read`): the committed tokens, whether an EOS ended them, and the next step's plan
-        (None where the decode ends: at an EOS or `remaining` tokens)."""
-        new, stopped, planned, buffer, ends, mask = after_read(self, gathered, bounds, remaining, eos)
+        (`phases.after_read`): the committed tokens, whether an EOS ended them, and the next step's
+        plan (None where the decode ends: at an EOS or `remaining` tokens)."""
+        new, stopped, planned, buffer, ends, mask = phases.after_read(self.state, gathered, bounds, remaining, eos)
         tokens = new.tolist()
+        fed = len(tokens) if not self.shape.keep else 1
         if planned:
-            return (
-                tokens,
-                stopped,
-                StepPlan(buffer, ends, mask, len(next_pending(tokens, self.shape.keep)), self.shape.split),
-            )
+            return tokens, stopped, StepPlan(buffer, ends, mask, fed, self.shape.split)
         if stopped or len(tokens) >= remaining:
             return tokens, stopped, None
-        fed = np.asarray(next_pending(tokens, self.shape.keep), dtype=np.int64)
-        return tokens, stopped, self._unshared_step(fed)
+        return tokens, stopped, self._unshared_step(np.asarray(next_pending(tokens, self.shape.keep), dtype=np.int64))
 
     def _unshared_step(self, pending: np.ndarray) -> StepPlan:
         """The plan of a step whose drafts are one chain each (`tree=False`)."""
         tree = self._unshared_tree(pending)
         groups = np.asarray(tree.groups(), dtype=np.int64)
-        return StepPlan(
-            *plan_given(self, pending, tree.tokens, tree.parent_array, groups), len(pending), self.shape.split
-        )
+        planned = phases.plan_given(self.state, pending, tree.tokens, tree.parent_array, groups)
+        return StepPlan(*planned, len(pending), self.shape.split)
 
     def _unshared_tree(self, pending: np.ndarray) -> DraftTree:
-        """The step's drafts in order, best first by kind, each a chain of its own (the classic
-        verification branch), then the paths to the leaves of the budget's likeliest recycled
-        nodes, within the budget."""
+        """The step's drafts in order, best first by kind, each a chain of its own, then the paths
+        to the leaves of the budget's likeliest recycled nodes, within the budget."""
         s = self.shape
-        budget = tree_budget(s, len(pending))
+        budget = phases.tree_budget(s, len(pending))
         builder = TreeBuilder(budget, share=False)
         if not budget:
             return builder.tree()
-        for draft in dict.fromkeys(_drafts(self).drafts):
+        for draft in dict.fromkeys(phases.step_chains(self.state).drafts):
             if builder.full:
                 break
             builder.add(draft)
         if s.k and not builder.full:
-            tokens, parents, _, order, _ = grow(
-                self.text, new_chains(0, 0), self.rates.chances, self.table, budget, s.depth, 0
-            )
+            chances, no_chains = self.rates.chances, new_chains(0, 0)
+            tokens, parents, _, order, _ = grow(self.text, no_chains, chances, self.table, budget, s.depth, 0)
             paths: list[tuple[int, ...]] = []
             for p, token in zip(parents.tolist(), tokens.tolist()):  # parents precede their children
                 paths.append((paths[p] if p >= 0 else ()) + (token,))
@@ -212,221 +155,22 @@ class Drafter(structref.StructRefProxy):
         return builder.tree()
 
 
-structref.define_proxy(
-    Drafter,
-    DrafterType,
-    [
-        "text",
-        "pool",
-        "table",
-        "rates",
-        "window",
-        "shape",
-        "tokens",
-        "parents",
-        "labels",
-        "keys",
-        "first_key",
-        "prepared",
-    ],
-)
-
-
-@compiled
-def _new(
-    text: TextIndex, pool: NGramPool, table: SuccessorTable, rates: DraftRates, window: JacobiWindow, shape: DraftShape
-) -> Drafter:
-    none = np.zeros(0, np.int64)
-    return Drafter(text, pool, table, rates, window, shape, none, none, none, none, -1, False)
-
-
-@compiled
-def tree_budget(s: DraftShape, pending: int) -> int:
-    """The tree nodes of a step that feeds `pending` tokens first (DecodeConfig.tree_budget)."""
-    if s.step_tokens < 0:
-        return s.tree_limit
-    return max(0, min(s.tree_limit, s.step_tokens - s.fixed - (pending - 1)))
-
-
-@compiled
-def grow_tree(d: Drafter, pending: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The tree of a step that feeds `pending` tokens: its drafts (lp/lookahead/drafts.py; the
-    window's row-0 guesses once its levels come from Jacobi steps) and the successor table's rows
-    grown best first (tokens, parents, labels, root subtrees' sizes)."""
-    s = d.shape
-    budget = tree_budget(s, pending)
-    if not budget:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    guesses = s.depth if s.split.W > 1 and ready(d.window, 0) else 0
-    chains = step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, guesses)
-    tokens, parents, labels, _, groups = grow(
-        d.text, chains, d.rates.chances, d.table, budget, s.depth, s.continuation_len
-    )
-    return tokens, parents, labels, groups
-
-
-@compiled
-def _planned(
-    d: Drafter, pending: np.ndarray, tokens: np.ndarray, parents: np.ndarray, labels: np.ndarray, groups: np.ndarray
-) -> tuple[np.ndarray, tuple[int, int, int, int, int, int, int, int, int], np.ndarray]:
-    """The step of this tree: kept as the current step's (its outcome counts its nodes), planned."""
-    d.tokens, d.parents, d.labels = tokens, parents, labels
-    return lay_out_step(d.shape.split, pending, d.window.rows, tokens, parents, groups)
-
-
-@compiled
-def first_plan(
-    d: Drafter, pending: np.ndarray
-) -> tuple[np.ndarray, tuple[int, int, int, int, int, int, int, int, int], np.ndarray]:
-    """The first step's plan: its tree grown, split and laid out."""
-    tokens, parents, labels, groups = grow_tree(d, len(pending))
-    return _planned(d, pending, tokens, parents, labels, groups)
-
-
-@compiled
-def plan_given(
-    d: Drafter, pending: np.ndarray, tokens: np.ndarray, parents: np.ndarray, groups: np.ndarray
-) -> tuple[np.ndarray, tuple[int, int, int, int, int, int, int, int, int], np.ndarray]:
-    """The plan of a step of a given tree (no node labelled: no rates counted)."""
-    return _planned(d, pending, tokens, parents, np.full(len(tokens), -1, np.int64), groups)
-
-
-@compiled
-def before_read(d: Drafter, rehearse: bool) -> None:
-    """The last step's successor rows written, the pool's queued n-grams inserted, room made in the
-    text, the pool and the table for what this step may bring, and the pair keys of this step's
-    successor rows (x0's, then the tree's nodes' from the last to the first; each node's
-    predecessor its parent, x0 for a root). With `rehearse`, a step is planned and dropped."""
-    s = d.shape
-    W = s.split.W
-    if s.k:
-        tables.apply(d.table)
-    pools.flush(d.pool)
-    texts.reserve(d.text, s.max_commit)
-    if s.pooled:  # the window's n-grams and those ending in the committed tokens
-        pools.reserve(d.pool, W + s.max_commit)
-    if s.k:
-        seq, n, m = d.text.seq, d.text.n, len(d.tokens)
-        d.first_key = (seq[n - 2] << 32) | seq[n - 1] if n > 1 else -1  # pair_key
-        keys = np.empty(m, np.int64)
-        for j in range(m):
-            v = m - 1 - j
-            before = d.tokens[d.parents[v]] if d.parents[v] >= 0 else seq[n - 1]
-            keys[j] = (before << 32) | d.tokens[v]
-        d.keys = keys
-        tables.reserve(d.table, 1 + W + m)
-    d.prepared = True
-    if rehearse and s.shared:
-        tokens, parents, _, groups = grow_tree(d, 1)
-        lay_out_step(s.split, d.text.seq[d.text.n - 1 : d.text.n], d.window.rows, tokens, parents, groups)
-
-
-@compiled
-def after_read(
-    d: Drafter, gathered: np.ndarray, bounds: np.ndarray, remaining: int, eos: np.ndarray
-) -> tuple[np.ndarray, bool, bool, np.ndarray, tuple[int, int, int, int, int, int, int, int, int], np.ndarray]:
-    """The committed tokens, whether an EOS ended them, whether the next step was planned here, and
-    its plan (lay_out_step's)."""
-    s = d.shape
-    if not d.prepared:
-        raise LPError("the drafter's after_read needs a before_read after each step's plan")
-    d.prepared = False
-    best, level, rows = merge_messages(gathered, bounds, HEADER + s.max_commit, s.k)
-    accepted = gathered[best, 2] if best >= 0 else 0
-    if accepted >= s.max_commit:
-        raise LPError("a message accepts more than the step's " + str(s.max_commit - 1) + " draft tokens")
-    path = gathered[best, HEADER : HEADER + accepted + 1] if best >= 0 else gathered[0, :1]
-    cut, stopped = min(len(path), remaining), False
-    for i in range(cut):
-        for token in eos:
-            stopped = stopped or path[i] == token
-        if stopped:
-            cut = i + 1
-            break
-    new = path[:cut]
-    observe(d, path[:accepted], new, level, rows)
-    if stopped or cut >= remaining or not s.shared:
-        return new, stopped, False, np.zeros(0, np.int64), (0, 0, 0, 0, 0, 0, 0, 0, 0), np.zeros((0, 0), np.bool_)
-    pending = new[cut - 1 :] if s.keep else new
-    tokens, parents, labels, groups = grow_tree(d, len(pending))
-    buffer, ends, mask = _planned(d, pending, tokens, parents, labels, groups)
-    return new, stopped, True, buffer, ends, mask
-
-
-@compiled
-def observe(d: Drafter, accepted: np.ndarray, new: np.ndarray, level: np.ndarray, rows: np.ndarray) -> None:
-    """A step's outcome fed to the sources: its `accepted` draft tokens, its committed tokens
-    `new`, the window's new `level` and the step's successor `rows` (lp/message.py's order)."""
-    s = d.shape
-    W, N = s.split.W, s.split.N
-    count(d.rates, d.tokens, d.parents, d.labels, accepted)
-    seq, n = d.text.seq, d.text.n
-    if s.k:  # on the table the drafts used, before the step's rows are staged
-        tail = np.concatenate((seq[max(n - 2, 0) : n], new))
-        count_ranks(d.table, tail)
-        tables.stage(d.table, rows, d.keys, d.first_key)
-    if s.pooled and W and ready(d.window, 0):  # column j's n-gram: x0 or its row-0 guess, its levels, its new token
-        grams, window = np.empty(W * N, np.int64), d.window.rows
-        for j in range(W):
-            grams[j * N] = seq[n - 1] if j == 0 else window[0, j]
-            for lvl in range(1, N - 1):
-                grams[j * N + lvl] = window[lvl, j]
-            grams[j * N + N - 1] = level[j]
-        pools.enqueue(d.pool, grams, N, W)
-    texts.extend(d.text, new)
-    if s.from_text:  # the n-grams that end in the committed tokens
-        start = max(n - N + 1, 0)
-        pools.enqueue(d.pool, d.text.seq[start:], 1, n + len(new) - N + 1 - start)
-    if W:
-        update(d.window, level)
-
-
-@compiled
-def _drafts(d: Drafter):
-    s = d.shape
-    return step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, 0)
-
-
-@compiled
-def _text(d: Drafter) -> TextIndex:
-    return d.text
-
-
-@compiled
-def _pool(d: Drafter) -> NGramPool:
-    return d.pool
-
-
-@compiled
-def _table(d: Drafter) -> SuccessorTable:
-    return d.table
-
-
-@compiled
-def _rates(d: Drafter) -> DraftRates:
-    return d.rates
-
-
-@compiled
-def _window(d: Drafter) -> JacobiWindow:
-    return d.window
-
-
 def warm_up() -> None:
     """Compile the drafter's calls, or load them from numba's cache, on two steps of tiny decodes
     (with successors and continuations, and with one chain per draft over two ranks), so that no
     decode compiles in its first steps (tens of seconds on a fresh install, once per process)."""
-    for cfg, P in (
-        (DecodeConfig(W=2, N=3, G=2, successors=2, continuation_len=2), 1),
-        (DecodeConfig(W=2, N=3, G=2, tree=False), 2),
-    ):
+    shared, unshared = (
+        DecodeConfig(W=2, N=3, G=2, successors=2, continuation_len=2),
+        DecodeConfig(W=2, N=3, G=2, tree=False),
+    )
+    for cfg, P in ((shared, 1), (unshared, 2)):
         drafter = Drafter(cfg, [1, 2, 1, 2, 1], vocab=16, P=P)
         step = drafter.first_step([1])
         gathered = np.zeros((P, step_message_size(cfg)), np.int64)
         for rehearse in (False, True):
             drafter.before_read(rehearse)
             step = drafter.after_read(gathered, step.bounds, 3, np.zeros(0, np.int64))[2]
-    merge(np.zeros((P, step_message_size(cfg)), np.int64), step.plans, cfg.max_commit, cfg.successors_sent)
+    merge(gathered, step.plans, unshared.max_commit, unshared.successors_sent)
 
 
-__all__ = ["DraftShape", "Drafter", "warm_up"]
+__all__ = ["Drafter", "warm_up"]

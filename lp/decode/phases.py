@@ -1,0 +1,283 @@
+"""The two phases of a step's host work, compiled, on one sequence's drafting state (`DraftState`).
+
+The state holds the draft sources (lp/lookahead/): the text index, the n-gram pool, the successor
+table of recycled top-k tokens, the sources' counted rates and the Jacobi window; and the step in
+flight: its tree and its successor rows' pair keys. It is identical on every rank.
+
+* `before_read`, while the device computes the step's forward: what the step's outcome does not
+  decide. The last step's successor rows are written into the table and the pool's queued
+  n-grams inserted (both wait until then: scattered writes the next plan did not need); every
+  source makes room for what the step may bring; this step's successor rows get their pair keys.
+  On a GPU it also rehearses the plan, so that the call after the read finds its code and arrays
+  in the host's caches.
+* `after_read`, what the device waits for, in order:
+  1. merge the ranks' messages (lp/message.py): the winning path, the window's new level, the
+     step's successor rows;
+  2. commit the path's tokens, cut at `remaining` and after an EOS;
+  3. feed the outcome to the sources (`observe`): the tree's nodes counted against the accepted
+     path (rates); each new token's rank in its predecessor's successor row counted, then the
+     step's rows staged; the window's n-grams queued for the pool; the tokens added to the text
+     and the n-grams ending in them queued; the window moved up a level;
+  4. grow the next step's tree best first over every source (lp/lookahead/grow.py);
+  5. split it over the ranks and lay out this rank's share (lp/decode/plan.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba.experimental import structref
+
+from lp.decode.plan import Split, lay_out_step
+from lp.errors import LPError
+from lp.jit import State, compiled
+from lp.lookahead import pool as pools
+from lp.lookahead import successors as tables
+from lp.lookahead import text as texts
+from lp.lookahead.chains import Chains
+from lp.lookahead.drafts import step_drafts
+from lp.lookahead.grow import grow
+from lp.lookahead.pool import NGramPool
+from lp.lookahead.rates import DraftRates, count
+from lp.lookahead.successors import SuccessorTable, count_ranks
+from lp.lookahead.text import TextIndex
+from lp.lookahead.window import JacobiWindow, ready, update
+from lp.message import HEADER, merge_messages
+
+PLANNED = tuple[np.ndarray, tuple[int, int, int, int, int, int, int, int, int], np.ndarray]  # lay_out_step's
+
+
+class DraftShape(NamedTuple):
+    """A decode's constants for the drafter's compiled calls (from its DecodeConfig and world)."""
+
+    split: Split  # the step's window and ranks
+    k: int  # successors per logits row sent for the successor table (0: no table)
+    depth: int  # the longest draft: the rates' depths
+    draft_len: int  # the longest text draft
+    text_drafts: int  # text drafts a step (0: none)
+    context: bool  # the pool's tails under the token before x0 that go on with x0 first
+    frequent: bool  # the pool's tails most often produced first, not newest
+    continuation_len: int  # the text's continuations below tree nodes (0: none)
+    tree_limit: int  # the most tree nodes a step verifies
+    step_tokens: int  # the most tokens a step feeds (-1: no cap)
+    fixed: int  # the tokens every step feeds: x0 and the window's
+    max_commit: int  # the most tokens a step commits
+    keep: bool  # the accepted drafts' KV is kept: each step feeds x0 alone
+    pooled: bool  # the window's n-grams go to the pool
+    from_text: bool  # the committed text's n-grams go to the pool
+    shared: bool  # the drafts share their prefixes in one grown tree (else one chain each)
+
+
+@structref.register
+class DraftStateType(State):
+    pass
+
+
+class DraftState(structref.StructRefProxy):
+    """One sequence's draft sources, the constants of its decode (`shape`), and the step in flight:
+    its tree's nodes (tokens, parents, labels) and its successor rows' pair keys (`keys`, the nodes'
+    from the last; `first_key`, x0's), made `prepared` by `before_read`."""
+
+
+structref.define_proxy(
+    DraftState,
+    DraftStateType,
+    [
+        "text",
+        "pool",
+        "table",
+        "rates",
+        "window",
+        "shape",
+        "tokens",
+        "parents",
+        "labels",
+        "keys",
+        "first_key",
+        "prepared",
+    ],
+)
+
+
+@compiled
+def new_state(
+    text: TextIndex, pool: NGramPool, table: SuccessorTable, rates: DraftRates, window: JacobiWindow, shape: DraftShape
+) -> DraftState:
+    """A sequence's drafting state: its sources, and no step yet."""
+    none = np.zeros(0, np.int64)
+    return DraftState(text, pool, table, rates, window, shape, none, none, none, none, -1, False)
+
+
+@compiled
+def tree_budget(s: DraftShape, pending: int) -> int:
+    """The tree nodes of a step that feeds `pending` tokens first (DecodeConfig.tree_budget)."""
+    if s.step_tokens < 0:
+        return s.tree_limit
+    return max(0, min(s.tree_limit, s.step_tokens - s.fixed - (pending - 1)))
+
+
+@compiled
+def grow_tree(d: DraftState, pending: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The tree of a step that feeds `pending` tokens: its drafts (lp/lookahead/drafts.py; the
+    window's row-0 guesses once its levels come from Jacobi steps) and the successor table's rows
+    grown best first (tokens, parents, labels, root subtrees' sizes)."""
+    s = d.shape
+    budget = tree_budget(s, pending)
+    if not budget:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    guesses = s.depth if s.split.W > 1 and ready(d.window, 0) else 0
+    chains = step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, guesses)
+    tokens, parents, labels, _, groups = grow(
+        d.text, chains, d.rates.chances, d.table, budget, s.depth, s.continuation_len
+    )
+    return tokens, parents, labels, groups
+
+
+@compiled
+def _planned(
+    d: DraftState, pending: np.ndarray, tokens: np.ndarray, parents: np.ndarray, labels: np.ndarray, groups: np.ndarray
+) -> PLANNED:
+    """The step of this tree: kept as the current step's (its outcome counts its nodes), planned."""
+    d.tokens, d.parents, d.labels = tokens, parents, labels
+    return lay_out_step(d.shape.split, pending, d.window.rows, tokens, parents, groups)
+
+
+@compiled
+def first_plan(d: DraftState, pending: np.ndarray) -> PLANNED:
+    """The first step's plan: its tree grown, split and laid out."""
+    tokens, parents, labels, groups = grow_tree(d, len(pending))
+    return _planned(d, pending, tokens, parents, labels, groups)
+
+
+@compiled
+def plan_given(
+    d: DraftState, pending: np.ndarray, tokens: np.ndarray, parents: np.ndarray, groups: np.ndarray
+) -> PLANNED:
+    """The plan of a step of a given tree (no node labelled: no rates counted)."""
+    return _planned(d, pending, tokens, parents, np.full(len(tokens), -1, np.int64), groups)
+
+
+@compiled
+def before_read(d: DraftState, rehearse: bool) -> None:
+    """The last step's successor rows written, the pool's queued n-grams inserted, room made in the
+    text, the pool and the table for what this step may bring, and the pair keys of this step's
+    successor rows (x0's, then the tree's nodes' from the last to the first; each node's
+    predecessor its parent, x0 for a root). With `rehearse`, a step is planned and dropped."""
+    s = d.shape
+    W = s.split.W
+    if s.k:
+        tables.apply(d.table)
+    pools.flush(d.pool)
+    texts.reserve(d.text, s.max_commit)
+    if s.pooled:  # the window's n-grams and those ending in the committed tokens
+        pools.reserve(d.pool, W + s.max_commit)
+    if s.k:
+        seq, n, m = d.text.seq, d.text.n, len(d.tokens)
+        d.first_key = (seq[n - 2] << 32) | seq[n - 1] if n > 1 else -1  # pair_key
+        keys = np.empty(m, np.int64)
+        for j in range(m):
+            v = m - 1 - j
+            before = d.tokens[d.parents[v]] if d.parents[v] >= 0 else seq[n - 1]
+            keys[j] = (before << 32) | d.tokens[v]
+        d.keys = keys
+        tables.reserve(d.table, 1 + W + m)
+    d.prepared = True
+    if rehearse and s.shared:
+        tokens, parents, _, groups = grow_tree(d, 1)
+        lay_out_step(s.split, d.text.seq[d.text.n - 1 : d.text.n], d.window.rows, tokens, parents, groups)
+
+
+@compiled
+def after_read(
+    d: DraftState, gathered: np.ndarray, bounds: np.ndarray, remaining: int, eos: np.ndarray
+) -> tuple[np.ndarray, bool, bool, np.ndarray, tuple[int, int, int, int, int, int, int, int, int], np.ndarray]:
+    """The committed tokens, whether an EOS ended them, whether the next step was planned here, and
+    its plan (lay_out_step's)."""
+    s = d.shape
+    if not d.prepared:
+        raise LPError("the drafter's after_read needs a before_read after each step's plan")
+    d.prepared = False
+    best, level, rows = merge_messages(gathered, bounds, HEADER + s.max_commit, s.k)
+    accepted = gathered[best, 2] if best >= 0 else 0
+    if accepted >= s.max_commit:
+        raise LPError("a message accepts more than the step's " + str(s.max_commit - 1) + " draft tokens")
+    path = gathered[best, HEADER : HEADER + accepted + 1] if best >= 0 else gathered[0, :1]
+    cut, stopped = min(len(path), remaining), False
+    for i in range(cut):
+        for token in eos:
+            stopped = stopped or path[i] == token
+        if stopped:
+            cut = i + 1
+            break
+    new = path[:cut]
+    observe(d, path[:accepted], new, level, rows)
+    if stopped or cut >= remaining or not s.shared:
+        return new, stopped, False, np.zeros(0, np.int64), (0, 0, 0, 0, 0, 0, 0, 0, 0), np.zeros((0, 0), np.bool_)
+    pending = new[cut - 1 :] if s.keep else new
+    tokens, parents, labels, groups = grow_tree(d, len(pending))
+    buffer, ends, mask = _planned(d, pending, tokens, parents, labels, groups)
+    return new, stopped, True, buffer, ends, mask
+
+
+@compiled
+def observe(d: DraftState, accepted: np.ndarray, new: np.ndarray, level: np.ndarray, rows: np.ndarray) -> None:
+    """A step's outcome fed to the sources: its `accepted` draft tokens, its committed tokens
+    `new`, the window's new `level` and the step's successor `rows` (lp/message.py's order)."""
+    s = d.shape
+    W, N = s.split.W, s.split.N
+    count(d.rates, d.tokens, d.parents, d.labels, accepted)
+    seq, n = d.text.seq, d.text.n
+    if s.k:  # on the table the drafts used, before the step's rows are staged
+        tail = np.concatenate((seq[max(n - 2, 0) : n], new))
+        count_ranks(d.table, tail)
+        tables.stage(d.table, rows, d.keys, d.first_key)
+    if s.pooled and W and ready(d.window, 0):  # column j's n-gram: x0 or its row-0 guess, its levels, its new token
+        grams, window = np.empty(W * N, np.int64), d.window.rows
+        for j in range(W):
+            grams[j * N] = seq[n - 1] if j == 0 else window[0, j]
+            for lvl in range(1, N - 1):
+                grams[j * N + lvl] = window[lvl, j]
+            grams[j * N + N - 1] = level[j]
+        pools.enqueue(d.pool, grams, N, W)
+    texts.extend(d.text, new)
+    if s.from_text:  # the n-grams that end in the committed tokens
+        start = max(n - N + 1, 0)
+        pools.enqueue(d.pool, d.text.seq[start:], 1, n + len(new) - N + 1 - start)
+    if W:
+        update(d.window, level)
+
+
+@compiled
+def step_chains(d: DraftState) -> Chains:
+    """The step's drafts as chains, without the window's row (one chain per draft: `tree=False`)."""
+    s = d.shape
+    return step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, 0)
+
+
+@compiled
+def text_of(d: DraftState) -> TextIndex:
+    return d.text
+
+
+@compiled
+def pool_of(d: DraftState) -> NGramPool:
+    return d.pool
+
+
+@compiled
+def table_of(d: DraftState) -> SuccessorTable:
+    return d.table
+
+
+@compiled
+def rates_of(d: DraftState) -> DraftRates:
+    return d.rates
+
+
+@compiled
+def window_of(d: DraftState) -> JacobiWindow:
+    return d.window
+
+
+__all__ = ["DraftShape", "DraftState", "after_read", "before_read", "first_plan", "new_state", "plan_given"]
