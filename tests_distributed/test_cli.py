@@ -65,7 +65,7 @@ def test_rank0_alone_writes_the_contract_jsonl(tiny_text_model, tmp_path):
         assert all(isinstance(t, int) for t in row["output_ids"])
         assert row["new_tokens"] == len(row["output_ids"]) == MAX_NEW
         assert 1 <= row["steps"] <= row["new_tokens"]
-        assert math.isclose(row["compression"], row["new_tokens"] / row["steps"], rel_tol=1e-6)
+        assert math.isclose(row["S"], row["new_tokens"] / row["steps"], rel_tol=1e-6)
         assert row["seconds"] > 0
         assert math.isclose(row["tokens_per_s"], row["new_tokens"] / row["seconds"], rel_tol=1e-6)
         assert row["text"] == tok.decode(row["output_ids"], skip_special_tokens=True)

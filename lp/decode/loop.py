@@ -72,7 +72,7 @@ class Decoder:
         """`ahead`: run greedy `mode=ar` one step ahead of the host (`_decode_ahead`); None: where
         the device runs asynchronously to the host (CUDA) and the all-gather does not wait for
         it (not over gloo through host memory). Elsewhere it would only add a step. `rehearse`:
-        rehearse each step's plan while the device computes (lp/decode/drafter.py `before_read`); None:
+        rehearse each step's plan while the device computes (lp/decode/phases.py `before_read`); None:
         where the device runs asynchronously to the host (CUDA). A CPU's forward would wait for it."""
         self.worker = worker
         self.comm = collective

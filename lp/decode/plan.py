@@ -1,8 +1,8 @@
 """A step's plan: its tree split over the P ranks (lp.partition) and this rank's share laid out as
 one forward (lp.lookahead.mask), with its input ids. Pure host work, the same on every rank.
 
-The drafter (lp/decode/drafter.py) plans most steps inside its compiled call after a message read
-(`lay_out_step`); its answer comes to Python as one buffer of the plan's int64 arrays and the
+The drafter plans most steps inside its compiled call after a message read (lp/decode/phases.py,
+`lay_out_step`); its answer comes to Python as one buffer of the plan's int64 arrays and the
 layout's mask, which `StepPlan` cuts into views only where read (a call returning many arrays
 costs Python microseconds each). Given trees (tools, plain decoding one step ahead) plan
 through the same compiled function (`plan_step`)."""

@@ -1,15 +1,12 @@
 """The n-gram pool: n-grams from the Jacobi trajectory (and the prompt and output), keyed by their
-first token.
-
-At most `capacity` distinct (N-1)-token tails per first token; the least recently inserted tail
-is evicted first, and inserting a tail that is already there refreshes it and counts it once more
-(an n-gram the window or the text keeps producing is likelier).
+first token. At most `capacity` distinct (N-1)-token tails per first token; the least recently
+inserted tail is evicted first, and inserting a tail that is already there refreshes it and counts
+it once more (an n-gram the window or the text keeps producing is likelier).
 
 Inserts are queued and land lazily: a read of a key first inserts that key's queued n-grams, in
-order, and `flush` inserts all of them. Every read therefore sees what eager inserts would have
-made (each key's n-grams arrive in the same order), while most of a step's inserts wait until the
-next forward is queued (lp/decode/drafter.py): a step reads two keys of the tens it inserts, each
-insert a few cache misses.
+order, and `flush` inserts all of them. Every read sees what eager inserts would have made, while
+most of a step's inserts wait until the next forward is queued (lp/decode/phases.py): a step reads
+two keys of the tens it inserts, each insert a few cache misses.
 
 Fields: a hash table of the first tokens, `table` (rows: key, its block; block -1: an empty
 slot); per block b a ring of `capacity` rows `rows[b]` (a tail, then the times it was inserted),
@@ -26,7 +23,7 @@ import numpy as np
 from numba.experimental import structref
 
 from lp.jit import State, bit_length, compiled
-from lp.lookahead.chains import Chains, add
+from lp.lookahead.chains import Chains, add, new_chains
 from lp.lookahead.text import FIB
 
 
@@ -46,6 +43,10 @@ class NGramPool(structref.StructRefProxy):
     @property
     def n(self) -> int:
         return _n(self)
+
+    @property
+    def capacity(self) -> int:
+        return _capacity(self)
 
     @property
     def queued(self) -> int:
@@ -75,12 +76,14 @@ class NGramPool(structref.StructRefProxy):
 
     def lookup(self, key: int) -> list[tuple[int, ...]]:
         """The tails stored under `key`, oldest first (at most `capacity`)."""
-        return list(map(tuple, _tails(self, key, False, True).tolist()))
+        return self.best(key)[::-1]
 
     def best(self, key: int, frequent: bool = False) -> list[tuple[int, ...]]:
         """The tails stored under `key` as candidates, best first: the newest, or with `frequent`
         the most often inserted (ties: the newest)."""
-        return list(map(tuple, _tails(self, key, frequent, False).tolist()))
+        chains = new_chains(self.capacity, self.capacity * (self.n - 1))
+        tail_drafts(self, key, frequent, -1, chains, 0, 1)
+        return chains.drafts
 
     def __len__(self) -> int:
         flush(self)
@@ -274,25 +277,13 @@ def tail_drafts(pool: NGramPool, key: int, frequent: bool, after: int, chains: C
 
 
 @compiled
-def _tails(pool: NGramPool, key: int, frequent: bool, oldest: bool) -> np.ndarray:
-    """The tails under `key` as rows `[m, n - 1]`, best first, or oldest first."""
-    tail = pool.n - 1
-    land(pool, key)
-    b = _block(pool, key)
-    if b < 0:
-        return np.zeros((0, tail), np.int64)
-    order = _ranked(pool, b, frequent)
-    if oldest:
-        order = order[::-1]
-    out = np.empty((len(order), tail), np.int64)
-    for j in range(len(order)):
-        out[j, :] = pool.rows[b, order[j], :tail]
-    return out
+def _n(pool: NGramPool) -> int:
+    return pool.n
 
 
 @compiled
-def _n(pool: NGramPool) -> int:
-    return pool.n
+def _capacity(pool: NGramPool) -> int:
+    return pool.capacity
 
 
 @compiled
