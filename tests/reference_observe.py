@@ -96,7 +96,11 @@ class PlainSources:
             table.observe([*out[-2:].tolist(), *tokens])
             before = [int(self.tree.tokens[p]) if p >= 0 else int(out[-1]) for p in self.tree.parents]
             keys = [pair_key(b, int(t)) for b, t in zip(before, self.tree.tokens)][::-1]
-            table.update(outcome.successors, np.asarray(keys, np.int64), pair_key(int(out[-2]), int(out[-1])) if len(out) > 1 else -1)
+            table.update(
+                outcome.successors,
+                np.asarray(keys, np.int64),
+                pair_key(int(out[-2]), int(out[-1])) if len(out) > 1 else -1,
+            )
         W = self.window.rows.shape[1]
         if self.pooled and W and self.window.ready:
             pool.add_rows(window_ngrams(self.window.rows, int(out[-1]), outcome.new))

@@ -343,7 +343,14 @@ def test_parse_lookahead():
         W=7, N=5, G=7, drafts="pool+text", tree=True, tree_tokens=40, draft_len=6
     )
     assert parse_lookahead("W7N5G7-frequent-X8-C28-lone-L130-F4") == dict(
-        W=7, N=5, G=7, pool_order="frequent", text_drafts=8, pool_size=28, lone_matches=True, step_tokens=130,
+        W=7,
+        N=5,
+        G=7,
+        pool_order="frequent",
+        text_drafts=8,
+        pool_size=28,
+        lone_matches=True,
+        step_tokens=130,
         continuation_len=4,
     )
     with pytest.raises(ValueError):

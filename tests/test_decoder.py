@@ -14,9 +14,9 @@ from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
-from lp.lookahead.drafts import step_drafts
 from lp.decode.record import collector_paused
 from lp.errors import LPError
+from lp.lookahead.drafts import step_drafts
 from lp.lookahead.pool import NGramPool
 from lp.lookahead.text import TextIndex
 from lp.lookahead.window import JacobiWindow

@@ -80,7 +80,9 @@ def same_sources(drafter: Drafter, plain: PlainSources) -> None:
     assert np.array_equal(a.rates.chances, b.rates.chances)
     if plain.k:
         ta, tb = a.table, b.table
-        assert [ta.row(x, y) for x in range(-1, 16) for y in range(16)] == [tb.row(x, y) for x in range(-1, 16) for y in range(16)]
+        assert [ta.row(x, y) for x in range(-1, 16) for y in range(16)] == [
+            tb.row(x, y) for x in range(-1, 16) for y in range(16)
+        ]
         assert np.array_equal(ta.hits, tb.hits) and ta.n_pairs == tb.n_pairs
 
 

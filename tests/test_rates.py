@@ -50,13 +50,17 @@ def test_rates_count_nodes_whose_parent_was_right():
     t = tree.tree
     tree_labels = dict(zip(zip(t.parents, t.tokens.tolist()), tree.labels.tolist()))
     assert tree_labels == {(-1, 1): 0, (0, 2): 1, (1, 3): 2, (0, 4): 4}
-    rates.observe(t.tokens, t.parent_array, tree.labels, [1, 2])  # 1 and 2 were right, 3 was not; 4 (parent right) was not
+    rates.observe(
+        t.tokens, t.parent_array, tree.labels, [1, 2]
+    )  # 1 and 2 were right, 3 was not; 4 (parent right) was not
     offered = np.asarray(rates.offered) - PRIOR_OFFERED
     hits = np.asarray(rates.hits) - PRIOR_HITS
     assert offered.tolist() == [1, 1, 1, 0, 1, 0]
     assert hits.tolist() == [1, 1, 0, 0, 0, 0]
     assert rates.chances[0] == pytest.approx([2 / 3, 2 / 3, 1 / 3])
-    rates.observe(t.tokens, t.parent_array, tree.labels, [])  # nothing accepted: only the roots were offered (their parent is x0)
+    rates.observe(
+        t.tokens, t.parent_array, tree.labels, []
+    )  # nothing accepted: only the roots were offered (their parent is x0)
     assert (np.asarray(rates.offered) - PRIOR_OFFERED).tolist() == [2, 1, 1, 0, 1, 0]
 
 

@@ -34,7 +34,9 @@ def _check(r: dict, md: str, device: torch.device) -> None:
     causal = [s for s in r["steps"] if s["kind"] == "causal"]
     ladder = [s for s in r["steps"] if s["kind"] == "ladder"]
     assert [s["tokens"] for s in causal] == [1, 4, 8]
-    assert [(s["W"], s["N"], s["G"], s["step_tokens"]) for s in ladder] == [(x.W, x.N, x.G, x.step_tokens) for x in LADDER]
+    assert [(s["W"], s["N"], s["G"], s["step_tokens"]) for s in ladder] == [
+        (x.W, x.N, x.G, x.step_tokens) for x in LADDER
+    ]
     assert [s["tokens"] for s in ladder] == [rank_tokens(shape) for shape in LADDER]
     for s in r["steps"]:
         assert 0 < s["p10_ms"] <= s["median_ms"] <= s["p90_ms"]

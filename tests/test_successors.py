@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from numba import njit
 
 from lp.config import DecodeConfig

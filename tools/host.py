@@ -518,7 +518,9 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
     if s["ab"]:
         return ab(s, given)
     try:
-        cfg = DecodeConfig(W=s["W"], N=s["N"], G=s["G"], successors=s["successors"], max_new_tokens=s["tokens"]).validate()
+        cfg = DecodeConfig(
+            W=s["W"], N=s["N"], G=s["G"], successors=s["successors"], max_new_tokens=s["tokens"]
+        ).validate()
         if min(s["P"], s["prompts"], s["replays"]) < 1:
             raise LPError(
                 f"P, prompts and replays must be >= 1, got P={s['P']} prompts={s['prompts']} replays={s['replays']}"
