@@ -17,9 +17,10 @@ import torch
 
 from lp.engine import attention, llama
 from lp.engine.attention import FLEX_BLOCK
-from lp.engine.fixed_steps import DeviceLayout, FixedSteps, PlainGreedy, bucket, device_layout
+from lp.engine.fixed_steps import FixedSteps, PlainGreedy
 from lp.engine.forward import Forward, StepInputs, TransformersForward, kv_shape
 from lp.engine.kv import KVCache
+from lp.engine.step_tensors import StepTensors, bucket, step_tensors
 from lp.engine.tp import ALONE, TensorGroup
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
@@ -120,7 +121,7 @@ class Worker:
         # Step ids go to the device from pinned memory without blocking the host (CUDA only).
         self._staging = torch.empty(capacity, dtype=torch.long, pin_memory=True) if cuda else None
         self._staged = torch.cuda.Event() if cuda else None  # marks the last copy out of the staging buffer
-        self._layouts: OrderedDict[tuple, DeviceLayout] = OrderedDict()  # by `StepLayout.key`, most recent last
+        self._layouts: OrderedDict[tuple, StepTensors] = OrderedDict()  # by `StepLayout.key`, most recent last
         self._plain = PlainGreedy(self.device)
         self._plain_position = 0  # the next plain step's x0 position (eager steps)
 
@@ -182,13 +183,13 @@ class Worker:
         self.forward(StepInputs(ids, positions, block, rows, extent=c + n, committed=c, causal=c == 0))
         self.kv.commit(n)
 
-    def on_device(self, layout: StepLayout) -> DeviceLayout:
+    def on_device(self, layout: StepLayout) -> StepTensors:
         """`layout` on the device, uploaded once per shape and kept while it is among the recent
         ones (`evict`)."""
         key = layout.key
         dev = self._layouts.get(key)
         if dev is None:
-            dev = self._layouts[key] = device_layout(layout, self.device, self.fixed is not None)
+            dev = self._layouts[key] = step_tensors(layout, self.device, self.fixed is not None)
         else:
             self._layouts.move_to_end(key)
         return dev

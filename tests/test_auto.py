@@ -106,7 +106,7 @@ def test_calibration_builds_every_bucket_auto_can_use(tiny_models):
     """Fixed-shape steps: calibration times (so compiles and captures, on a GPU) every bucket a
     ladder shape's step uses, before any decode; exact-size steps keep the short sizes."""
     from lp.decode.auto import calibrate
-    from lp.engine.fixed_steps import bucket
+    from lp.engine.step_tensors import bucket
     from lp.worker import Worker
 
     worker = Worker(tiny_models["llama"], graphs=True)

@@ -14,7 +14,7 @@ from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
-from lp.engine.fixed_steps import BUCKETS, bucket, device_layout
+from lp.engine.step_tensors import BUCKETS, bucket, step_tensors
 from lp.errors import LPError
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
@@ -30,7 +30,7 @@ def test_padded_layout(packed):
     layout = step_layout(
         2, 5, 3, range(1, 4), (-1, 0, 0, -1, 3, 4)
     )  # T=14: unpadded, 196 mask bytes (not a multiple of 8)
-    p = device_layout(layout, torch.device("cpu"), fixed=True, packed=packed)
+    p = step_tensors(layout, torch.device("cpu"), fixed=True, packed=packed)
     T, S = layout.size, bucket(layout.size)
     assert p.block.shape == (S, S) and p.size == T and p.n_rows == len(layout.logit_rows)
     assert torch.equal(p.block[:T, :T], torch.from_numpy(layout.mask))
@@ -39,7 +39,7 @@ def test_padded_layout(packed):
     assert not p.block[T:, :T].any() and not p.block[:T, T:].any()
     assert p.rows.shape == (S,) and p.rows[: p.n_rows].tolist() == layout.logit_rows.tolist()
     assert p.depth.tolist() == layout.depth.tolist() + [0] * (S - T)
-    exact = device_layout(layout, torch.device("cpu"), fixed=False, packed=packed)
+    exact = step_tensors(layout, torch.device("cpu"), fixed=False, packed=packed)
     assert exact.block.shape == (T, T) and exact.rows.tolist() == layout.logit_rows.tolist()
     assert torch.equal(exact.block, torch.from_numpy(layout.mask)) and exact.depth.tolist() == layout.depth.tolist()
     n = len(layout.tree)
@@ -54,7 +54,7 @@ def test_a_layout_with_more_rows_than_tokens_takes_the_bucket_of_its_rows(packed
     """W1 N2 with no tree: x0 alone, its row read twice (y1 and the column's new token)."""
     layout = step_layout(1, 1, 2, range(1), ())
     assert layout.size == 1 and len(layout.logit_rows) == 2
-    p = device_layout(layout, torch.device("cpu"), fixed=True, packed=packed)
+    p = step_tensors(layout, torch.device("cpu"), fixed=True, packed=packed)
     assert p.block.shape == (16, 16) and p.rows[:2].tolist() == layout.logit_rows.tolist() and p.n_rows == 2
 
 

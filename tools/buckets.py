@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from lp.engine.fixed_steps import BUCKETS
+from lp.engine.step_tensors import BUCKETS
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 

@@ -53,7 +53,7 @@ import torch
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
-from lp.engine.fixed_steps import DeviceLayout, device_layout
+from lp.engine.step_tensors import StepTensors, step_tensors
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.message import HEADER, step_message_size
@@ -168,7 +168,7 @@ class _NoForward(Worker):
         self.packing: list[float] = []  # each step's layout packing as a GPU's (`HostTimes.packing`)
         self._new: StepLayout | None = None
 
-    def on_device(self, layout: StepLayout) -> DeviceLayout:
+    def on_device(self, layout: StepLayout) -> StepTensors:
         if layout.key not in self._layouts:  # a layout the device does not hold yet: a GPU packs it
             self._new = layout
         return super().on_device(layout)
@@ -178,7 +178,7 @@ class _NoForward(Worker):
         packing = 0.0  # the GPU's packing of a new layout, timed here: apart from the host work between forwards
         if self._new is not None:
             t = time.perf_counter()
-            device_layout(self._new, CPU, fixed=True, packed=True)
+            step_tensors(self._new, CPU, fixed=True, packed=True)
             packing, self._new = time.perf_counter() - t, None
         self.packing.append(packing)
         self.evict()  # as `Worker.step` does once its forward is queued
@@ -218,7 +218,7 @@ class HostTimes:
     the part after the step's messages were read; `step_tokens`: the forward sizes; `packing`:
     where the step brings a layout the device does not hold (the worker keeps recent ones), that
     layout padded and packed for one upload as a GPU's fixed-shape steps take it
-    (lp/engine/fixed_steps.py `device_layout`), timed apart on this CPU, without the pinned copy
+    (lp/engine/step_tensors.py `step_tensors`), timed apart on this CPU, without the pinned copy
     and the upload (0 where it holds it): host work after the read that the CPU replay does not do."""
 
     total: list[float]

@@ -42,7 +42,7 @@ import torch
 from lp.decode.loop import StepObserver
 from lp.decode.plan import Split, StepPlan, rank_share
 from lp.decode.throughput import tokens_per_step
-from lp.engine.fixed_steps import bucket
+from lp.engine.step_tensors import bucket
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.lookahead.tree import DraftTree

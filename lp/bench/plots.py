@@ -51,7 +51,6 @@ def _finite(v) -> bool:
     return v is not None and not (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))
 
 
-# ----------------------------------------------------------------------------------- per category
 def per_category(summary: list[dict], path: str | Path, title: str | None = None) -> Path:
     """Grouped bars: S (left) and speedup (right) per category, one bar per decoder."""
     plt = _plt()
@@ -77,7 +76,6 @@ def per_category(summary: list[dict], path: str | Path, title: str | None = None
     return _save(plt, fig, path, rect=(0, 0.06 + 0.04 * ((len(decs) - 1) // 4), 1, 1))
 
 
-# ----------------------------------------------------------------------------------- scaling law
 def scaling_points(runs: list[dict]) -> list[dict]:
     """Pooled S per lp (W, N, G) over all ok rows of the runs, sorted by N then W (rows of
     `lp[auto]` are left out: their shape is chosen per prompt, not swept)."""
@@ -119,7 +117,6 @@ def scaling_law(points: list[dict], path: str | Path, title: str | None = None) 
     return _save(plt, fig, path)
 
 
-# ----------------------------------------------------------------------------------- strong scaling
 def strong_points(runs: list[dict]) -> list[dict]:
     """One point per (run, decoder): its world size, ms per generated token (pooled decode
     seconds / tokens), mean decode seconds per prompt, pooled speedup against the run's
@@ -216,7 +213,6 @@ def write_csv(points: list[dict], path: str | Path) -> Path:
     return Path(path)
 
 
-# ----------------------------------------------------------------------------------- budget sweep
 def sweep(summary: list[dict], path: str | Path, title: str | None = None) -> Path:
     """S against step tokens (log2 axis), written by `lp.bench.sweep`: lp's pooled line and one
     line per category; each baseline a marked point (pooled) at its own step size."""
@@ -254,7 +250,6 @@ def sweep(summary: list[dict], path: str | Path, title: str | None = None) -> Pa
     return _save(plt, fig, path)
 
 
-# ----------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lp.bench.plots", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)

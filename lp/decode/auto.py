@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from lp.config import DRAFT_LEN, NUMBER_OPTIONS, SUCCESSORS, DecodeConfig
-from lp.engine.fixed_steps import bucket
+from lp.engine.step_tensors import bucket
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 

@@ -16,7 +16,7 @@ from lp.decode.drafter import Drafter, warm_up
 from lp.decode.plan import Split, StepPlan, plan_step
 from lp.decode.record import Generation, collector_paused
 from lp.decode.state import DecodeState, decide, fingerprint, message
-from lp.engine import fixed_steps
+from lp.engine import step_tensors
 from lp.errors import LPError
 from lp.lookahead.tree import TreeBuilder
 from lp.message import merge, successor_rows
@@ -54,7 +54,7 @@ def compile_kernels() -> None:
     """Compile (or load from numba's cache) the host's compiled code of a decode: the drafter's and
     the layout's padding, before any decode's clock starts."""
     warm_up()
-    fixed_steps.compile_kernels()
+    step_tensors.compile_kernels()
 
 
 class Decoder:

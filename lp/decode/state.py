@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lp.decode.plan import StepPlan, next_pending
-from lp.engine.fixed_steps import DeviceLayout
+from lp.engine.step_tensors import StepTensors
 from lp.message import CHECK_MOD, pack
 from lp.verify.greedy import Acceptance
 from lp.verify.verifier import StepRows, Verifier
@@ -63,7 +63,7 @@ def decide(
     logits: torch.Tensor,
     ids: torch.Tensor,
     step: StepPlan,
-    on_device: DeviceLayout,
+    on_device: StepTensors,
     *,
     steps_done: int,
     max_commit: int,
