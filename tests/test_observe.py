@@ -75,7 +75,7 @@ def same_sources(drafter: Drafter, plain: PlainSources) -> None:
     assert a.text.drafts(8, 8) == b.text.drafts(8, 8)
     b.pool.flush()
     assert all(a.pool.lookup(key) == b.pool.lookup(key) for key in range(-1, 16))
-    assert np.array_equal(a.window.rows, b.window.rows) and a.window.updates == b.window.updates
+    assert np.array_equal(a.window.rows, b.window.rows) and a.window.ready == b.window.ready
     assert np.array_equal(a.rates.hits, b.rates.hits) and np.array_equal(a.rates.offered, b.rates.offered)
     assert np.array_equal(a.rates.chances, b.rates.chances)
     if plain.k:

@@ -60,40 +60,17 @@ class Drafter:
         # times with the prefill (a GPU prefills meanwhile)
         room = len(prompt) + cfg.max_new_tokens
         indexed, vocab_seen = cfg.drafts == "pool+text" and limit > 0, vocab if self.shape.continuation_len else 0
-        pool = NGramPool(N, cfg.pool_capacity)
+        # the sources: held here too, the same objects as the state's
+        self.text = TextIndex(prompt, indexed, cfg.lone_matches, room, vocab_seen)
+        self.pool = NGramPool(N, cfg.pool_capacity)
         if G and cfg.pool_from_prompt:
-            pool.add_sequence(prompt)
-            pool.flush()
+            self.pool.add_sequence(prompt)
+            self.pool.flush()
         # every step keys at most a successor row per tree node and x0's
-        table = SuccessorTable(k, vocab, cfg.max_new_tokens * (limit + 1)) if k else new_table(0, 1, 1)
-        self.state = phases.new_state(
-            TextIndex(prompt, indexed, cfg.lone_matches, room, vocab_seen),
-            pool,
-            table,
-            DraftRates(SOURCES, cfg.max_draft),
-            JacobiWindow(W, N, prompt, cfg.seed),
-            self.shape,
-        )
-
-    @property
-    def text(self) -> TextIndex:
-        return phases.text_of(self.state)
-
-    @property
-    def pool(self) -> NGramPool:
-        return phases.pool_of(self.state)
-
-    @property
-    def table(self) -> SuccessorTable:
-        return phases.table_of(self.state)
-
-    @property
-    def rates(self) -> DraftRates:
-        return phases.rates_of(self.state)
-
-    @property
-    def window(self) -> JacobiWindow:
-        return phases.window_of(self.state)
+        self.table = SuccessorTable(k, vocab, cfg.max_new_tokens * (limit + 1)) if k else new_table(0, 1, 1)
+        self.rates = DraftRates(SOURCES, cfg.max_draft)
+        self.window = JacobiWindow(W, N, prompt, cfg.seed)
+        self.state = phases.new_state(self.text, self.pool, self.table, self.rates, self.window, self.shape)
 
     def first_step(self, pending: list[int]) -> StepPlan:
         """The plan of a step without an outcome to observe first (a decode's first), which feeds

@@ -255,29 +255,4 @@ def step_chains(d: DraftState) -> Chains:
     return step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, 0)
 
 
-@compiled
-def text_of(d: DraftState) -> TextIndex:
-    return d.text
-
-
-@compiled
-def pool_of(d: DraftState) -> NGramPool:
-    return d.pool
-
-
-@compiled
-def table_of(d: DraftState) -> SuccessorTable:
-    return d.table
-
-
-@compiled
-def rates_of(d: DraftState) -> DraftRates:
-    return d.rates
-
-
-@compiled
-def window_of(d: DraftState) -> JacobiWindow:
-    return d.window
-
-
 __all__ = ["DraftShape", "DraftState", "after_read", "before_read", "first_plan", "new_state", "plan_given"]

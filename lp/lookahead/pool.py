@@ -40,35 +40,22 @@ class NGramPool(structref.StructRefProxy):
             raise ValueError(f"n-gram size must be >= 2, got {n}")
         return new_pool(n, capacity)
 
-    @property
-    def n(self) -> int:
-        return _n(self)
-
-    @property
-    def capacity(self) -> int:
-        return _capacity(self)
-
-    @property
-    def queued(self) -> int:
-        """The n-grams waiting to be inserted."""
-        return _queued(self)
-
     def add(self, key: int, tail: tuple[int, ...]) -> None:
         """Insert one n-gram `(key, *tail)`."""
         self.add_rows(np.array([[key, *tail]], np.int64))
 
     def add_rows(self, grams: np.ndarray) -> None:
         """Insert each row of an int array `[k, n]` as one n-gram, in row order."""
-        flat = np.ascontiguousarray(grams, np.int64).reshape(-1)
-        reserve(self, len(grams))
-        enqueue(self, flat, self.n, len(grams))
+        _add(self, np.ascontiguousarray(grams, np.int64).reshape(-1), False)
 
     def add_sequence(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Insert every n-gram of a token sequence (the prompt, or the output's newest tokens)."""
-        tokens = np.asarray(tokens, np.int64)
-        k = max(len(tokens) - self.n + 1, 0)
-        reserve(self, k)
-        enqueue(self, tokens, 1, k)
+        _add(self, np.asarray(tokens, np.int64), True)
+
+    @property
+    def queued(self) -> int:
+        """The n-grams waiting to be inserted."""
+        return _queued(self)
 
     def flush(self) -> None:
         """Insert every queued n-gram."""
@@ -81,9 +68,7 @@ class NGramPool(structref.StructRefProxy):
     def best(self, key: int, frequent: bool = False) -> list[tuple[int, ...]]:
         """The tails stored under `key` as candidates, best first: the newest, or with `frequent`
         the most often inserted (ties: the newest)."""
-        chains = new_chains(self.capacity, self.capacity * (self.n - 1))
-        tail_drafts(self, key, frequent, -1, chains, 0, 1)
-        return chains.drafts
+        return _best(self, key, frequent).drafts
 
     def __len__(self) -> int:
         flush(self)
@@ -277,13 +262,19 @@ def tail_drafts(pool: NGramPool, key: int, frequent: bool, after: int, chains: C
 
 
 @compiled
-def _n(pool: NGramPool) -> int:
-    return pool.n
+def _add(pool: NGramPool, flat: np.ndarray, sequence: bool) -> None:
+    """Queue the n-grams of the rows of `flat` (n tokens each), or with `sequence` every n-gram of
+    the token sequence `flat`, room made."""
+    k = max(len(flat) - pool.n + 1, 0) if sequence else len(flat) // pool.n
+    reserve(pool, k)
+    enqueue(pool, flat, 1 if sequence else pool.n, k)
 
 
 @compiled
-def _capacity(pool: NGramPool) -> int:
-    return pool.capacity
+def _best(pool: NGramPool, key: int, frequent: bool) -> Chains:
+    chains = new_chains(pool.capacity, pool.capacity * (pool.n - 1))
+    tail_drafts(pool, key, frequent, -1, chains, 0, 1)
+    return chains
 
 
 @compiled

@@ -54,17 +54,9 @@ class SuccessorTable(structref.StructRefProxy):
         return new_table(k, vocab, min(max(expected_pairs, 256), MOST_PAIRS_UP_FRONT))
 
     @property
-    def vocab(self) -> int:
-        return _vocab(self)
-
-    @property
     def hits(self) -> np.ndarray:
         """The rank counts (the table's own array: writes count)."""
         return _hits(self)
-
-    @property
-    def n_pairs(self) -> int:
-        return _n_pairs(self)
 
     def update(self, rows: np.ndarray, keys: np.ndarray | None = None, first: int = -1) -> None:
         """Apply rows `[n, 1 + k]` (input token, its top-k successors) in order: a token's last row
@@ -86,6 +78,10 @@ class SuccessorTable(structref.StructRefProxy):
         """Count, for each token of `tokens` after the first two, which rank of its predecessor's
         successors (`row`) it was."""
         count_ranks(self, np.asarray(tokens, dtype=np.int64))
+
+    @property
+    def n_pairs(self) -> int:
+        return _n_pairs(self)
 
 
 structref.define_proxy(
@@ -273,11 +269,6 @@ def _row(table: SuccessorTable, before: int, token: int) -> np.ndarray:
     if row == NO_ROW:
         return np.full(1, NO_ROW, np.int64)
     return np.array([successor(table, row, r) for r in range(table.k)], np.int64)
-
-
-@compiled
-def _vocab(table: SuccessorTable) -> int:
-    return len(table.table)
 
 
 @compiled

@@ -34,16 +34,12 @@ class JacobiWindow(structref.StructRefProxy):
     def rows(self) -> np.ndarray:
         return _rows(self)
 
-    @property
-    def updates(self) -> int:
-        return _updates(self)
+    def update(self, new: np.ndarray) -> None:
+        update(self, np.asarray(new, dtype=np.int64))
 
     @property
     def ready(self) -> bool:
         return ready(self, 0)
-
-    def update(self, new: np.ndarray) -> None:
-        update(self, np.asarray(new, dtype=np.int64))
 
 
 structref.define_proxy(JacobiWindow, JacobiWindowType, ["rows", "updates"])
@@ -77,11 +73,6 @@ def update(window: JacobiWindow, new: np.ndarray) -> None:
 @compiled
 def _rows(window: JacobiWindow) -> np.ndarray:
     return window.rows.copy()
-
-
-@compiled
-def _updates(window: JacobiWindow) -> int:
-    return window.updates
 
 
 __all__ = ["JacobiWindow", "ready", "update"]
