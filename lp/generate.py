@@ -105,6 +105,10 @@ def summary(pid: object, r: Result) -> str:
     return line
 
 
+def _print(text: str) -> None:
+    print(text, end="", flush=True)
+
+
 def run(cfg: DictConfig) -> None:
     """The job: check the input, load the model, decode every prompt (every rank alike)."""
     prompts, settings = check(cfg)  # on every rank, before any collective or model load
@@ -122,6 +126,7 @@ def run(cfg: DictConfig) -> None:
         tp=cfg.tp,
     )
     main = lm.comm.is_main
+    live = main and not cfg.quiet and sys.stdout.isatty()  # a terminal sees the text as it is committed
     try:
         out = open(cfg.out, "w", encoding="utf-8") if (main and cfg.out) else None
     except OSError as e:
@@ -130,7 +135,7 @@ def run(cfg: DictConfig) -> None:
     try:
         bar = tqdm(prompts, disable=not main or cfg.quiet or len(prompts) < 2, desc="prompts", file=sys.stderr)
         for i, p in enumerate(bar):
-            r = lm.generate(p.text, chat=cfg.chat, stream=i, **settings)
+            r = lm.generate(p.text, chat=cfg.chat, sample_stream=i, on_text=_print if live else None, **settings)
             if not main:
                 continue
             row = {"id": p.id, **({"category": p.category} if p.category else {}), **r.to_dict()}
@@ -138,7 +143,7 @@ def run(cfg: DictConfig) -> None:
                 out.write(json.dumps(row) + "\n")
                 out.flush()
             if not cfg.quiet:
-                bar.write(r.text + "\n", file=sys.stdout)
+                bar.write(("" if live else r.text) + "\n", file=sys.stdout)
             if r.auto:
                 bar.write(f"[{p.id}] auto: {r.auto}", file=sys.stdout)
             bar.write(summary(p.id, r), file=sys.stdout)

@@ -13,6 +13,7 @@ import torch
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode import plan, policy
+from lp.decode.hooks import Cancelled, OnTokens, StepHooks, Stop
 from lp.decode.plan import StepPlan, largest_step, observe_next, plan_next, plan_step
 from lp.decode.policy import DraftSources
 from lp.decode.record import Generation, collector_paused
@@ -106,11 +107,15 @@ class Decoder:
         *,
         verifier: Verifier | None = None,
         observer: StepObserver | None = None,
+        on_tokens: OnTokens | None = None,
+        stop: Stop | None = None,
+        cancelled: Cancelled | None = None,
     ) -> Generation:
         """Decode one prompt. With `cfg.temperature > 0`, `stream` selects the random stream
         (with `cfg.seed`), so several prompts of one run draw independent samples. `verifier`:
         the acceptance rule (default: greedy, or sampling with cfg's settings); `observer`:
-        watches each step (lp.bench times forwards with it).
+        watches each step (lp.bench times forwards with it). `on_tokens`, `stop`, `cancelled`:
+        each step's committed tokens, and what ends a decode early (lp/decode/hooks.py).
 
         Python's cyclic garbage collector is paused while it decodes (and resumed after, if it
         was on): a full collection scans every object of the process, about 200 ms with
@@ -146,6 +151,7 @@ class Decoder:
                 torch.cuda.synchronize(self.worker.device)
             t1 = time.perf_counter()
             state = DecodeState(prompt_ids)
+            self._hooks = StepHooks.of(on_tokens, stop, cancelled, self.comm.rank, self.worker.tp)  # both loops'
             if self.ahead and not cfg.lookahead and cfg.temperature == 0 and verifier is None:
                 self._decode_ahead(state, cfg, observe)
             else:
@@ -164,7 +170,7 @@ class Decoder:
     def _decode(
         self, state: DecodeState, sources: DraftSources, cfg: DecodeConfig, *, verify: Verifier, observe: StepObserver
     ) -> None:
-        """Lookahead decoding (and plain decoding, its W = G = 0 case) until `max_new_tokens` or an EOS."""
+        """Lookahead decoding (and plain decoding, its W = G = 0 case) until `max_new_tokens`, an EOS or a hook."""
         W, N, _, budget = cfg.step_shape
         k, rows, P, rank = cfg.successors_sent, successor_rows(W, budget), self.comm.world_size, self.comm.rank
         # plan: drafts -> tree -> this rank's ids and layout (later steps: planned with the last one's observe)
@@ -196,7 +202,7 @@ class Decoder:
                 if k
                 else None
             )
-            mine = message(state, step, decision, W=W, successors=top, rows=rows)
+            mine = self._hooks.stamp(message(state, step, decision, W=W, successors=top, rows=rows))
             # the pending tokens' KV stays whatever the step decides: kept before the read
             self.worker.commit(len(state.pending))
             if sources.keep:  # and the accepted drafts', moved after them on the device
@@ -219,6 +225,8 @@ class Decoder:
                 gathered, step.bounds, remaining, self._eos, sources, W=W, N=N, P=P, rank=rank
             )
             last = tokens, fed
+            if self._hooks.ended(tokens, gathered):
+                state.stopped, step = True, None
             if sources.keep and step is not None:  # the device kept the drafts: the host follows
                 self.worker.commit(len(tokens) - 1, on_device=False)
         if last is not None:
@@ -235,7 +243,7 @@ class Decoder:
         i, not for step i+1 behind it. The price: a sequence that stops at an EOS computes one
         step past it, whose KV the next sequence overwrites. Every step is planned alike
         (`observe.planned` gets the first step's plan, its ids the prompt's last token)."""
-        L = len(state.prompt)
+        L, hooks = len(state.prompt), self._hooks
         step = plan_step(
             state.pending, None, TreeBuilder(0).tree(), W=0, N=2, P=self.comm.world_size, rank=self.comm.rank
         )
@@ -268,14 +276,16 @@ class Decoder:
             # each rank fed its own y1 to its next step: all must agree (every rank raises alike)
             if (messages[:, 0] != messages[0, 0]).any():
                 raise LPError(f"ranks diverged: their next tokens were {messages[:, 0].tolist()}")
-            state.advance(state.clip(merge(messages, step.plans, 1).tokens, cfg.max_new_tokens, self.eos_ids), 1)
+            tokens = state.clip(merge(messages, step.plans, 1).tokens, cfg.max_new_tokens, self.eos_ids)
+            state.advance(tokens, 1)
+            state.stopped = hooks.ended(tokens, messages) or state.stopped
 
         unread = None  # the last step's gathered messages
         self.worker.greedy_start(ids, L - 1, state.length, state.checksum)
         for i in range(cfg.max_new_tokens):
             observe.planned(step, L - 1 + i)
             observe.forward_start()
-            message = self.worker.greedy_step()  # forward to message, its token committed: one replay on a GPU
+            message = hooks.stamp(self.worker.greedy_step())  # forward to message, its token committed: one replay
             observe.forward_done()
             gathered = fetch(self.comm.all_gather(message), i)
             if unread is not None:
