@@ -79,15 +79,20 @@ def check(cfg: DictConfig) -> tuple[list[Prompt], dict]:
     prompts = _prompts(cfg)
     settings = settings_of(cfg)
     check_settings(settings)
+    _check_out(cfg.out)
+    check_runtime(cfg)
+    return prompts, settings
+
+
+def check_runtime(cfg: DictConfig) -> None:
+    """The checks of the keys that load the model and join the ranks (lp.generate's and lp.serve's)."""
     if not cfg.timeout_s or cfg.timeout_s <= 0:
         raise LPError(f"timeout_s must be > 0, got {cfg.timeout_s!r}")
-    _check_out(cfg.out)
     check_device(cfg.device)
     check_backend(cfg.backend)
     check_tp(cfg.tp)
     check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len)
     models.resolve(cfg.model.name)
-    return prompts, settings
 
 
 def summary(pid: object, r: Result) -> str:
@@ -105,15 +110,10 @@ def summary(pid: object, r: Result) -> str:
     return line
 
 
-def _print(text: str) -> None:
-    print(text, end="", flush=True)
-
-
-def run(cfg: DictConfig) -> None:
-    """The job: check the input, load the model, decode every prompt (every rank alike)."""
-    prompts, settings = check(cfg)  # on every rank, before any collective or model load
+def load(cfg: DictConfig) -> LP:
+    """This rank's `LP` as the runtime keys say (lp.generate's and lp.serve's)."""
     cli.quiet_third_party()
-    lm = LP(
+    return LP(
         cfg.model.name,
         dtype=cfg.model.dtype,
         device=cfg.device,
@@ -125,6 +125,16 @@ def run(cfg: DictConfig) -> None:
         backend=cfg.backend,
         tp=cfg.tp,
     )
+
+
+def _print(text: str) -> None:
+    print(text, end="", flush=True)
+
+
+def run(cfg: DictConfig) -> None:
+    """The job: check the input, load the model, decode every prompt (every rank alike)."""
+    prompts, settings = check(cfg)  # on every rank, before any collective or model load
+    lm = load(cfg)
     main = lm.comm.is_main
     live = main and not cfg.quiet and sys.stdout.isatty()  # a terminal sees the text as it is committed
     try:

@@ -131,16 +131,16 @@ class LP:
             ids.update(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
         return ids
 
-    def encode(self, prompt: str, chat: bool = False) -> list[int]:
-        """Token ids of a prompt, wrapped in the model's chat template when `chat`."""
+    def encode(self, prompt: str | list[dict[str, str]], chat: bool = False) -> list[int]:
+        """Token ids of a prompt, wrapped in the model's chat template when `chat`; a list of chat
+        messages (`{"role": ..., "content": ...}`) goes through the template whatever `chat`."""
         if not prompt:
             raise LPError("empty prompt")
-        if chat:
+        if chat or not isinstance(prompt, str):
             if self.tokenizer.chat_template is None:
                 raise LPError("chat=true but the model's tokenizer has no chat template")
-            enc = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
         return self.tokenizer(prompt)["input_ids"]
 
