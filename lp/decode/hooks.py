@@ -44,9 +44,10 @@ class StepHooks:
         """`message` with its halt slot set to rank 0's answer, before the step's all-gather.
         Within a tensor-parallel group the answer is all-reduced, on the device (no host sync):
         the group's other ranks send the same messages to the other replicas, or none."""
-        if self.cancelled is None:
-            return message
-        halt = int(self.polls and self.cancelled())
+        return message if self.cancelled is None else self._stamp(message, int(self.polls and self.cancelled()))
+
+    @torch.inference_mode()  # a captured plain step's message is an inference tensor
+    def _stamp(self, message: torch.Tensor, halt: int) -> torch.Tensor:
         if self.tp is not None and self.tp.size > 1:
             message[HALT] = self.tp.all_reduce(message.new_full((1,), halt))[0]
         elif halt:
