@@ -14,7 +14,7 @@ On rank r, the k-th call of `Worker.step` first writes time.time() to FILE, then
 `os._exit(3)` (die) or sleeps forever (hang). With LP_TEST_FAULT_WHEN=FILE2 instead of a step
 count, the first call once FILE2 exists (a server's test decides when). LP_TEST_TUNER=ar (--cli
 mode) makes the W/N/G auto-tuner choose plain decoding, as it does by timing on a loaded CPU.
-LP_TEST_DELAY=FILE (--serve mode): while FILE exists, every `Worker.step` first waits the seconds
+LP_TEST_DELAY=FILE (--cli and --serve modes): while FILE exists, every `Worker.step` first waits the seconds
 it holds, or until it is removed (a server's queue fills while a decode is held).
 """
 
@@ -321,6 +321,7 @@ def run_cli(argv: list[str], module: str = "lp.generate") -> None:
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--cli":
         install_fault()
+        install_delay()
         install_tuner_choice()
         run_cli(argv[1:])
         return 0

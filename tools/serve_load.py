@@ -6,17 +6,17 @@ against one server, every answer checked against the same prompt's answer alone.
 
 Without `--url` it starts `python -m lp.serve` itself (on a free port of 127.0.0.1, with the
 `--server` keys), waits for /health, and stops it at the end (SIGTERM), checking that no process
-it started outlived it. First each of the `--prompts` prompts (chat, greedy) is decoded alone
-without streaming: the references. Then `--clients` clients start at once, client i streaming
-prompt i mod `--prompts`; a 429 (the queue is full) is retried after `--retry-s`. Every answer must
-equal its reference, text and token count.
+it started outlived it. First each of the `--prompts` prompts (chat, greedy) is streamed alone,
+one after another: the references, and the times of a request that waits for no other. Then
+`--clients` clients start at once, client i streaming prompt i mod `--prompts`; a 429 (the queue
+is full) is retried after `--retry-s`. Every answer must equal its reference, text and token count.
 
 Per request: the time to first token, from the attempt the server queued (the FIFO queue's wait
 is in it), and the time between tokens after the first ((last event - first event) / (tokens -
-1)); their medians and 95th percentiles over the requests; the 429s; the most requests queued at
-once (/health); lp's S (tokens per step, from `usage`). Writes `OUT/summary.json`,
-`OUT/summary.md` and `OUT/requests.jsonl` with the command, the device (the CPU's model name) and
-the date.
+1)); their medians and 95th percentiles over the requests, alone and under the load; the 429s; the
+most requests queued at once (/health); lp's S (tokens per step, from `usage`); the machine's
+load average (other processes share its cores). Writes `OUT/summary.json`, `OUT/summary.md` and
+`OUT/requests.jsonl` with the command, the device (the CPU's model name) and the date.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import os
 import shlex
 import signal
 import socket
@@ -139,22 +140,21 @@ async def load(
     return records
 
 
-def references(url: str, model: str, prompts: int, settings: dict, api_key: str = "none") -> list[dict]:
-    """Each prompt decoded alone, not streamed: its text and token count."""
-    client = openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=600)
-    out = []
-    for p in range(prompts):
-        r = client.chat.completions.create(model=model, messages=messages(p), **settings)
-        out.append({"text": r.choices[0].message.content, "completion_tokens": r.usage.completion_tokens})
-    return out
+async def alone(url: str, model: str, *, prompts: int, settings: dict, api_key: str = "none") -> list[Record]:
+    """Each prompt streamed alone, one after another: the references of `load`'s answers."""
+    records = [Record(-1, p) for p in range(prompts)]
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=600) as client:
+        for r in records:
+            await one(client, r, model, settings, RETRY_S)
+    return records
 
 
-def wrong(records: list[Record], refs: list[dict]) -> list[str]:
+def wrong(records: list[Record], refs: list[Record]) -> list[str]:
     """Every request not answered completely and correctly, one line each."""
     bad = []
     for r in records:
         ref = refs[r.prompt]
-        if r.error or r.text != ref["text"] or r.completion_tokens != ref["completion_tokens"]:
+        if r.error or r.text != ref.text or r.completion_tokens != ref.completion_tokens:
             bad.append(f"client {r.client}: {r.error or 'its answer differs from the reference'}")
     return bad
 
@@ -247,26 +247,29 @@ def stop_server(proc: subprocess.Popen) -> list[int]:
 def report(summary: dict, head: dict) -> str:
     """summary.md: what ran, where, and its figures."""
     ms = lambda d: f"median {1e3 * d['median']:.0f} ms, p95 {1e3 * d['p95']:.0f} ms"  # noqa: E731
+    load, one = summary["load"], summary["alone"]
     return "\n".join(
         [
             "# lp.serve under load",
             "",
             f"- command: `{head['command']}`",
-            f"- device: {head['device']}; date: {head['date']}",
+            f"- device: {head['device']} ({head['cores']} cores, load average {head['load_average']} at the start, "
+            f"{summary['load_average']} at the end: other processes shared the cores); date: {head['date']}",
             f"- server: {json.dumps(head['server']['defaults'])}, max_queue {head['server']['max_queue']}, "
             f"world size {head['server']['world_size']}",
             "",
-            "| figure | value |",
-            "|---|---|",
-            f"| requests answered completely and correctly | {summary['answered'] - len(summary['wrong'])}"
-            f" / {summary['requests']} |",
-            f"| time to first token (queue wait included) | {ms(summary['ttft_s'])} |",
-            f"| time between tokens | {ms(summary['tbt_s'])} |",
-            f"| 429 answers (then retried) | {summary['rejected_429']} |",
-            f"| most requests queued at once | {summary['most_queued']} (bound {head['server']['max_queue']}) |",
-            f"| lp's S (tokens per step) | {summary['S']:.2f} |",
-            f"| tokens, wall time | {summary['tokens']}, {summary['wall_s']:.1f} s |",
-            f"| processes left after the server's stop | {summary.get('survivors', 'not started here')} |",
+            f"| figure | each prompt alone ({one['requests']}, one by one) | {load['requests']} clients at once |",
+            "|---|---|---|",
+            f"| answered completely and correctly | {one['answered']} (the references) | "
+            f"{load['answered'] - len(summary['wrong'])} / {load['requests']} |",
+            f"| time to first token (the queue's wait included) | {ms(one['ttft_s'])} | {ms(load['ttft_s'])} |",
+            f"| time between tokens | {ms(one['tbt_s'])} | {ms(load['tbt_s'])} |",
+            f"| lp's S (tokens per step) | {one['S']:.2f} | {load['S']:.2f} |",
+            f"| tokens, wall time | {one['tokens']}, {one['wall_s']:.0f} s | {load['tokens']}, {load['wall_s']:.0f} s"
+            " |",
+            f"| 429 answers (each retried after {head['retry_s']} s) | | {load['rejected_429']} |",
+            f"| most requests queued at once | | {summary['most_queued']} (bound {head['server']['max_queue']}) |",
+            f"| processes left after the server's stop | {summary.get('survivors', 'not started here')} | |",
             "",
         ]
     )
@@ -286,9 +289,9 @@ def main() -> None:
     args = ap.parse_args()
     proc, url = (None, args.url) if args.url else start_server(args.server)
     settings = {"max_tokens": args.max_tokens, "temperature": 0}
-    survivors = None
+    survivors, start_load = None, os.getloadavg()[0]
     try:
-        refs = references(url, args.model, args.prompts, settings)
+        refs = asyncio.run(alone(url, args.model, prompts=args.prompts, settings=settings))
         records = asyncio.run(
             load(
                 url,
@@ -304,18 +307,27 @@ def main() -> None:
     finally:
         if proc is not None:
             survivors = stop_server(proc)
-    summary = summarize(records) | {"wrong": wrong(records, refs), "most_queued": health["most_queued"]}
+    summary = {
+        "alone": summarize(refs),
+        "load": summarize(records),
+        "wrong": wrong(records, refs),
+        "most_queued": health["most_queued"],
+        "load_average": round(os.getloadavg()[0], 1),
+    }
     if survivors is not None:
         summary["survivors"] = survivors
     head = {
         "command": "python -m tools.serve_load " + shlex.join(sys.argv[1:]),
         "device": cpu_name(),
         "date": datetime.date.today().isoformat(),
+        "cores": os.cpu_count(),
+        "load_average": round(start_load, 1),
+        "retry_s": args.retry_s,
         "server": health,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "requests.jsonl", "w") as f:
-        for r in records:
+        for r in refs + records:  # client -1: a prompt alone
             f.write(json.dumps(asdict(r) | {"ttft": r.ttft, "tbt": r.tbt}) + "\n")
     (args.out / "summary.json").write_text(json.dumps(head | summary, indent=1) + "\n")
     (args.out / "summary.md").write_text(report(summary, head))

@@ -11,14 +11,13 @@ from typing import Any
 import uvicorn
 from omegaconf import DictConfig
 
-from lp.config import check_settings
 from lp.errors import LPError
 from lp.frontend import cli
 from lp.generate import check_runtime, load
 from lp.serve.app import Server, build_app
 from lp.serve.channel import TICK_S, Channel
 from lp.serve.engine import Engine, follow
-from lp.serve.prepare import KEYS, Preparer, engine_settings
+from lp.serve.prepare import KEYS, Preparer, check_engine_settings, engine_settings
 
 SHUTDOWN_S = 3.0  # on a signal, how long open responses may go on before they are cut
 WARMUP_TOKENS = 4
@@ -30,7 +29,7 @@ def check(cfg: DictConfig) -> dict[str, Any]:
     if cfg.timeout_s <= 4 * TICK_S:
         raise LPError(f"timeout_s must be > {4 * TICK_S:g} (rank 0 broadcasts every {TICK_S:g} s while idle)")
     defaults = {name: cfg[name] for name in KEYS}
-    check_settings(engine_settings(defaults))
+    check_engine_settings(engine_settings(defaults))
     for key, low in (("port", 0), ("max_queue", 1), ("max_body_bytes", 1)):
         if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < low:
             raise LPError(f"{key} must be an integer >= {low}, got {cfg[key]!r}")

@@ -33,8 +33,12 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)  # the client left
 
     def emit(self, *event: Any) -> None:
-        """From the decode thread: put an event on the handler's queue."""
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        """From the decode thread: put an event on the handler's queue (none once the server's
+        event loop has closed: no handler waits any more)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:
+            self.cancelled.set()
 
 
 class Engine:

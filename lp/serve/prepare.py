@@ -33,6 +33,17 @@ def engine_settings(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {KEYS[name]: value for name, value in fields.items() if value is not None}
 
 
+def check_engine_settings(settings: Mapping[str, Any]) -> None:
+    """`check_settings`, its error naming each key as a request does (step_tokens, not step_limit)."""
+    try:
+        check_settings(settings)
+    except LPError as e:
+        message = str(e)
+        for name, key in KEYS.items():
+            message = message.replace(key, name) if key != name else message
+        raise LPError(message) from None
+
+
 @dataclass(frozen=True)
 class DecodeRequest:
     """What every rank gets of a request (lp/serve/channel.py): token ids, `LP.generate`'s
@@ -87,7 +98,7 @@ class Preparer:
         elif settings.get("temperature", 0) > 0:  # as OpenAI's: without a seed, samples differ
             settings["seed"] = secrets.randbelow(2**31)
         try:
-            check_settings(settings)
+            check_engine_settings(settings)
         except LPError as e:
             raise ApiError(400, str(e)) from None
         new = settings.get("max_new_tokens", 0)
@@ -102,4 +113,4 @@ class Preparer:
         return DecodeRequest(ids, settings, request.stops())
 
 
-__all__ = ["KEYS", "DecodeRequest", "Preparer", "engine_settings"]
+__all__ = ["KEYS", "DecodeRequest", "Preparer", "check_engine_settings", "engine_settings"]
