@@ -60,9 +60,11 @@ def hf(tiny_text_model):
     return load(tiny_text_model)
 
 
-def post(server: Server, body: str | bytes, key: str | None = KEY, path: str = "/v1/completions") -> httpx.Response:
+def post(
+    server: Server, body: str | bytes, key: str | None = KEY, path: str = "/v1/completions", timeout: float = 60
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.post(server.url + path, content=body, headers=headers, timeout=60)
+    return httpx.post(server.url + path, content=body, headers=headers, timeout=timeout)
 
 
 def test_models_and_health(server, client):
@@ -203,8 +205,18 @@ def test_a_client_that_leaves_has_its_decode_stopped(server, client, held):
         last = server.wait_health(lambda h: not h["decoding"] and h["last"].get("finish_reason") == "cancelled")
         assert last["last"]["finish_reason"] == "cancelled", last
         assert last["last"]["new_tokens"] < 100 and time.time() - start < 15, last
+        # not streamed: a client that gives up while its decode is held at the first step
+        held.write_text("120")
+        body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 400, "mode": "ar"}
+        with pytest.raises(httpx.ReadTimeout):
+            post(server, json.dumps(body), timeout=2)
+        served = server.health()["served"]
+        time.sleep(1)  # the server looks for a waiting client's disconnect every 0.25 s
+        held.unlink()  # released: the decode ends at the step it was held in
+        last = server.wait_health(lambda h: h["served"] > served)
+        assert last["last"] == {"new_tokens": 1, "steps": 1, "finish_reason": "cancelled"}, last
     finally:
-        held.unlink()
+        held.unlink(missing_ok=True)
     assert client.completions.create(model="tiny", prompt=PROMPTS[0]).usage.completion_tokens == MAX_NEW
 
 
