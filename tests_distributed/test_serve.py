@@ -222,7 +222,7 @@ def test_a_client_that_leaves_has_its_decode_stopped(server, client, held):
 
 def test_32_concurrent_streaming_clients(server):
     """tools/serve_load.py's load, shortened: every answer complete and the same as alone."""
-    settings = {"max_tokens": 16, "temperature": 0}
+    settings = {"max_tokens": 8, "temperature": 0}
     refs = asyncio.run(serve_load.alone(server.url, "tiny", prompts=4, settings=settings, api_key=KEY))
     records = asyncio.run(
         serve_load.load(

@@ -15,7 +15,7 @@ import pytest
 from _serve import Server
 from helpers import load, reference_greedy
 
-TIMEOUT_S = 10  # the servers' collective timeout
+TIMEOUT_S = 8  # the servers' collective timeout
 SLACK_S = 30  # scheduling slack on a shared 2-core machine
 MAX_NEW = 24
 PROMPT = "The cat sat on the mat. The cat sat on the"

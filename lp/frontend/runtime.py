@@ -4,7 +4,7 @@
     lm = LP("smollm2-135m")
     r = lm.generate("Write a haiku about GPUs.", chat=True, W=5, N=3, G=5, max_new_tokens=64)
     print(r.text, r.compression, r.tokens_per_s)
-    lm.generate("Count to ten.", chat=True, on_text=lambda t: print(t, end=""), stop=["7"])  # streamed
+    lm.generate("A poem about the sea.", chat=True, on_text=lambda t: print(t, end=""), stop=["\\n"])  # streamed
 
 Under `torchrun`, every rank builds an `LP` and calls `generate` with the same arguments;
 each rank holds a full replica and the ranks split each step's lookahead work. With `tp=T`,

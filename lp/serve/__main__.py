@@ -66,7 +66,11 @@ def serve(lm: Any, channel: Channel, sock: socket.socket, cfg: DictConfig, defau
         app=None, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=SHUTDOWN_S
     )
     http = uvicorn.Server(config)
-    engine = Engine(lm, channel, cfg.max_queue, on_failure=lambda: setattr(http, "should_exit", True))
+
+    def failed() -> None:  # from the decode thread: uvicorn's main loop reads the flag and shuts down
+        http.should_exit = True
+
+    engine = Engine(lm, channel, cfg.max_queue, on_failure=failed)
     info = {"model": name, "world_size": lm.comm.world_size, "tp": lm.tp.size, "max_queue": cfg.max_queue}
     info["defaults"] = defaults
     server = Server(engine, Preparer(lm, defaults, lm.decoder.max_context), name, info)
