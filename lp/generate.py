@@ -57,15 +57,20 @@ def check(cfg: DictConfig) -> tuple[list[Prompt], dict]:
     prompts = _prompts(cfg)
     settings = settings_of(cfg)
     check_settings(settings)
+    _check_out(cfg.out)
+    check_runtime(cfg)
+    return prompts, settings
+
+
+def check_runtime(cfg: DictConfig) -> None:
+    """The checks of the keys that load the model and join the ranks (lp.generate's and lp.serve's)."""
     if not cfg.timeout_s or cfg.timeout_s <= 0:
         raise LPError(f"timeout_s must be > 0, got {cfg.timeout_s!r}")
-    _check_out(cfg.out)
     check_device(cfg.device)
     check_backend(cfg.backend)
     check_tp(cfg.tp)
     check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len)
     models.resolve(cfg.model.name)
-    return prompts, settings
 
 
 def summary(pid: object, r: Result) -> str:
@@ -83,11 +88,10 @@ def summary(pid: object, r: Result) -> str:
     return line
 
 
-def run(cfg: DictConfig) -> None:
-    """The job: check the input, load the model, decode every prompt (every rank alike)."""
-    prompts, settings = check(cfg)  # on every rank, before any collective or model load
+def load(cfg: DictConfig) -> LP:
+    """This rank's `LP` as the runtime keys say (lp.generate's and lp.serve's)."""
     cli.quiet_third_party()
-    lm = LP(
+    return LP(
         cfg.model.name,
         dtype=cfg.model.dtype,
         device=cfg.device,
@@ -99,7 +103,18 @@ def run(cfg: DictConfig) -> None:
         backend=cfg.backend,
         tp=cfg.tp,
     )
+
+
+def _print(text: str) -> None:
+    print(text, end="", flush=True)
+
+
+def run(cfg: DictConfig) -> None:
+    """The job: check the input, load the model, decode every prompt (every rank alike)."""
+    prompts, settings = check(cfg)  # on every rank, before any collective or model load
+    lm = load(cfg)
     main = lm.comm.is_main
+    live = main and not cfg.quiet and sys.stdout.isatty()  # a terminal sees the text as it is committed
     try:
         out = open(cfg.out, "w", encoding="utf-8") if (main and cfg.out) else None
     except OSError as e:
@@ -108,7 +123,7 @@ def run(cfg: DictConfig) -> None:
     try:
         bar = tqdm(prompts, disable=not main or cfg.quiet or len(prompts) < 2, desc="prompts", file=sys.stderr)
         for i, p in enumerate(bar):
-            r = lm.generate(p.text, chat=cfg.chat, stream=i, **settings)
+            r = lm.generate(p.text, chat=cfg.chat, sample_stream=i, on_text=_print if live else None, **settings)
             if not main:
                 continue
             row = {"id": p.id, **({"category": p.category} if p.category else {}), **r.to_dict()}
@@ -116,7 +131,7 @@ def run(cfg: DictConfig) -> None:
                 out.write(json.dumps(row) + "\n")
                 out.flush()
             if not cfg.quiet:
-                bar.write(r.text + "\n", file=sys.stdout)
+                bar.write(("" if live else r.text) + "\n", file=sys.stdout)
             if r.auto:
                 bar.write(f"[{p.id}] auto: {r.auto}", file=sys.stdout)
             bar.write(summary(p.id, r), file=sys.stdout)

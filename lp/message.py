@@ -1,13 +1,15 @@
 """The fixed-size integer message each rank contributes to a step's all-gather, and the merge
 that every rank applies identically to the gathered messages.
 
-Layout (int64, size 5 + K + W + R(1+k), K = the most tokens a step commits: the longest
+Layout (int64, size 6 + K + W + R(1+k), K = the most tokens a step commits: the longest
 draft + 1; R, k: logits rows and successors per row sent for the successor table, 0 without it):
   [0] y1, the rank's next token after x0   [1] global index of its best tree node (-1: none)
   [2] accepted draft tokens of that one    [3] output length  [4] output checksum
-  [5 : 5+K]     tokens along the path to it (the committed tokens are its first accepted+1)
-  [5+K : 5+K+W] new tokens of the rank's window columns (first len(columns) slots)
-  [5+K+W : ]    R rows of (input token, its top-k next tokens): the rank's logits rows, then
+  [5] halt: 1 ends the decode after this step on every rank (rank 0's answer to `cancelled`,
+      lp/decode/hooks.py; 0 elsewhere)
+  [6 : 6+K]     tokens along the path to it (the committed tokens are its first accepted+1)
+  [6+K : 6+K+W] new tokens of the rank's window columns (first len(columns) slots)
+  [6+K+W : ]    R rows of (input token, its top-k next tokens): the rank's logits rows, then
                 rows of -1 (padding, which `merge` drops; lp/lookahead/successors.py)
 """
 
@@ -24,7 +26,8 @@ from lp.jit import compiled
 from lp.partition import RankPlan
 from lp.verify.greedy import Acceptance
 
-HEADER = 5
+HEADER = 6
+HALT = 5  # the header slot that ends the decode on every rank
 
 
 def message_size(W: int, max_commit: int, rows: int = 0, k: int = 0) -> int:
@@ -65,7 +68,7 @@ def pack(
     best = torch.where(acc.best >= 0, acc.best + first_candidate, acc.best)
     # new_full, not new_tensor: a fill kernel instead of a host-to-device copy, which syncs on CUDA
     length, checksum = (v if isinstance(v, torch.Tensor) else y1.new_full((), v) for v in (length, checksum))
-    head = torch.stack([y1, best, acc.accepted, length, checksum])
+    head = torch.stack([y1, best, acc.accepted, length, checksum, y1.new_zeros(())])  # halt: 0 (hooks stamp it)
     pad = new.new_full((W - new.numel(),), -1)
     parts = [head, acc.tokens, new, pad]
     if successors is not None:

@@ -90,7 +90,7 @@ class Worker:
     ) -> None:
         check_options(attention, graphs, compile, max_seq_len)
         param = next(model.parameters())
-        self.model, self.device = model, param.device
+        self.model, self.device, self.tp = model, param.device, tp
         self.max_seq_len = min(context_length(model), max_seq_len or DEFAULT_MAX_SEQ_LEN)
         # whole FlexAttention blocks: no partial block at the cache's end
         capacity = -(-(self.max_seq_len + STEP_ROOM) // FLEX_BLOCK) * FLEX_BLOCK

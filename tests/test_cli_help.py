@@ -1,6 +1,6 @@
-"""`--help` of lp.generate and lp.bench: every key of the config, with its default and a line on
-what it does, rendered from the yaml files that hold the defaults; and docs/cli.md shows it as
-printed."""
+"""`--help` of lp.generate, lp.bench and lp.serve: every key of the config, with its default and a
+line on what it does, rendered from the yaml files that hold the defaults; and docs/cli.md (docs/serving.md
+for lp.serve) shows it as printed."""
 
 from __future__ import annotations
 
@@ -14,9 +14,16 @@ from hydra import compose, initialize_config_dir
 import lp.bench.__main__
 import lp.bench.sweep
 import lp.generate
+import lp.serve.__main__
 from lp.frontend import cli
 
-MAINS = {"generate": lp.generate.main, "bench": lp.bench.__main__.main, "sweep": lp.bench.sweep.main}
+MAINS = {
+    "generate": lp.generate.main,
+    "bench": lp.bench.__main__.main,
+    "sweep": lp.bench.sweep.main,
+    "serve": lp.serve.__main__.main,
+}
+DOCS = {"serve": "serving.md"}  # the page that shows a command's --help (else cli.md)
 
 
 def printed_help(name: str, monkeypatch, capsys) -> str:
@@ -43,7 +50,7 @@ def test_help_lists_every_key_of_the_config(name, monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", sorted(MAINS))
 def test_readme_shows_the_help_as_printed(name, monkeypatch, capsys):
-    readme = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```text\n(.*?)```", readme, re.S)
+    page = DOCS.get(name, "cli.md")
+    blocks = re.findall(r"```text\n(.*?)```", (REPO / "docs" / page).read_text(encoding="utf-8"), re.S)
     text = printed_help(name, monkeypatch, capsys)
-    assert text in blocks, f"docs/cli.md has no ```text block equal to `python -m lp.{name} --help`:\n{text}"
+    assert text in blocks, f"docs/{page} has no ```text block equal to `python -m lp.{name} --help`:\n{text}"

@@ -34,7 +34,7 @@ def gather(*msgs) -> np.ndarray:
 def test_pack_layout():
     msg = message(4, 1, 2, [4, 5, 6], first_candidate=3, new=[20, 21])
     assert msg.dtype == torch.long and msg.numel() == message_size(W, N) == HEADER + N + W
-    assert msg[:HEADER].tolist() == [4, 1 + 3, 2, 10, 77]  # best is made global
+    assert msg[:HEADER].tolist() == [4, 1 + 3, 2, 10, 77, 0]  # best is made global; halt 0
     assert msg[HEADER : HEADER + N].tolist() == [4, 5, 6]
     assert msg[HEADER + N :].tolist() == [20, 21, -1, -1, -1]
 

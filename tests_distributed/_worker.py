@@ -2,16 +2,20 @@
 
     python _worker.py SPEC.json         run the API tasks of SPEC, write out_dir/rank{R}.json
     python _worker.py --cli KEY=VAL...  run `python -m lp.generate KEY=VAL...` in this process
+    python _worker.py --serve KEY=VAL...  run `python -m lp.serve KEY=VAL...` in this process
 
 Before lp is imported, every torch.distributed collective / point-to-point entry point (and
 every communication method of the ProcessGroup class) is wrapped with a counter, so a task can
 report exactly which communication happened during its `generate`.
 
-Fault injection (both modes), from the environment:
+Fault injection (every mode), from the environment:
   LP_TEST_FAULT=die|hang  LP_TEST_FAULT_RANK=r  LP_TEST_FAULT_STEP=k  LP_TEST_FAULT_MARK=FILE
 On rank r, the k-th call of `Worker.step` first writes time.time() to FILE, then either
-`os._exit(3)` (die) or sleeps forever (hang). LP_TEST_TUNER=ar (--cli mode) makes the W/N/G
-auto-tuner choose plain decoding, as it does by timing on a loaded CPU.
+`os._exit(3)` (die) or sleeps forever (hang). With LP_TEST_FAULT_WHEN=FILE2 instead of a step
+count, the first call once FILE2 exists (a server's test decides when). LP_TEST_TUNER=ar (--cli
+mode) makes the W/N/G auto-tuner choose plain decoding, as it does by timing on a loaded CPU.
+LP_TEST_DELAY=FILE (--cli and --serve modes): while FILE exists, every `Worker.step` first waits the seconds
+it holds, or until it is removed (a server's queue fills while a decode is held).
 """
 
 from __future__ import annotations
@@ -185,6 +189,7 @@ def install_fault() -> None:
         return
     at = int(os.environ.get("LP_TEST_FAULT_STEP", "3"))
     mark = os.environ.get("LP_TEST_FAULT_MARK")
+    when = os.environ.get("LP_TEST_FAULT_WHEN")
     from lp.worker import Worker
 
     original = Worker.step
@@ -192,13 +197,38 @@ def install_fault() -> None:
 
     def step(self, *args, **kwargs):
         seen[0] += 1
-        if seen[0] == at:
+        if Path(when).exists() if when else seen[0] == at:
             if mark:
                 Path(mark).write_text(repr(time.time()))
             if mode == "die":
                 os._exit(3)
             while True:  # hang: never reach this step's all-gather
                 time.sleep(1000)
+        return original(self, *args, **kwargs)
+
+    Worker.step = step
+
+
+def install_delay() -> None:
+    """LP_TEST_DELAY=FILE: while FILE exists, each step first waits the seconds it holds (or
+    until FILE is removed)."""
+    held = os.environ.get("LP_TEST_DELAY")
+    if not held:
+        return
+    from lp.worker import Worker
+
+    original = Worker.step
+
+    def step(self, *args, **kwargs):
+        start = time.time()
+        while True:
+            try:
+                wait = float(Path(held).read_text() or 0)
+            except (OSError, ValueError):
+                break
+            if time.time() - start >= wait:
+                break
+            time.sleep(0.01)
         return original(self, *args, **kwargs)
 
     Worker.step = step
@@ -281,18 +311,24 @@ def run_spec(spec_path: str) -> int:
     return 0
 
 
-def run_cli(argv: list[str]) -> None:
+def run_cli(argv: list[str], module: str = "lp.generate") -> None:
     import runpy
 
-    sys.argv = ["lp.generate", *argv]
-    runpy.run_module("lp.generate", run_name="__main__", alter_sys=True)
+    sys.argv = [module, *argv]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--cli":
         install_fault()
+        install_delay()
         install_tuner_choice()
         run_cli(argv[1:])
+        return 0
+    if argv and argv[0] == "--serve":
+        install_fault()
+        install_delay()
+        run_cli(argv[1:], "lp.serve")
         return 0
     install_counters()
     install_fault()

@@ -13,6 +13,7 @@ import torch
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.drafter import Drafter, warm_up
+from lp.decode.hooks import Cancelled, OnTokens, StepHooks, Stop
 from lp.decode.plan import Split, StepPlan, plan_step
 from lp.decode.record import Generation, collector_paused
 from lp.decode.state import DecodeState, decide, fingerprint, message
@@ -104,11 +105,15 @@ class Decoder:
         *,
         verifier: Verifier | None = None,
         observer: StepObserver | None = None,
+        on_tokens: OnTokens | None = None,
+        stop: Stop | None = None,
+        cancelled: Cancelled | None = None,
     ) -> Generation:
         """Decode one prompt. With `cfg.temperature > 0`, `stream` selects the random stream
         (with `cfg.seed`), so several prompts of one run draw independent samples. `verifier`:
         the acceptance rule (default: greedy, or sampling with cfg's settings); `observer`:
-        watches each step (lp.bench times forwards with it).
+        watches each step (lp.bench times forwards with it). `on_tokens`, `stop`, `cancelled`:
+        each step's committed tokens, and what ends a decode early (lp/decode/hooks.py).
 
         Python's cyclic garbage collector is paused while it decodes (and resumed after, if it
         was on): a full collection scans every object of the process, about 200 ms with
@@ -145,6 +150,7 @@ class Decoder:
                 torch.cuda.synchronize(self.worker.device)
             t1 = time.perf_counter()
             state = DecodeState(prompt_ids)
+            self._hooks = StepHooks.of(on_tokens, stop, cancelled, self.comm.rank, self.worker.tp)  # both loops'
             if self.ahead and not cfg.lookahead and cfg.temperature == 0 and verifier is None:
                 self._decode_ahead(state, cfg, observe)
             else:
@@ -163,7 +169,7 @@ class Decoder:
     def _decode(
         self, state: DecodeState, drafter: Drafter, cfg: DecodeConfig, *, verify: Verifier, observe: StepObserver
     ) -> None:
-        """Lookahead decoding (and plain decoding, its W = G = 0 case) until `max_new_tokens` or an EOS."""
+        """Lookahead decoding (and plain decoding, its W = G = 0 case) until `max_new_tokens`, an EOS or a hook."""
         W, _, _, budget = cfg.step_shape
         k, rows, keep = cfg.successors_sent, successor_rows(W, budget), drafter.shape.keep
         step: StepPlan | None = drafter.first_step(state.pending)
@@ -198,7 +204,7 @@ class Decoder:
                 if k
                 else None
             )
-            mine = message(state, step, decision, W=W, successors=top, rows=rows)
+            mine = self._hooks.stamp(message(state, step, decision, W=W, successors=top, rows=rows))
             # the pending tokens' KV stays whatever the step decides: kept before the read
             self.worker.commit(len(state.pending))
             if keep:  # and the accepted drafts', moved after them on the device
@@ -216,6 +222,8 @@ class Decoder:
             # merge, feed the sources and plan the next step (unless the decode ends): one call
             tokens, state.stopped, step = drafter.after_read(gathered, step.bounds, remaining, self._eos)
             last = tokens, fed
+            if self._hooks.ended(tokens, gathered):
+                state.stopped, step = True, None
             if keep and step is not None:  # the device kept the drafts: the host follows
                 self.worker.commit(len(tokens) - 1, on_device=False)
         if last is not None:
@@ -232,7 +240,7 @@ class Decoder:
         i, not for step i+1 behind it. The price: a sequence that stops at an EOS computes one
         step past it, whose KV the next sequence overwrites. Every step is planned alike
         (`observe.planned` gets the first step's plan, its ids the prompt's last token)."""
-        L = len(state.prompt)
+        L, hooks = len(state.prompt), self._hooks
         step = plan_step(state.pending, None, TreeBuilder(0).tree(), Split(0, 2, self.comm.world_size, self.comm.rank))
         ids = self.worker.upload(step.ids)
 
@@ -263,14 +271,16 @@ class Decoder:
             # each rank fed its own y1 to its next step: all must agree (every rank raises alike)
             if (messages[:, 0] != messages[0, 0]).any():
                 raise LPError(f"ranks diverged: their next tokens were {messages[:, 0].tolist()}")
-            state.advance(state.clip(merge(messages, step.plans, 1).tokens, cfg.max_new_tokens, self.eos_ids), 1)
+            tokens = state.clip(merge(messages, step.plans, 1).tokens, cfg.max_new_tokens, self.eos_ids)
+            state.advance(tokens, 1)
+            state.stopped = hooks.ended(tokens, messages) or state.stopped
 
         unread = None  # the last step's gathered messages
         self.worker.greedy_start(ids, L - 1, state.length, state.checksum)
         for i in range(cfg.max_new_tokens):
             observe.planned(step, L - 1 + i)
             observe.forward_start()
-            message = self.worker.greedy_step()  # forward to message, its token committed: one replay on a GPU
+            message = hooks.stamp(self.worker.greedy_step())  # forward to message, its token committed: one replay
             observe.forward_done()
             gathered = fetch(self.comm.all_gather(message), i)
             if unread is not None:

@@ -4,6 +4,7 @@
     lm = LP("smollm2-135m")
     r = lm.generate("Write a haiku about GPUs.", chat=True, W=5, N=3, G=5, max_new_tokens=64)
     print(r.text, r.S, r.tokens_per_s)
+    lm.generate("A poem about the sea.", chat=True, on_text=lambda t: print(t, end=""), stop=["\\n"])  # streamed
 
 Under `torchrun`, every rank builds an `LP` and calls `generate` with the same arguments;
 each rank holds a full replica and the ranks split each step's lookahead work. With `tp=T`,
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 
@@ -24,11 +26,13 @@ from lp import mesh, models
 from lp.collective import Collective
 from lp.config import DecodeConfig, check_settings
 from lp.decode.auto import AutoTuner, CostCurve, Shape, calibrate
+from lp.decode.hooks import Cancelled
 from lp.decode.loop import Decoder, StepObserver
 from lp.decode.record import Generation
 from lp.engine import tp as tensor_parallel
 from lp.errors import LPError
 from lp.frontend.mesh_choice import choose_mesh
+from lp.frontend.textstream import TextStream
 from lp.worker import Worker
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,6 +54,7 @@ class Result(Generation):
     # with W/N/G "auto": the S and tokens/s it expected, next to the achieved ones above
     predicted: dict[str, float] | None = None
     tp: int = 1  # ranks per replica (tensor parallelism); world_size / tp replicas
+    finish_reason: str = "length"  # "stop": an EOS or a stop string ended it; "length": max_new_tokens
 
     def to_dict(self) -> dict:
         """The JSONL record: the fields and the figures (new_tokens, S, tokens_per_s)."""
@@ -129,16 +134,16 @@ class LP:
             ids.update(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
         return ids
 
-    def encode(self, prompt: str, chat: bool = False) -> list[int]:
-        """Token ids of a prompt, wrapped in the model's chat template when `chat`."""
+    def encode(self, prompt: str | list[dict[str, str]], chat: bool = False) -> list[int]:
+        """Token ids of a prompt, wrapped in the model's chat template when `chat`; a list of chat
+        messages (`{"role": ..., "content": ...}`) goes through the template whatever `chat`."""
         if not prompt:
             raise LPError("empty prompt")
-        if chat:
+        if chat or not isinstance(prompt, str):
             if self.tokenizer.chat_template is None:
                 raise LPError("chat=true but the model's tokenizer has no chat template")
-            enc = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
         return self.tokenizer(prompt)["input_ids"]
 
@@ -178,21 +183,38 @@ class LP:
         prompt: str | list[int],
         *,
         chat: bool = False,
-        stream: int = 0,
+        sample_stream: int = 0,
         observer: StepObserver | None = None,
+        on_text: Callable[[str], None] | None = None,
+        stop: list[str] | None = None,
+        cancelled: Cancelled | None = None,
         **settings,
     ) -> Result:
         """Decode one prompt (text, or token ids) with `DecodeConfig` settings (W, N, G,
         max_new_tokens, mode, temperature, top_k, top_p, seed, ...). W, N and G may be "auto":
         then a shape is chosen to maximise tokens/s (lp/decode/auto.py) and explicit values override
-        its fields. When sampling, `stream` (with `seed`) picks the random stream: give each
-        prompt of a run its own. `observer` watches each step (lp.bench times forwards with it)."""
+        its fields. When sampling, `sample_stream` (with `seed`) picks the random stream: give each
+        prompt of a run its own. `observer` watches each step (lp.bench times forwards with it).
+
+        `on_text` gets the text as the steps commit it (lp/frontend/textstream.py); the decode
+        ends at the step where one of the `stop` strings appears, and the text excludes it and
+        what follows. `cancelled` is asked on rank 0 before each step: True ends the decode after
+        that step on every rank (give it on every rank or none; lp/decode/hooks.py)."""
         check_settings(settings)
         reason = self._auto(settings)
         cfg = DecodeConfig(**settings).validate()
         ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
-        self._same_in_replica(ids, cfg, stream)
-        g: Generation = self.decoder.generate(ids, cfg, stream, observer=observer)
+        self._same_in_replica(ids, cfg, sample_stream)
+        text = TextStream(self.tokenizer, stop or (), on_text) if on_text or stop else None
+        g: Generation = self.decoder.generate(
+            ids,
+            cfg,
+            sample_stream,
+            observer=observer,
+            on_tokens=text.push if text else None,
+            stop=text.stop if stop else None,
+            cancelled=cancelled,
+        )
         shape = Shape.of(cfg) if cfg.lookahead else None
         predicted = None
         if reason is not None:
@@ -202,7 +224,7 @@ class LP:
         return Result(
             **{f.name: getattr(g, f.name) for f in fields(Generation)},
             prompt_ids=ids,
-            text=self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
+            text=text.finish() if text else self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
             world_size=self.comm.world_size,
             W=cfg.W if shape else None,
             N=cfg.N if shape else None,
@@ -212,7 +234,12 @@ class LP:
             auto=reason,
             predicted=predicted,
             tp=self.tp.size,
+            finish_reason="stop" if (text and text.end is not None) or self._ends(g.output_ids) else "length",
         )
+
+    def _ends(self, output: list[int]) -> bool:
+        """Whether an EOS ended `output`."""
+        return bool(output) and output[-1] in self.decoder.eos_ids
 
     def _same_in_replica(self, ids: list[int], cfg: DecodeConfig, stream: int) -> None:
         """Refuse to decode unless the ranks of each tensor-parallel replica got the same prompt
