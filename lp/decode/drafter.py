@@ -47,9 +47,6 @@ class Drafter:
             context=cfg.pool_order == "context" and N > 2,
             frequent=cfg.pool_order == "frequent",
             continuation_len=cfg.longest_continuation,
-            tree_limit=limit,
-            step_tokens=-1 if cfg.step_tokens is None else cfg.step_tokens,
-            fixed=cfg.fixed_tokens,
             max_commit=cfg.max_commit,
             keep=keep,
             pooled=pooled,
@@ -70,7 +67,10 @@ class Drafter:
         self.table = SuccessorTable(k, vocab, cfg.max_new_tokens * (limit + 1)) if k else new_table(0, 1, 1)
         self.rates = DraftRates(SOURCES, cfg.max_draft)
         self.window = JacobiWindow(W, N, prompt, cfg.seed)
-        self.state = phases.new_state(self.text, self.pool, self.table, self.rates, self.window, self.shape)
+        # the tree of a step that feeds p pending tokens (at most a step's commit)
+        self.budgets = np.array([cfg.tree_budget(p) for p in range(1, cfg.max_commit + 1)], np.int64)
+        sources = (self.text, self.pool, self.table, self.rates, self.window)
+        self.state = phases.new_state(*sources, self.shape, self.budgets)
 
     def first_step(self, pending: list[int]) -> StepPlan:
         """The plan of a step without an outcome to observe first (a decode's first), which feeds
@@ -112,7 +112,7 @@ class Drafter:
         """The step's drafts in order, best first by kind, each a chain of its own, then the paths
         to the leaves of the budget's likeliest recycled nodes, within the budget."""
         s = self.shape
-        budget = phases.tree_budget(s, len(pending))
+        budget = int(self.budgets[len(pending) - 1])
         builder = TreeBuilder(budget, share=False)
         if not budget:
             return builder.tree()

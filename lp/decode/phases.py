@@ -59,9 +59,6 @@ class DraftShape(NamedTuple):
     context: bool  # the pool's tails under the token before x0 that go on with x0 first
     frequent: bool  # the pool's tails most often produced first, not newest
     continuation_len: int  # the text's continuations below tree nodes (0: none)
-    tree_limit: int  # the most tree nodes a step verifies
-    step_tokens: int  # the most tokens a step feeds (-1: no cap)
-    fixed: int  # the tokens every step feeds: x0 and the window's
     max_commit: int  # the most tokens a step commits
     keep: bool  # the accepted drafts' KV is kept: each step feeds x0 alone
     pooled: bool  # the window's n-grams go to the pool
@@ -75,8 +72,9 @@ class DraftStateType(State):
 
 
 class DraftState(structref.StructRefProxy):
-    """One sequence's draft sources, the constants of its decode (`shape`), and the step in flight:
-    its tree's nodes (tokens, parents, labels) and its successor rows' pair keys (`keys`, the nodes'
+    """One sequence's draft sources, the constants of its decode (`shape`; `budgets[p - 1]`: the
+    tree nodes of a step that feeds p tokens, DecodeConfig.tree_budget), and the step in flight: its
+    tree's nodes (tokens, parents, labels) and its successor rows' pair keys (`keys`, the nodes'
     from the last; `first_key`, x0's), made `prepared` by `before_read`."""
 
 
@@ -90,6 +88,7 @@ structref.define_proxy(
         "rates",
         "window",
         "shape",
+        "budgets",
         "tokens",
         "parents",
         "labels",
@@ -102,19 +101,17 @@ structref.define_proxy(
 
 @compiled
 def new_state(
-    text: TextIndex, pool: NGramPool, table: SuccessorTable, rates: DraftRates, window: JacobiWindow, shape: DraftShape
+    text: TextIndex,
+    pool: NGramPool,
+    table: SuccessorTable,
+    rates: DraftRates,
+    window: JacobiWindow,
+    shape: DraftShape,
+    budgets: np.ndarray,
 ) -> DraftState:
     """A sequence's drafting state: its sources, and no step yet."""
     none = np.zeros(0, np.int64)
-    return DraftState(text, pool, table, rates, window, shape, none, none, none, none, -1, False)
-
-
-@compiled
-def tree_budget(s: DraftShape, pending: int) -> int:
-    """The tree nodes of a step that feeds `pending` tokens first (DecodeConfig.tree_budget)."""
-    if s.step_tokens < 0:
-        return s.tree_limit
-    return max(0, min(s.tree_limit, s.step_tokens - s.fixed - (pending - 1)))
+    return DraftState(text, pool, table, rates, window, shape, budgets, none, none, none, none, -1, False)
 
 
 @compiled
@@ -122,8 +119,9 @@ def grow_tree(d: DraftState, pending: int) -> tuple[np.ndarray, np.ndarray, np.n
     """The tree of a step that feeds `pending` tokens: its drafts (lp/lookahead/drafts.py; the
     window's row-0 guesses once its levels come from Jacobi steps) and the successor table's rows
     grown best first (tokens, parents, labels, root subtrees' sizes)."""
-    s = d.shape
-    budget = tree_budget(s, pending)
+    if not 1 <= pending <= len(d.budgets):
+        raise LPError("a step feeds 1 to max_commit pending tokens, not " + str(pending))
+    s, budget = d.shape, d.budgets[pending - 1]
     if not budget:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     guesses = s.depth if s.split.W > 1 and ready(d.window, 0) else 0
