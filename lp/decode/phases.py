@@ -172,12 +172,12 @@ def before_read(d: DraftState, rehearse: bool) -> None:
         pools.reserve(d.pool, W + s.max_commit)
     if s.k:
         seq, n, m = d.text.seq, d.text.n, len(d.tokens)
-        d.first_key = (seq[n - 2] << 32) | seq[n - 1] if n > 1 else -1  # pair_key
+        d.first_key = tables.pair_key(seq[n - 2], seq[n - 1]) if n > 1 else -1
         keys = np.empty(m, np.int64)
         for j in range(m):
             v = m - 1 - j
             before = d.tokens[d.parents[v]] if d.parents[v] >= 0 else seq[n - 1]
-            keys[j] = (before << 32) | d.tokens[v]
+            keys[j] = tables.pair_key(before, d.tokens[v])
         d.keys = keys
         tables.reserve(d.table, 1 + W + m)
     d.prepared = True

@@ -34,8 +34,9 @@ MOST_PAIRS_UP_FRONT = 1 << 17  # pair rows sized up front at most (4 MiB at k = 
 STAGE_SLOTS = 16  # the stage's slots until a step's room is made (`reserve`)
 
 
-def pair_key(first: int | np.ndarray, second: int | np.ndarray) -> int | np.ndarray:
-    """One int for a pair of tokens: `first << 32 | second` (ints or int64 arrays)."""
+@compiled
+def pair_key(first: int, second: int) -> int:
+    """One int for a pair of tokens: `first << 32 | second`."""
     return first << 32 | second
 
 
@@ -133,7 +134,7 @@ def find_row(table: SuccessorTable, before: int, token: int) -> int:
     len(table) + j), then in the pair rows (pair row p as -p - 1) or the token rows."""
     rows, stage = table.table, table.stage
     if before >= 0:
-        key = (before << 32) | token  # pair_key
+        key = pair_key(before, token)
         i = slot(stage, key)
         if stage[i, 0] >= 0:
             return len(rows) + stage[i, 1]
