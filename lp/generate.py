@@ -85,7 +85,7 @@ def check(cfg: DictConfig) -> tuple[list[Prompt], dict]:
     check_device(cfg.device)
     check_backend(cfg.backend)
     check_tp(cfg.tp)
-    check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len)
+    check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len, cfg.kernels)
     models.resolve(cfg.model.name)
     return prompts, settings
 
@@ -120,6 +120,7 @@ def run(cfg: DictConfig) -> None:
         max_seq_len=cfg.max_seq_len,
         backend=cfg.backend,
         tp=cfg.tp,
+        kernels=cfg.kernels,
     )
     main = lm.comm.is_main
     try:
