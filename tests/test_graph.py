@@ -116,14 +116,15 @@ def test_api_switch(tiny_model_dir):
 
 def test_compiled_step_equals_eager(tiny_models):
     """torch.compile of the fixed-shape FlexAttention step (the CUDA default), run on CPU: the
-    same tokens as transformers' greedy decoding, and the same logits as the eager step."""
+    same tokens as transformers' greedy decoding, and the same logits as the eager step; a plain
+    step (`mode=ar`) compiled whole: embedding, layers, head, argmax and message."""
     model = tiny_models["qwen2"]
     prompt = make_prompt(5, 10, 2)
     compiled = Worker(model, graphs=True, compile=True, attention="flex")
     dec = Decoder(compiled, Collective(), set(), 512)
-    assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=30)).output_ids == reference_greedy(
-        model, prompt, 30
-    )
+    want = reference_greedy(model, prompt, 30)
+    assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=30)).output_ids == want
+    assert dec.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=30)).output_ids == want
     eager = Worker(model, graphs=True, attention="flex")
     layout = step_layout(2, 5, 3, range(5), 5)
     ids = torch.randint(3, 256, (layout.size,), generator=torch.Generator().manual_seed(0))

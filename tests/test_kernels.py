@@ -198,3 +198,13 @@ def test_decoding_under_each_formulation_is_greedy(name):
     for prompt in (make_prompt(1, 8, 3), make_prompt(6, 20, 2)):
         for cfg in (DecodeConfig(W=5, N=3, G=5, max_new_tokens=32), DecodeConfig(mode="ar", max_new_tokens=32)):
             assert dec.generate(prompt, cfg).output_ids == reference_greedy(model, prompt, 32), (name, cfg.mode)
+
+
+def test_the_report_names_the_cpu_the_floor_and_every_formulation(tiny_model_dir, tmp_path, monkeypatch):
+    from lp.bench.kernels import report
+
+    monkeypatch.setenv("LP_CACHE", str(tmp_path))
+    text = report(str(tiny_model_dir), reps=1)
+    assert kernel_choice.cpu_name() in text and "weight-read floor" in text
+    rows = [line.split(" | ")[0].strip("| ") for line in text.splitlines() if line.startswith("| ")]
+    assert set(HERE) | {"auto"} <= set(rows) and {str(M) for M in SIZES} <= set(rows)

@@ -225,6 +225,10 @@ class FixedSteps:
             # Inductor's on-disk cache, kept with lp's models: later processes compile much faster.
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         self.run = forward.compiled() if compile else forward
+        # a plain step's argmax and message compiled too: the whole greedy step is compiled code
+        self._message = (
+            torch.compile(PlainGreedy.message, fullgraph=True, dynamic=False) if compile else PlainGreedy.message
+        )
         self._buckets: dict[int, _Bucket] = {}
         self._greedy: tuple[PlainGreedy, torch.cuda.CUDAGraph | None, torch.Tensor | None] | None = None
         self._keeps: dict[int, tuple[tuple[torch.Tensor, ...], torch.cuda.CUDAGraph]] = {}  # by path length
@@ -344,7 +348,7 @@ class FixedSteps:
         x.positions.copy_(state.position)
         if x.flex is not None:
             x.flex.follow(self.kv.start)
-        message = state.message(self.run(x))
+        message = self._message(state, self.run(x))
         self.kv.start.add_(1)
         return message
 

@@ -7,9 +7,10 @@ choice), and the fastest runs each size. A timed pass reads at least `TIMED_BYTE
 role's matrices (q/k/v, o, gate/up, down, head), the roles in turn, so it reads its weights
 from memory as a decode does, not from the last level of cache; the sizes and formulations
 take turns too, so a slow spell of a shared machine touches all of them, and the fastest of
-`REPS` passes is kept (other load only adds time). A formulation far behind after the first
-pass is not timed again at that size. Between neighbouring sizes the choice changes only for a
-gain above `HYSTERESIS`, so timer noise does not make it flip back and forth.
+`REPS` passes is kept (other load only adds time). A formulation far behind after two passes
+(one may meet a spike of other load) is not timed again at that size. Between neighbouring
+sizes the choice changes only for a gain above `HYSTERESIS`, so timer noise does not make it
+flip back and forth.
 
 The timings are cached per machine (`~/.cache/lp/kernels/`, keyed by the CPU's model, torch's
 version and threads, the dtype and the matrices' shapes): a machine measures once per model
@@ -38,9 +39,9 @@ from lp.errors import LPError
 from lp.models import cache_dir
 
 SIZES = (1, 2, 3, 4, 6, 8, 11, 16, 32, 64, 128)
-TIMED_BYTES = 24 << 20  # of each role per pass (all its matrices if they hold less); 5 roles exceed a 32 MiB L3
+TIMED_BYTES = 16 << 20  # of each role per pass (all its matrices if they hold less); 5 roles exceed a 32 MiB L3
 REPS = 3
-BEHIND = 1.5  # after the first pass, a formulation this much slower than a size's fastest drops out there
+BEHIND = 1.5  # after two passes, a formulation this much slower than a size's fastest drops out there
 HYSTERESIS = 0.05  # the next size keeps the last one's formulation unless another is this much faster
 DISTURBED = 0.2  # cores other processes used on average while timing: above this, the timings are not cached
 CHOICES = ("auto", *FORMULATIONS)
@@ -109,7 +110,7 @@ def measure(
         for rep in range(reps):
             for M in sizes:
                 fastest = min(best[M].values())
-                for name in (n for n in names if rep == 0 or best[M][n] <= BEHIND * fastest):
+                for name in (n for n in names if rep < 2 or best[M][n] <= BEHIND * fastest):
                     run, total = FORMULATIONS[name].run, 0.0
                     for role, mats in prepared[name].items():
                         x = inputs[role, M]
