@@ -8,7 +8,7 @@ generic kwargs) is host work on every layer, and the attention backends lp needs
 that skips the unwritten cache, split attention) do not fit their interfaces at fixed shapes.
 
 Each layer's q/k/v projections run as one matmul, and its gate/up projections as one
-(lp/engine/fused.py), by the formulation chosen for the role and the step's size
+(lp/engine/fused.py), every matmul by the formulation chosen for the step's size
 (lp/engine/kernels.py, `use`). Under tensor parallelism (lp/engine/tp.py) each rank's layers
 hold its shard of the heads and of the MLP, and the row-parallel outputs (o, down) are summed
 over the group by one all-reduce each; the head counts come from the shards' shapes.

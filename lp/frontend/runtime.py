@@ -27,6 +27,7 @@ from lp.decode.auto import AutoTuner, CostCurve, Shape, calibrate
 from lp.decode.loop import Decoder, StepObserver
 from lp.decode.record import Generation
 from lp.engine import tp as tensor_parallel
+from lp.engine.kernel_choice import requested
 from lp.errors import LPError
 from lp.frontend.layout import auto_layout
 from lp.worker import Worker
@@ -85,8 +86,8 @@ class LP:
         `backend`: auto | nccl | gloo for the collectives (lp/collective.py); `tp`: ranks per
         replica, which shard the model tensor-parallel (it must divide the world size); "auto"
         chooses it (lp/frontend/layout.py; 1 on one rank); `kernels`: the matmuls' formulation,
-        auto (timed on this machine) or one named (lp/engine/kernel_choice.py; None: `$LP_KERNELS`
-        or auto), printed once."""
+        auto (timed on this machine, the choice printed once) or one named
+        (lp/engine/kernel_choice.py; None: `$LP_KERNELS` or auto)."""
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         mesh.check_tp(tp)
@@ -121,7 +122,7 @@ class LP:
             self.model, self.tokenizer = models.load_shard(model, dtype, self.comm.device, self.tp)
             tensor_parallel.report(self.model, self.tp, self.comm.rank)
         worker = Worker(self.model, tp=self.tp, **options)
-        if self.comm.is_main:
+        if self.comm.is_main and requested(options["kernels"]) == "auto":  # a choice: say what it was
             print(f"lp: kernels: {worker.kernels.describe()}", file=sys.stderr, flush=True)
         self.decoder = Decoder(worker, self.lp, self._eos_ids(), worker.max_seq_len)
 
