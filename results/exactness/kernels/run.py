@@ -4,7 +4,7 @@ forced (`kernels=NAME`, lp/engine/kernels.py), plain (`mode=ar`) and at two of W
 (its 11-token and 128-token steps), and every output is compared with transformers' greedy
 `generate` token by token. The references are computed once and kept in `references.json`.
 
-    python results/exactness/kernels/run.py [--prompts-per-category 8] [--out results/exactness/kernels]
+    python results/exactness/kernels/run.py [--prompts-per-category 8] [--threads N] [--out results/exactness/kernels]
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ def main() -> None:
     ap.add_argument("--prompts-per-category", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", type=Path, default=Path("results/exactness/kernels"))
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     prompts = datasets.load("spec_bench", None, per_category=args.prompts_per_category)
     names = [n for n, f in FORMULATIONS.items() if f.available(torch.device("cpu"), torch.float32)]
@@ -75,7 +78,8 @@ def main() -> None:
     head = [
         "# Exactness of every matmul formulation, SmolLM2-135M-Instruct fp32",
         "",
-        f"- `python results/exactness/kernels/run.py --prompts-per-category {args.prompts_per_category}`, "
+        f"- `python results/exactness/kernels/run.py --prompts-per-category {args.prompts_per_category} "
+        f"--threads {torch.get_num_threads()}`, "
         f"{time.strftime('%Y-%m-%d')}, on {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads",
         f"- Spec-Bench, {len(prompts)} prompts ({args.prompts_per_category} per category), chat template, "
         f"{args.max_new_tokens} new tokens; each output against transformers' greedy `generate` (`references.json`)",
