@@ -6,8 +6,8 @@ up to the 128 tokens its CPU calibration reaches; larger steps and prefills take
 choice), and the fastest runs each size. A timed pass reads at least `TIMED_BYTES` of each
 role's matrices (q/k/v, o, gate/up, down, head), the roles in turn, so it reads its weights
 from memory as a decode does, not from the last level of cache; the sizes and formulations
-take turns too, so a slow spell of a shared machine touches all of them, and the fastest of
-`REPS` passes is kept (other load only adds time). A formulation far behind after two passes
+take turns too, so a slow spell of a shared machine touches all of them, and each matrix's
+fastest of `REPS` passes is kept (other load only adds time). A formulation far behind after two passes
 (one may meet a spike of other load) is not timed again at that size. Between neighbouring
 sizes the choice changes only for a gain above `HYSTERESIS`, so timer noise does not make it
 flip back and forth.
@@ -92,8 +92,9 @@ def _timed(mats: list[Matrix]) -> list[Matrix]:
 def measure(
     matrices: Mapping[str, list[Matrix]], names: list[str], sizes: tuple[int, ...], timer: Timer, reps: int = REPS
 ) -> dict[int, dict[str, float]]:
-    """The seconds of all `matrices`' matmuls at each size by each formulation: each role's
-    fastest `_timed` pass, scaled to all its matrices."""
+    """The seconds of all `matrices`' matmuls at each size by each formulation: each of a role's
+    `_timed` matrices at its fastest over the passes, summed and scaled to all its matrices. (A
+    spike of other load then costs a matrix's sample, not a whole pass's.)"""
     timed = {role: _timed(mats) for role, mats in matrices.items()}
     scale = {role: len(matrices[role]) / len(mats) for role, mats in timed.items()}
     prepared = {
@@ -105,18 +106,23 @@ def measure(
         for role, mats in timed.items()
         for M in sizes
     }
-    best = {M: {name: math.inf for name in names} for M in sizes}
+    # the fastest sample of every timed matrix, by size, formulation and role
+    least = {M: {n: {r: [math.inf] * len(mats) for r, mats in timed.items()} for n in names} for M in sizes}
+
+    def total(M: int, name: str) -> float:
+        return sum(scale[r] * sum(samples) for r, samples in least[M][name].items())
+
     with torch.inference_mode():
         for rep in range(reps):
             for M in sizes:
-                fastest = min(best[M].values())
-                for name in (n for n in names if rep < 2 or best[M][n] <= BEHIND * fastest):
-                    run, total = FORMULATIONS[name].run, 0.0
+                fastest = min(total(M, n) for n in names)
+                for name in (n for n in names if rep < 2 or total(M, n) <= BEHIND * fastest):
+                    run = FORMULATIONS[name].run
                     for role, mats in prepared[name].items():
-                        x = inputs[role, M]
-                        total += scale[role] * timer(name, M, lambda run=run, mats=mats, x=x: [run(x, m) for m in mats])
-                    best[M][name] = min(best[M][name], total)
-    return best
+                        x, samples = inputs[role, M], least[M][name][role]
+                        for i, m in enumerate(mats):
+                            samples[i] = min(samples[i], timer(name, M, lambda run=run, x=x, m=m: run(x, m)))
+    return {M: {n: total(M, n) for n in names} for M in sizes}
 
 
 class OtherLoad:
