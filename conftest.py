@@ -1,16 +1,22 @@
 """Shared by both test folders (tests/, tests_distributed/): tests/ goes on sys.path, so both
 import the one helper module, tests/helpers.py, as `helpers`; tests marked `cuda` need a GPU and
 are skipped where torch sees none, so the CPU suite stays green on machines without one; lp's
-compiled loops are compiled (or loaded from numba's cache) once, before any test starts ranks."""
+compiled loops are compiled (or loaded from numba's cache) once, before any test starts ranks;
+the linear layers' formulation is fixed (`LP_KERNELS`)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))
+# One matmul formulation for the whole suite (and the ranks it starts), whatever this machine's
+# timing would choose: outputs then never depend on timer noise. Tests of the timed choice pass
+# their own setting and a fake timer; `LP_KERNELS=wx pytest` runs the suite under another.
+os.environ.setdefault("LP_KERNELS", "linear")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -69,7 +69,7 @@ def check_runtime(cfg: DictConfig) -> None:
     check_device(cfg.device)
     check_backend(cfg.backend)
     check_tp(cfg.tp)
-    check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len)
+    check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len, cfg.kernels)
     models.resolve(cfg.model.name)
 
 
@@ -102,6 +102,7 @@ def load(cfg: DictConfig) -> LP:
         max_seq_len=cfg.max_seq_len,
         backend=cfg.backend,
         tp=cfg.tp,
+        kernels=cfg.kernels,
     )
 
 

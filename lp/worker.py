@@ -15,10 +15,11 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from lp.engine import attention, llama
+from lp.engine import attention, kernel_choice, llama
 from lp.engine.attention import FLEX_BLOCK
 from lp.engine.fixed_steps import FixedSteps, PlainGreedy
 from lp.engine.forward import Forward, StepInputs, TransformersForward, kv_shape
+from lp.engine.kernels import Kernels
 from lp.engine.kv import KVCache
 from lp.engine.step_tensors import StepTensors, bucket, step_tensors
 from lp.engine.tp import ALONE, TensorGroup
@@ -38,8 +39,11 @@ def context_length(model: torch.nn.Module) -> int:
     return min(cfg.max_position_embeddings, window or cfg.max_position_embeddings)
 
 
-def check_options(attention_choice: str, graphs: bool | str, compile: bool | str, max_seq_len: int | None) -> None:
+def check_options(
+    attention_choice: str, graphs: bool | str, compile: bool | str, max_seq_len: int | None, kernels: str | None = None
+) -> None:
     """Refuse engine settings that no model could take (checked before any model loads)."""
+    kernel_choice.check_choice(kernel_choice.requested(kernels))
     if attention_choice not in attention.BACKENDS:
         raise LPError(f"attention must be one of {', '.join(attention.BACKENDS)}, got {attention_choice!r}")
     for key, flag in (("graphs", graphs), ("compile", compile)):
@@ -76,7 +80,11 @@ class Worker:
     `max_seq_len`: the longest sequence, prompt included (default: the model's context, at
     most 8192); the cache holds that many tokens plus `STEP_ROOM` slots for a step.
     `tp`: the tensor-parallel group whose shard of the model `model` holds (lp/engine/tp.py); the
-    cache then holds this rank's KV heads only."""
+    cache then holds this rank's KV heads only.
+    `kernels`: the formulation of the lean forward's matmuls (lp/engine/kernels.py): `auto`
+    (timed here once per machine and model shape, lp/engine/kernel_choice.py), or one named
+    for every matmul; None: `$LP_KERNELS`, else `auto`. `kernel_timer`: the clock of that
+    timing (tests pass a fake one)."""
 
     def __init__(
         self,
@@ -87,8 +95,10 @@ class Worker:
         graphs: bool | str = "auto",
         compile: bool | str = "auto",
         tp: TensorGroup = ALONE,
+        kernels: str | None = None,
+        kernel_timer: kernel_choice.Timer = kernel_choice.wall_clock,
     ) -> None:
-        check_options(attention, graphs, compile, max_seq_len)
+        check_options(attention, graphs, compile, max_seq_len, kernels)
         param = next(model.parameters())
         self.model, self.device, self.tp = model, param.device, tp
         self.max_seq_len = min(context_length(model), max_seq_len or DEFAULT_MAX_SEQ_LEN)
@@ -109,9 +119,20 @@ class Worker:
         self.attention = _backend(attention, self.device, lean, fixed, compiled=compiled)
         layers, kv_heads, head_dim = kv_shape(model)
         self.kv = KVCache(layers, kv_heads // tp.size, head_dim, capacity, param.dtype, self.device)
-        self.forward: Forward = (
-            llama.LlamaForward(model, self.kv, self.attention, tp) if lean else TransformersForward(model, self.kv)
-        )
+        self.kernels = Kernels.only("linear", "the model's own modules")
+        if lean:
+            self.forward: Forward = llama.LlamaForward(model, self.kv, self.attention, tp)
+            self.kernels = kernel_choice.choose(
+                self.forward.matrices(),
+                self.device,
+                choice=kernel_choice.requested(kernels),
+                compiled=compiled,
+                timer=kernel_timer,
+                agree=tp.all_reduce if tp.size > 1 else None,
+            )
+            self.forward.use(self.kernels)
+        else:
+            self.forward = TransformersForward(model, self.kv)
         self.fixed = (
             FixedSteps(self.forward, self.kv, self.device, self.attention == "flex", compile=compiled)
             if fixed

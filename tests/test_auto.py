@@ -121,6 +121,18 @@ def test_calibration_builds_every_bucket_auto_can_use(tiny_models):
     assert eight.tokens == (1, 16, 32, 64, 128, 256)
     plain = calibrate(Worker(tiny_models["llama"], graphs=False), reps=1)
     assert not plain.padded and plain.tokens == (*SIZES, 128)
+    assert 0 < cost.plain < math.inf and 0 < plain.plain < math.inf  # a plain step timed as mode=ar runs it
+
+
+def test_lookahead_is_priced_against_the_plain_step():
+    """Where a plain step runs faster than the one-token forward (on a GPU: one graph replay of
+    the whole step), every lookahead step costs more relative to it: a shape that the forward's
+    price would take loses to plain decoding."""
+    forward = CostCurve((1, 16, 32, 64), (1.0, 1.1, 1.3, 1.6))
+    assert AutoTuner(forward).choose()[0] is not None
+    fast_plain = CostCurve(forward.tokens, forward.seconds, plain=0.5)
+    assert fast_plain.relative(16) == 2.2 and AutoTuner(fast_plain).expect(None) == (1.0, 2.0, 1.0)
+    assert AutoTuner(fast_plain).choose()[0] is None
 
 
 def test_the_runtime_keeps_fixed_shape_costs_padded(tiny_model_dir):

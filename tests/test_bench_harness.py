@@ -23,6 +23,7 @@ from lp.bench.settings import Settings
 from lp.bench.shapes import parse_lookahead
 from lp.bench.tp import tp_plan, tp_support
 from lp.config import DecodeConfig
+from lp.engine.kernel_choice import cpu_name, requested
 from lp.errors import LPError
 
 ALL = ["hf-greedy", "lp-ar", "lp", "hf-prompt-lookup", "tp", "pp"]
@@ -123,6 +124,7 @@ def test_smoke_files(smoke):
         assert r["matches_greedy"] == "true" and r["status"] == "ok" and int(r["prompts"]) >= 2
     meta = json.loads((out / "meta.json").read_text())
     assert meta["world_size"] == 1 and len(meta["decoders"]) == 8
+    assert meta["cpu"] == cpu_name() and meta["kernels"].startswith(requested(None))  # the suite's LP_KERNELS
     assert (out / "categories.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = report.table(smoke["summary"])
     assert "lp[W4N3G4]" in text and "speedup" in text

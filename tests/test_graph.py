@@ -5,6 +5,7 @@ reuse across steps and prompts, and a cache that never moves."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -118,14 +119,15 @@ def test_api_switch(tiny_model_dir):
 
 def test_compiled_step_equals_eager(tiny_models):
     """torch.compile of the fixed-shape FlexAttention step (the CUDA default), run on CPU: the
-    same tokens as transformers' greedy decoding, and the same logits as the eager step."""
+    same tokens as transformers' greedy decoding, and the same logits as the eager step; a plain
+    step (`mode=ar`) compiled whole: embedding, layers, head, argmax and message."""
     model = tiny_models["qwen2"]
     prompt = make_prompt(5, 10, 2)
     compiled = Worker(model, graphs=True, compile=True, attention="flex")
     dec = Decoder(compiled, Collective(), set(), 512)
-    assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=30)).output_ids == reference_greedy(
-        model, prompt, 30
-    )
+    want = reference_greedy(model, prompt, 30)
+    assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=30)).output_ids == want
+    assert dec.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=30)).output_ids == want
     eager = Worker(model, graphs=True, attention="flex")
     layout = step_layout(2, 5, 3, range(5), 5)
     ids = torch.randint(3, 256, (layout.size,), generator=torch.Generator().manual_seed(0))
@@ -235,3 +237,48 @@ def test_an_n2_step_at_a_bucket_edge_is_prepared_at_reset(tiny_models):
     cfg = DecodeConfig(W=1, N=2, G=5, tree_tokens=15, step_tokens=16, max_new_tokens=24)
     out = Decoder(worker, Collective(), set(), 512).generate(prompt, cfg, observer=Buckets())
     assert 32 in worker.fixed._buckets and out.output_ids == reference_greedy(tiny_models["llama"], prompt, 24)
+
+
+def test_the_compiled_plain_step_is_compiled_before_its_recording(monkeypatch, tiny_models):
+    """On a GPU the whole plain step (forward, argmax, message) is recorded as one CUDA graph; its
+    compiled message must be compiled before the recording starts, since compiling may run
+    kernels that a recording refuses, and the warm-up must leave the step's state as it was. On
+    CPU the recording is stood in for: it checks that dynamo made no graph inside it, and, as a
+    recording does, runs nothing (the state is put back); a replay runs the step."""
+    compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile(fn, **kw, backend="eager"))
+    model = tiny_models["llama"]
+    w = Worker(model, graphs=True, compile=True, attention="sdpa")
+    w.fixed.capture = True
+
+    class Replay:  # a bucket's graph: its replay runs the forward into its recorded output
+        def __init__(self, b):
+            self.b, self.out = b, w.fixed.run(b.inputs)
+
+        def replay(self):
+            self.out.copy_(w.fixed.run(self.b.inputs))
+
+    monkeypatch.setattr(w.fixed, "_record", lambda b: (g := Replay(b), g.out))
+    made_inside = []
+
+    class Graph:  # the plain step's graph: its replay runs the step into the recorded message
+        def replay(self):
+            w.fixed._greedy[2].copy_(w.fixed._greedy_step(w._plain))
+
+    @contextlib.contextmanager
+    def recording(graph):
+        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        kept = [t.clone() for t in (*w._plain.tensors, w.kv.start)]
+        yield
+        made_inside.append(torch._dynamo.utils.counters["stats"]["unique_graphs"] - before)
+        for t, value in zip((*w._plain.tensors, w.kv.start), kept):
+            t.copy_(value)
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", recording)
+    prompt = make_prompt(4, 9, 2)
+    w.reset(len(prompt) + 20, 1)
+    w.prefill(torch.tensor(prompt[:-1]))
+    w.greedy_start(torch.tensor(prompt[-1:]), len(prompt) - 1, 0, 0)
+    out = [int(w.greedy_step()[0]) for _ in range(20)]  # each message's y1, read at once
+    assert made_inside == [0] and out == reference_greedy(model, prompt, 20)

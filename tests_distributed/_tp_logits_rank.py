@@ -1,11 +1,14 @@
 """One rank of the sharded-forward check: the same prefill and lookahead step through the
 whole model and through this rank's tensor-parallel shard (every rank one shard of one
-replica); each rank writes the largest difference of their logits as JSON.
+replica); each rank writes the largest difference of their logits as JSON, and the matmul
+formulations its shard's worker chose by timing: each rank's fake timer prefers another one,
+and the group must choose alike (by their summed timings).
 
     python _tp_logits_rank.py MODEL_DIR OUT_DIR
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,6 +39,11 @@ def main() -> None:
     a, b = logits(full, ids), logits(part, ids)
     doc = {"rows": a.shape[0], "max_abs_diff": (a - b).abs().max().item(), "scale": a.abs().max().item()}
     doc["kv_heads"] = part.kv.k[0].shape[0]
+    # rank 0 finds `wx` a little faster, rank 1 `linear` much faster: together, `linear`
+    costs = ({"wx": 1.0}, {"linear": 0.1})[comm.rank % 2]
+    os.environ["LP_CACHE"] = str(out / f"cache{comm.rank}")  # fake timings stay out of the machine's cache
+    timed = Worker(part.model, tp=group, kernels="auto", kernel_timer=lambda name, M, run: costs.get(name, 3.0))
+    doc["kernels"] = timed.kernels.table
     (out / f"rank{comm.rank}.json").write_text(json.dumps(doc))
     comm.close()
 

@@ -95,6 +95,7 @@ def test_sharded_logits_equal_whole_model(tiny_models, tmp_path):
         doc = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert doc["rows"] > 5 and doc["kv_heads"] == 1
         assert doc["max_abs_diff"] <= 1e-5 * max(1.0, doc["scale"]), doc
+        assert {name for _, name in doc["kernels"]} == {"linear"}, doc  # the group's summed timings
 
 
 def test_dead_rank_of_a_group_fails_every_other_rank(tiny_text_model, tmp_path):

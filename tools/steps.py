@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import statistics
 import sys
 import time
@@ -43,6 +42,7 @@ import torch
 from lp.bench import metrics
 from lp.bench.report import clean
 from lp.decode.auto import LADDER
+from lp.engine.kernel_choice import cpu_name
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.models import cache_dir
@@ -288,15 +288,7 @@ def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 # ----------------------------------------------------------------------------------- timing

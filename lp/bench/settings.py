@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from lp.bench.decoders import KINDS
 from lp.bench.shapes import parse_lookahead
+from lp.engine.kernel_choice import check_choice, requested
 from lp.errors import LPError
 from lp.mesh import check_tp
 
@@ -67,6 +68,7 @@ class Settings(PromptKeys):
     graphs: bool | str = "auto"
     compile: bool | str = "auto"
     attention: str = "auto"
+    kernels: str | None = None
     max_seq_len: int | None = None
     backend: str = "auto"
     nproc: int = 1  # read by the command line (lp/frontend/cli.py), which starts the ranks itself
@@ -105,6 +107,7 @@ class Settings(PromptKeys):
         if self.tp_impl not in ("dtensor", "hf", "lp"):
             raise LPError(f"tp_impl must be dtensor, hf or lp, got {self.tp_impl!r}")
         check_tp(self.tp)
+        check_choice(requested(self.kernels))
         try:
             self.lookahead_configs()
         except ValueError as e:

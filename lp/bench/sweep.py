@@ -20,7 +20,6 @@ feed: the sweep's x), step_tokens_mean, S, S_by_category, identical, prompts}]}.
 
 from __future__ import annotations
 
-import platform
 import sys
 import time
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from lp.config import DecodeConfig
 from lp.decode.auto import LADDER as AUTO_LADDER
 from lp.decode.auto import rank_tokens
 from lp.decode.record import collector_paused
+from lp.engine.kernel_choice import cpu_name
 from lp.errors import LPError
 
 # lp's config at each step size: W=auto's ladder (lp/decode/auto.py), each shape at its largest step.
@@ -199,7 +199,7 @@ def run(cfg: Mapping | SweepSettings) -> dict:
         refs = References(out / "references.json")
         rows = report.read_rows(out / "rows.jsonl") if s.resume and (out / "rows.jsonl").exists() else []
         done = {(r["id"], r["decoder"], r["config"]) for r in rows}
-        cpu = platform.processor() or platform.machine()
+        cpu = cpu_name()
         head = _head(s, len(prompts), f"{lm.comm.device} ({cpu}, {torch.get_num_threads()} threads)")
         limit = lm.decoder.max_context
         with open(out / "rows.jsonl", "a" if s.resume else "w", encoding="utf-8") as jsonl:

@@ -118,11 +118,15 @@ def rank_tokens(shape: Shape, P: int = 1) -> int:
 @dataclass(frozen=True)
 class CostCurve:
     """Median forward seconds against the number of step tokens, on this machine. `padded`:
-    steps run at fixed shapes (lp/engine/fixed_steps.py), so a T-token step costs its bucket's forward."""
+    steps run at fixed shapes (lp/engine/fixed_steps.py), so a T-token step costs its bucket's forward.
+    `plain`: the seconds of a plain decoding step as `mode=ar` runs it (forward, argmax and
+    message; one graph replay on a GPU), which lookahead's steps must beat; None: the
+    one-token forward's."""
 
     tokens: tuple[int, ...]
     seconds: tuple[float, ...]
     padded: bool = False
+    plain: float | None = None
 
     def seconds_at(self, T: float) -> float:
         """Seconds of a T-token forward (linear in between and beyond the measured sizes)."""
@@ -135,9 +139,14 @@ class CostCurve:
             + (T - self.tokens[-1]) * (self.seconds[-1] - self.seconds[-2]) / (self.tokens[-1] - self.tokens[-2])
         )
 
+    @property
+    def plain_seconds(self) -> float:
+        """Seconds of a plain decoding step (`plain`, else the one-token forward's)."""
+        return self.plain or self.seconds[0]
+
     def relative(self, T: float) -> float:
-        """Cost of a T-token step relative to a 1-token step."""
-        return self.seconds_at(T) / self.seconds[0]
+        """Cost of a T-token step relative to a plain decoding step."""
+        return self.seconds_at(T) / self.plain_seconds
 
 
 @torch.inference_mode()
@@ -151,8 +160,10 @@ def calibrate(
     and captured here, once per process, and not inside a decode that `auto` switches to a
     larger shape (on an H100 that made one SmolLM2 decode 24 tok/s instead of 400).
 
-    The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
-    them instead of a few; and the fastest run is kept, since other load only ever adds time."""
+    Plain decoding's step is timed as `mode=ar` runs it (`Worker.greedy_step`, its message
+    read), since that is what a lookahead step must beat. The sizes and the plain step are timed
+    in turn, rep after rep, so a slow spell of the machine touches all of them instead of a few;
+    and the fastest run is kept, since other load only ever adds time."""
     padded = worker.fixed is not None
     if sizes is None:
         sizes = (
@@ -170,11 +181,12 @@ def calibrate(
             else (1, 2, 4, 8, 16, 32, 64, 128)
         )
     sizes = tuple(T for T in sizes if worker.step_slots(T) <= worker.capacity - worker.max_seq_len) or (1, 2)
-    context = min(context, worker.max_seq_len)
+    context = min(context, worker.max_seq_len - reps)  # and a plain step a rep
     vocab = worker.vocab_size
     gen = torch.Generator().manual_seed(0)
-    worker.reset(context, sizes[-1])
+    worker.reset(context + reps, sizes[-1])  # each plain step commits its token
     worker.prefill(torch.randint(0, vocab, (context,), generator=gen).to(worker.device))
+    worker.greedy_start(torch.zeros(1, dtype=torch.long, device=worker.device), context, 0, 0)
     steps = [
         (
             step_layout(T, 1, 2, range(0), 0),  # T causal tokens, logits for one row
@@ -182,14 +194,17 @@ def calibrate(
         )
         for T in sizes
     ]
-    seconds = [math.inf] * len(sizes)
+    seconds, plain = [math.inf] * len(sizes), math.inf
     for _ in range(reps):
+        t0 = time.perf_counter()
+        worker.greedy_step()[0].item()  # .item(): the message read, as the decode reads it
+        plain = min(plain, time.perf_counter() - t0)
         for i, (T, (layout, ids)) in enumerate(zip(sizes, steps)):
             t0 = time.perf_counter()
             worker.step(ids, layout, context + T - 1).argmax().item()  # .item(): wait for the device
             seconds[i] = min(seconds[i], time.perf_counter() - t0)
     # Costs cannot fall with more tokens; a dip is timer noise.
-    return CostCurve(tuple(sizes), tuple(np.maximum.accumulate(seconds).tolist()), padded)
+    return CostCurve(tuple(sizes), tuple(np.maximum.accumulate(seconds).tolist()), padded, plain)
 
 
 def _plural(n: int, word: str) -> str:
@@ -215,7 +230,9 @@ class AutoTuner:
     def expect(self, shape: Shape | None) -> tuple[float, float, float]:
         """(expected S, tokens/s, tokens/s relative to plain decoding) of a shape (None: plain): S
         from the whole step's tokens, the cost from a rank's share of them."""
-        whole, share = (1, 1) if shape is None else (rank_tokens(shape), rank_tokens(shape, self.world_size))
+        if shape is None:
+            return 1.0, 1.0 / self.cost.plain_seconds, 1.0
+        whole, share = rank_tokens(shape), rank_tokens(shape, self.world_size)
         S = 1 + self.slope() * math.log2(whole)
         return S, S / self.cost.seconds_at(share), S / self.cost.relative(share)
 
@@ -258,7 +275,7 @@ class AutoTuner:
         S, _, rate = self.expect(shape)
         T = rank_tokens(shape, self.world_size)
         return (
-            f"costs {self.cost.relative(T):.2f}x a one-token step here and is expected to make "
+            f"costs {self.cost.relative(T):.2f}x a plain step here and is expected to make "
             f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding"
         )
 

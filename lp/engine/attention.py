@@ -129,10 +129,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
             q.reshape(H // groups, groups * n, D)[None], k[None], v[None], attn_mask=mask, scale=scale
         )
         return out.reshape(H, n, D)  # the kernel's output may be laid out [n, H, D]
-    # On CPU, as transformers does with a mask: repeated kv heads (the same numerics as its path).
-    out = F.scaled_dot_product_attention(
-        q[None], _repeat_kv(k, groups)[None], _repeat_kv(v, groups)[None], attn_mask=mask, scale=scale
-    )
+    # On CPU the kernel reads each kv head for its query group: the same sums as with the kv heads
+    # repeated (as transformers does with a mask), bit for bit, without copying the cache per step.
+    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=groups > 1)
     return out[0]
 
 

@@ -66,6 +66,11 @@ class PlainGreedy:
         self.length = torch.zeros((), dtype=torch.long, device=device)
         self.checksum = torch.zeros((), dtype=torch.long, device=device)
 
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The state: the next input token, its position, the output's length and checksum."""
+        return self.token, self.position, self.length, self.checksum
+
     def start(self, token: torch.Tensor, position: int, length: int, checksum: int) -> None:
         """The first step's input `token` (`[1]`, on the device) at sequence `position`."""
         self.token.copy_(token)
@@ -104,6 +109,10 @@ class FixedSteps:
             # Inductor's on-disk cache, kept with lp's models: later processes compile much faster.
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         self.run = forward.compiled() if compile else forward
+        # a plain step's argmax and message compiled too: the whole greedy step is compiled code
+        self._message = (
+            torch.compile(PlainGreedy.message, fullgraph=True, dynamic=False) if compile else PlainGreedy.message
+        )
         self._buckets: dict[int, _Bucket] = {}
         self._greedy: tuple[PlainGreedy, torch.cuda.CUDAGraph | None, torch.Tensor | None] | None = None
         self._keeps: dict[int, tuple[tuple[torch.Tensor, ...], torch.cuda.CUDAGraph]] = {}  # by path length
@@ -223,7 +232,7 @@ class FixedSteps:
         x.positions.copy_(state.position)
         if x.flex is not None:
             x.flex.follow(self.kv.start)
-        message = state.message(self.run(x))
+        message = self._message(state, self.run(x))
         self.kv.start.add_(1)
         return message
 
@@ -236,8 +245,14 @@ class FixedSteps:
         if not self.capture:
             return self._greedy_step(state)
         if self._greedy is None or self._greedy[0] is not state:
-            # the forward was warmed up (and compiled) with its bucket: record the whole step
+            # the forward was warmed up (and compiled) with its bucket, the message is now: record
+            # the whole step (compiling inside a recording may run kernels that it refuses)
             def record() -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+                if self.compiled:
+                    kept = [t.clone() for t in state.tensors]
+                    self._message(state, self.run(self._ready(1).inputs))
+                    for t, value in zip(state.tensors, kept):
+                        t.copy_(value)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):  # records, runs nothing: the state stays as it is
                     message = self._greedy_step(state)

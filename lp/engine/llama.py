@@ -7,13 +7,17 @@ Why not transformers' modules: their per-call bookkeeping (cache objects, mask p
 generic kwargs) is host work on every layer, and the attention backends lp needs (a block mask
 that skips the unwritten cache, split attention) do not fit their interfaces at fixed shapes.
 
-Under tensor parallelism (lp/engine/tp.py) each rank's layers hold its shard of the heads and
-of the MLP, and the row-parallel outputs (o, down) are summed over the group by one all-reduce
-each; the head counts come from the shards' shapes.
+Each layer's q/k/v projections run as one matmul, and its gate/up projections as one
+(lp/engine/fused.py), every matmul by the formulation chosen for the step's size
+(lp/engine/kernels.py, `use`). Under tensor parallelism (lp/engine/tp.py) each rank's layers
+hold its shard of the heads and of the MLP, and the row-parallel outputs (o, down) are summed
+over the group by one all-reduce each; the head counts come from the shards' shapes.
 
 Compiled, it is compiled per layer, not as a whole (regional compilation): every layer has the
-same shapes, so one compiled graph serves them all and compile time does not grow with depth;
-the CUDA graph around the whole step still removes the launches between layers.
+same shapes, so one compiled graph serves them all and compile time does not grow with depth.
+The embedding and the head (the final norm and lm_head) are compiled apart, once each, so the
+whole forward runs compiled; the CUDA graph around the whole step removes the launches between
+the parts.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from transformers.activations import ACT2FN
 
 from lp.engine import attention
 from lp.engine.forward import StepInputs, kv_shape
-from lp.engine.kernels import linear
+from lp.engine.fused import fused
+from lp.engine.kernels import FORMULATIONS, Kernels, Matrix
 from lp.engine.kv import KVCache
 from lp.engine.tp import ALONE, TensorGroup
 
@@ -53,45 +58,25 @@ def supports(model: torch.nn.Module) -> bool:
 
 
 class _Layer(NamedTuple):
-    """One decoder layer's weights (biases may be None), read from the transformers modules."""
+    """One decoder layer's weights, read from the transformers modules (q/k/v and gate/up fused)."""
 
     norm1: torch.Tensor
-    q: torch.Tensor
-    q_bias: torch.Tensor | None
-    k: torch.Tensor
-    k_bias: torch.Tensor | None
-    v: torch.Tensor
-    v_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: Matrix
+    o: Matrix
     norm2: torch.Tensor
-    gate: torch.Tensor
-    gate_bias: torch.Tensor | None
-    up: torch.Tensor
-    up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
+    gate_up: Matrix
+    down: Matrix
 
 
 def _weights(layer: torch.nn.Module) -> _Layer:
     a, m = layer.self_attn, layer.mlp
     return _Layer(
         norm1=layer.input_layernorm.weight,
-        q=a.q_proj.weight,
-        q_bias=a.q_proj.bias,
-        k=a.k_proj.weight,
-        k_bias=a.k_proj.bias,
-        v=a.v_proj.weight,
-        v_bias=a.v_proj.bias,
-        o=a.o_proj.weight,
-        o_bias=a.o_proj.bias,
+        qkv=fused((a.q_proj, a.k_proj, a.v_proj)),
+        o=Matrix(a.o_proj.weight, a.o_proj.bias),
         norm2=layer.post_attention_layernorm.weight,
-        gate=m.gate_proj.weight,
-        gate_bias=m.gate_proj.bias,
-        up=m.up_proj.weight,
-        up_bias=m.up_proj.bias,
-        down=m.down_proj.weight,
-        down_bias=m.down_proj.bias,
+        gate_up=fused((m.gate_proj, m.up_proj)),
+        down=Matrix(m.down_proj.weight, m.down_proj.bias),
     )
 
 
@@ -114,7 +99,8 @@ class LlamaForward:
     """Logits of a step's rows, writing the step's KV into `kv` (lp/engine/kv.py)."""
 
     def __init__(self, model: torch.nn.Module, kv: KVCache, backend: str, tp: TensorGroup = ALONE) -> None:
-        """`tp`: the tensor-parallel group whose shard `model` holds (lp/engine/tp.py)."""
+        """`tp`: the tensor-parallel group whose shard `model` holds (lp/engine/tp.py). The
+        matmuls run torch's `linear` until `use` gives them other formulations."""
         cfg = model.config
         self.model, self.kv, self.backend, self.reduce = model, kv, backend, tp.all_reduce
         self.head_dim = kv_shape(model)[2]
@@ -124,20 +110,54 @@ class LlamaForward:
         body = model.model
         self.layers = [_weights(layer) for layer in body.layers]
         # this rank's heads: all of them, or its shard's under tensor parallelism
-        self.heads = self.layers[0].q.shape[0] // self.head_dim
-        self.kv_heads = self.layers[0].k.shape[0] // self.head_dim
+        attn = body.layers[0].self_attn
+        self.qkv_split = tuple(p.weight.shape[0] for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        self.heads, self.kv_heads = self.qkv_split[0] // self.head_dim, self.qkv_split[1] // self.head_dim
+        head = model.get_output_embeddings()
+        self.lm_head = Matrix(head.weight, head.bias)
+        self.kernels = Kernels.only("linear")
         # RoPE tables for every slot, from the model's own rotary module (all its fixed scalings).
         probe = body.embed_tokens.weight[:1]
         cos, sin = body.rotary_emb(probe, torch.arange(kv.capacity, device=probe.device)[None])
         sign = torch.ones(self.head_dim, dtype=sin.dtype, device=sin.device)
         sign[: self.head_dim // 2] = -1
         self.cos, self.signed_sin = cos[0], sin[0] * sign  # `_rotate`'s tables
-        self.layer = self._layer
+        self.embed, self.layer, self.head = self._embed, self._layer, self._head
+
+    def matrices(self) -> dict[str, list[Matrix]]:
+        """The weight matrices by role (q/k/v, o, gate/up, down, head), in the order a step reads them."""
+        return {
+            "qkv": [w.qkv for w in self.layers],
+            "o": [w.o for w in self.layers],
+            "gate_up": [w.gate_up for w in self.layers],
+            "down": [w.down for w in self.layers],
+            "head": [self.lm_head],
+        }
+
+    def use(self, kernels: Kernels) -> None:
+        """Run the matmuls by `kernels`, with the weight copies its formulations read made now."""
+        packing = [FORMULATIONS[name] for name in sorted(kernels.names) if FORMULATIONS[name].pack]
+
+        def ready(m: Matrix) -> Matrix:
+            for f in packing:
+                m = f.prepare(m)
+            return m
+
+        self.layers = [
+            w._replace(qkv=ready(w.qkv), o=ready(w.o), gate_up=ready(w.gate_up), down=ready(w.down))
+            for w in self.layers
+        ]
+        self.lm_head = ready(self.lm_head)
+        self.kernels = kernels
 
     def compiled(self) -> LlamaForward:
-        """The same forward with each layer compiled (one graph for all layers per step size)."""
+        """The same forward compiled: each layer (one graph for all layers per step size), the
+        embedding and the head."""
         twin = copy.copy(self)  # shares the weights, tables and cache
-        twin.layer = torch.compile(self._layer, fullgraph=True, dynamic=False)
+        options = dict(fullgraph=True, dynamic=False)
+        twin.embed, twin.layer, twin.head = (
+            torch.compile(f, **options) for f in (self._embed, self._layer, self._head)
+        )
         return twin
 
     def _attend(
@@ -164,20 +184,25 @@ class LlamaForward:
         x: StepInputs,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        n, H, Hkv, D = h.shape[0], self.heads, self.kv_heads, self.head_dim
+        n, H, D = h.shape[0], self.heads, self.head_dim
         y = _rms_norm(h, w.norm1, self.eps)
-        q = linear(y, w.q, w.q_bias).view(n, H, D).transpose(0, 1)
-        k = linear(y, w.k, w.k_bias).view(n, Hkv, D).transpose(0, 1)
-        v = linear(y, w.v, w.v_bias).view(n, Hkv, D).transpose(0, 1)
+        q, k, v = self.kernels(y, w.qkv).split(self.qkv_split, dim=1)
+        q, k, v = (t.view(n, -1, D).transpose(0, 1) for t in (q, k, v))
         self.kv.write(k_cache, v_cache, _rotate(k, cos, signed_sin), v, slots=slots)
         o = self._attend(_rotate(q, cos, signed_sin), k_cache, v_cache, x, mask=mask)
-        h = h + self.reduce(linear(o.transpose(0, 1).reshape(n, H * D), w.o, w.o_bias))
+        h = h + self.reduce(self.kernels(o.transpose(0, 1).reshape(n, H * D), w.o))
         y = _rms_norm(h, w.norm2, self.eps)
-        mlp = linear(self.act(linear(y, w.gate, w.gate_bias)) * linear(y, w.up, w.up_bias), w.down, w.down_bias)
-        return h + self.reduce(mlp)
+        gate, up = self.kernels(y, w.gate_up).chunk(2, dim=1)
+        return h + self.reduce(self.kernels(self.act(gate) * up, w.down))
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.model.embed_tokens.weight[ids]
+
+    def _head(self, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Logits of `rows` of the last layer's output: the final norm, then lm_head."""
+        return self.kernels(_rms_norm(h.index_select(0, rows), self.model.model.norm.weight, self.eps), self.lm_head)
 
     def __call__(self, x: StepInputs) -> torch.Tensor:
-        body = self.model.model
         mask = None
         if x.flex is None and not x.causal and self.backend != "split":
             # on CUDA, sdpa takes the rows once per group head (lp/engine/attention.py)
@@ -185,8 +210,7 @@ class LlamaForward:
             mask = attention.dense_mask(self.kv.start, x.block, x.extent, groups)
         cos, signed_sin = self.cos[x.positions], self.signed_sin[x.positions]
         slots = self.kv.slots(x.ids.shape[0])
-        h = body.embed_tokens.weight[x.ids]
+        h = self.embed(x.ids)
         for w, k_cache, v_cache in zip(self.layers, self.kv.k, self.kv.v):
             h = self.layer(h, w, k_cache, v_cache, slots=slots, cos=cos, signed_sin=signed_sin, x=x, mask=mask)
-        head = self.model.get_output_embeddings()
-        return linear(_rms_norm(h.index_select(0, x.rows), body.norm.weight, self.eps), head.weight, head.bias)
+        return self.head(h, x.rows)

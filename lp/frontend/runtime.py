@@ -30,6 +30,7 @@ from lp.decode.hooks import Cancelled
 from lp.decode.loop import Decoder, StepObserver
 from lp.decode.record import Generation
 from lp.engine import tp as tensor_parallel
+from lp.engine.kernel_choice import requested
 from lp.errors import LPError
 from lp.frontend.mesh_choice import choose_mesh
 from lp.frontend.textstream import TextStream
@@ -82,13 +83,16 @@ class LP:
         max_seq_len: int | None = None,
         backend: str = "auto",
         tp: int | str = "auto",
+        kernels: str | None = None,
     ) -> None:
         """`graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (lp/engine/fixed_steps.py);
         `compile`: torch.compile them; `attention`: auto | sdpa | flex | split
         (lp/engine/attention.py); `max_seq_len`: KV cache slots, allocated once (lp/worker.py);
         `backend`: auto | nccl | gloo for the collectives (lp/collective.py); `tp`: ranks per
         replica, which shard the model tensor-parallel (it must divide the world size); "auto"
-        chooses it (lp/frontend/mesh_choice.py; 1 on one rank)."""
+        chooses it (lp/frontend/mesh_choice.py; 1 on one rank); `kernels`: the matmuls' formulation,
+        auto (timed on this machine, the choice printed once) or one named
+        (lp/engine/kernel_choice.py; None: `$LP_KERNELS` or auto)."""
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         mesh.check_tp(tp)
@@ -104,6 +108,7 @@ class LP:
             attention=attention,
             graphs=graphs,
             compile=compile,
+            kernels=kernels,
         )
         if tp != "auto" or self.comm.world_size == 1:
             load(1 if tp == "auto" else tp)
@@ -125,6 +130,8 @@ class LP:
             self.model, self.tokenizer = models.load_shard(model, dtype, self.comm.device, self.tp)
             tensor_parallel.report(self.model, self.tp, self.comm.rank)
         worker = Worker(self.model, tp=self.tp, **options)
+        if self.comm.is_main and requested(options["kernels"]) == "auto":  # a choice: say what it was
+            print(f"lp: kernels: {worker.kernels.describe()}", file=sys.stderr, flush=True)
         self.decoder = Decoder(worker, self.lp, self._eos_ids(), worker.max_seq_len)
 
     def _eos_ids(self) -> set[int]:
@@ -174,9 +181,9 @@ class LP:
     def calibrate(self) -> CostCurve:
         """This rank's step costs; under LP the slowest rank's, so all ranks choose alike."""
         mine = calibrate(self.decoder.worker, world_size=self.lp.world_size)
-        micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=self.comm.device)
-        slowest = self.comm.all_gather(micros).max(dim=0).values.cpu()
-        return CostCurve(mine.tokens, tuple(x / 1e6 for x in slowest.tolist()), mine.padded)
+        micros = torch.tensor([round(s * 1e6) for s in (*mine.seconds, mine.plain)], device=self.comm.device)
+        *slowest, plain = (x / 1e6 for x in self.comm.all_gather(micros).max(dim=0).values.cpu().tolist())
+        return CostCurve(mine.tokens, tuple(slowest), mine.padded, plain)
 
     def generate(
         self,
