@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import numpy as np
 import torch
 
+from lp.collective import Collective
 from lp.config import DRAFT_LEN, NUMBER_OPTIONS, SUCCESSORS, DecodeConfig
-from lp.engine.step_tensors import bucket
+from lp.decode.shares import share_cap
+from lp.engine.step_tensors import BUCKETS, LARGE, bucket
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
@@ -110,9 +112,28 @@ MARGIN = 1.1
 
 def rank_tokens(shape: Shape, P: int = 1) -> int:
     """The most tokens one of P ranks feeds in a step of `shape`: the pending tokens on every rank,
-    the window's columns and the tree split evenly (lp/partition.py balances them)."""
+    the window's columns and the tree split evenly (lp/partition.py balances them), at most the
+    bucket its greedy shares are cut to (lp/decode/shares.py)."""
     cfg = shape.config
-    return cfg.max_commit + math.ceil((cfg.largest_step - cfg.max_commit) / P)
+    even = cfg.max_commit + math.ceil((cfg.largest_step - cfg.max_commit) / P)
+    return min(even, share_cap(cfg, P) or even)
+
+
+def for_ranks(shape: Shape, P: int) -> Shape:
+    """`shape` with its step sized for P ranks whose shares fill a bucket: its size cut to P
+    shares of the largest bucket within an even share (unchanged where it is P of them already,
+    as the ladder's are at powers of two of P, where an even share is under the least bucket but
+    one, and on one rank)."""
+    share = math.ceil(shape.step_tokens / P)
+    B = max([b for b in BUCKETS[1:] if b <= share] + [share // LARGE * LARGE])
+    if P == 1 or not B or P * B >= shape.step_tokens:  # a share under the least bucket past 1 is left so
+        return shape
+    return replace(shape, step_tokens=P * B)
+
+
+def ladder(P: int = 1) -> tuple[Shape, ...]:
+    """The ladder's shapes, each sized for P ranks (`for_ranks`)."""
+    return tuple(for_ranks(shape, P) for shape in LADDER)
 
 
 @dataclass(frozen=True)
@@ -160,7 +181,7 @@ def calibrate(
                 sorted(
                     {
                         bucket(rank_tokens(shape, world_size) - fewer)
-                        for shape in LADDER
+                        for shape in ladder(world_size)
                         for fewer in (0, shape.config.max_commit - 1)
                     }
                     | {1}
@@ -190,6 +211,15 @@ def calibrate(
             seconds[i] = min(seconds[i], time.perf_counter() - t0)
     # Costs cannot fall with more tokens; a dip is timer noise.
     return CostCurve(tuple(sizes), tuple(np.maximum.accumulate(seconds).tolist()), padded)
+
+
+def calibrate_ranks(worker: Worker, comm: Collective, world_size: int) -> CostCurve:
+    """`calibrate` on every rank of `comm`, each size at the slowest rank's cost, so all ranks
+    choose alike; `world_size`: the LP replicas that split a step."""
+    mine = calibrate(worker, world_size=world_size)
+    micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=comm.device)
+    slowest = comm.all_gather(micros).max(dim=0).values.cpu()
+    return CostCurve(mine.tokens, tuple(x / 1e6 for x in slowest.tolist()), mine.padded)
 
 
 def _plural(n: int, word: str) -> str:
@@ -224,7 +254,7 @@ class AutoTuner:
         expected tokens/s (None: plain decoding), and why, in plain words."""
         best, best_rate = None, 1.0 if allow_plain else -math.inf
         # shapes whose steps the calibration timed (a longer one's cost would be extrapolated)
-        for shape in (s for s in LADDER if rank_tokens(s, self.world_size) <= self.cost.tokens[-1]):
+        for shape in (s for s in ladder(self.world_size) if rank_tokens(s, self.world_size) <= self.cost.tokens[-1]):
             rate = self.expect(shape)[2]
             if rate > best_rate * MARGIN:
                 best, best_rate = shape, rate

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lp.decode.auto import LADDER, PRIOR_SLOPE, Shape, rank_tokens
+from lp.decode.auto import LADDER, PRIOR_SLOPE, Shape, ladder, rank_tokens
 
 # gpt-fast README, Llama-2-7B bf16 batch 1 on 8x A100-80GB (330 W): tensor-parallel ranks -> tok/s
 PUBLISHED_TP = {1: 104.9, 2: 168.8, 4: 254.0, 8: 328.4}
@@ -111,7 +111,7 @@ def price(
         ms = model.step_ms(1e3 * one_gpu_s(share), T, share) + (allgather_ms if P > 1 else 0.0)
         return S, S / ms * 1e3
 
-    shapes: Sequence[Shape | None] = (None, *LADDER) if P == 1 else LADDER
+    shapes: Sequence[Shape | None] = (None, *LADDER) if P == 1 else ladder(P)
     best = max(shapes, key=lambda s: rate(s)[1])
     return PricedMesh(T, P, best, *rate(best))
 

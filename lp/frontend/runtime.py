@@ -25,7 +25,7 @@ import torch
 from lp import mesh, models
 from lp.collective import Collective
 from lp.config import DecodeConfig, check_settings
-from lp.decode.auto import AutoTuner, CostCurve, Shape, calibrate
+from lp.decode.auto import AutoTuner, CostCurve, Shape, calibrate_ranks
 from lp.decode.hooks import Cancelled
 from lp.decode.loop import Decoder, StepObserver
 from lp.decode.record import Generation
@@ -173,10 +173,7 @@ class LP:
 
     def calibrate(self) -> CostCurve:
         """This rank's step costs; under LP the slowest rank's, so all ranks choose alike."""
-        mine = calibrate(self.decoder.worker, world_size=self.lp.world_size)
-        micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=self.comm.device)
-        slowest = self.comm.all_gather(micros).max(dim=0).values.cpu()
-        return CostCurve(mine.tokens, tuple(x / 1e6 for x in slowest.tolist()), mine.padded)
+        return calibrate_ranks(self.decoder.worker, self.comm, self.lp.world_size)
 
     def generate(
         self,
