@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from lp.config import DecodeConfig
+from lp.decode.plan import Split
 from lp.lookahead.chains import new_chains
 from lp.lookahead.drafts import SOURCES, step_drafts
 from lp.lookahead.grow import grow
@@ -16,7 +17,6 @@ from lp.lookahead.successors import SuccessorTable, new_table, pair_key
 from lp.lookahead.text import TextIndex
 from lp.lookahead.tree import DraftTree, TreeBuilder
 from lp.lookahead.window import JacobiWindow
-from lp.decode.plan import Split
 from lp.message import merge
 from lp.partition import RankPlan
 from tests.reference_plan import first_grown, fitted_size
