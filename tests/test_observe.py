@@ -11,7 +11,7 @@ from numba import njit
 
 from lp.config import DecodeConfig
 from lp.decode.drafter import Drafter
-from lp.decode.plan import Split, StepPlan, next_pending, plan_step, rank_share
+from lp.decode.plan import Split, StepPlan, next_pending, plan_step
 from lp.errors import LPError
 from lp.lookahead.tree import DraftTree
 from lp.lookahead.window import JacobiWindow
@@ -186,15 +186,13 @@ def test_window_ngrams_pooled_by_column(W, N):
 
 
 def test_a_share_without_a_window_reads_no_tree_token_for_a_window_one():
-    """`rank_share` (no window: tools lay out recorded steps) gathers zeros for the window's
+    """`plan_step` without a window (tools lay out given trees) gathers zeros for the window's
     tokens and the tree's own tokens for its nodes."""
     tree = DraftTree(np.array([5, 6, 7], dtype=np.int64), (-1, 0, -1))
     step = plan_step([9], None, tree, Split(3, 3, 2, 1))
-    plans, layout = rank_share(1, tree, Split(3, 3, 2, 1))
-    assert plans == step.plans and layout.key == step.layout.key
     nodes = step.plan.candidates
-    assert step.ids[layout.node_tokens].tolist() == tree.tokens[nodes.start : nodes.stop].tolist()
-    assert set(step.ids[: layout.node_tokens.start].tolist()) <= {0, 9}
+    assert step.ids[step.layout.node_tokens].tolist() == tree.tokens[nodes.start : nodes.stop].tolist()
+    assert set(step.ids[: step.layout.node_tokens.start].tolist()) <= {0, 9}
     with pytest.raises(LPError, match="window's rows"):
         plan_step([9], JacobiWindow(2, 3, [1, 2], 0).rows, tree, Split(3, 3, 1, 0))
 

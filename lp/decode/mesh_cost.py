@@ -93,6 +93,29 @@ class PricedMesh:
         return f"tp={self.T} x {self.P} replica{'s' if self.P > 1 else ''} ({shape}, {self.tok_s:.0f} tok/s)"
 
 
+def priced_shapes(
+    T: int,
+    P: int,
+    one_gpu_s: Callable[[float], float],
+    model: GroupModel,
+    allgather_ms: float,
+    slope: float = PRIOR_SLOPE,
+    S_of: Callable[[Shape, int], float] | None = None,
+) -> list[PricedMesh]:
+    """The mesh (T, P) at every ladder shape sized for P (and plain decoding with P = 1): S from
+    `S_of(shape, P)` (default: the prior from the step's tokens, which P replicas share), cost
+    from one rank's step at the tokens of its share, the group model and, with P > 1, the
+    all-gather."""
+
+    def priced(shape: Shape | None) -> PricedMesh:
+        total, share = (1, 1) if shape is None else (rank_tokens(shape), rank_tokens(shape, P))
+        S = 1.0 if shape is None else S_of(shape, P) if S_of else 1 + slope * math.log2(total)
+        ms = model.step_ms(1e3 * one_gpu_s(share), T, share) + (allgather_ms if P > 1 else 0.0)
+        return PricedMesh(T, P, shape, S, S / ms * 1e3)
+
+    return [priced(s) for s in ((None, *LADDER) if P == 1 else ladder(P))]
+
+
 def price(
     T: int,
     P: int,
@@ -101,19 +124,8 @@ def price(
     allgather_ms: float,
     slope: float = PRIOR_SLOPE,
 ) -> PricedMesh:
-    """The mesh (T, P) at its best ladder shape (or plain decoding): expected S from the step's
-    tokens, cost from one rank's step at the tokens of its share, the group model and, with
-    P > 1, the all-gather."""
-
-    def rate(shape: Shape | None) -> tuple[float, float]:
-        total, share = (1, 1) if shape is None else (rank_tokens(shape), rank_tokens(shape, P))
-        S = 1 + slope * math.log2(total)
-        ms = model.step_ms(1e3 * one_gpu_s(share), T, share) + (allgather_ms if P > 1 else 0.0)
-        return S, S / ms * 1e3
-
-    shapes: Sequence[Shape | None] = (None, *LADDER) if P == 1 else ladder(P)
-    best = max(shapes, key=lambda s: rate(s)[1])
-    return PricedMesh(T, P, best, *rate(best))
+    """The mesh (T, P) at its best shape (or plain decoding): `priced_shapes`' fastest."""
+    return max(priced_shapes(T, P, one_gpu_s, model, allgather_ms, slope), key=lambda x: x.tok_s)
 
 
 def choose(
@@ -140,4 +152,5 @@ __all__ = [
     "fit",
     "group_sizes",
     "price",
+    "priced_shapes",
 ]

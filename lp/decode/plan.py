@@ -204,17 +204,10 @@ def plan_step(pending: list[int] | np.ndarray, window: np.ndarray | None, tree: 
     return StepPlan(*lay_out_step(split, fed, rows, *arrays), len(fed), split)
 
 
-def rank_share(m: int, tree: DraftTree, split: Split) -> tuple[tuple[RankPlan, ...], StepLayout]:
-    """A step with `m` pending tokens split over P ranks: every rank's plan, then rank `rank`'s
-    layout (what tools.project replays for each rank)."""
-    step = plan_step(np.zeros(m, dtype=np.int64), None, tree, split)
-    return step.plans, step.layout
-
-
 def next_pending(committed: list[int], keep: bool) -> list[int]:
     """The tokens the step after one that committed `committed` feeds before its window and tree
     (x0 last): all of them, or with `keep` (their drafts' KV kept) only the last."""
     return committed[-1:] if keep else committed
 
 
-__all__ = ["PARTS", "Split", "StepPlan", "lay_out_step", "next_pending", "plan_step", "rank_share"]
+__all__ = ["PARTS", "Split", "StepPlan", "lay_out_step", "next_pending", "plan_step"]
