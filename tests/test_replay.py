@@ -88,3 +88,17 @@ def test_a_recording_of_other_steps_is_refused(tmp_path):
         replay.read_recording(str(tmp_path / "x.json"))
     with pytest.raises(SystemExit, match="usage"):
         replay.main(["nope"])
+
+
+def test_a_shape_w_auto_chose_that_the_recording_lacks_is_not_timed():
+    from lp.decode.auto import LADDER
+
+    class Choosing:
+        def choose(self):
+            return LADDER[-1], "the largest"
+
+    doc = {"prompts": [{"id": "7", "prompt_ids": [1, 2], "decodes": {"W5N3G5": {"steps": [[3]], "S": 1.0}}}]}
+    row = replay.Replay(None, doc, {1: 0, 2: 1, 3: 2}, tuner=Choosing()).decode(doc["prompts"][0], "auto")
+    assert row == {"id": "7", "decoder": "auto", "config": LADDER[-1].name, "skipped": "not recorded"}
+    summary = replay.summarize([row], ["auto"])
+    assert summary == []

@@ -99,7 +99,7 @@ def run(cfg: Settings) -> dict:
     return {
         "tool": "tools.project",
         "projection": LABEL,
-        "command": "python -m tools.project " + " ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()),
+        "command": " ".join(["python -m tools.project", *_given(cfg)]),
         "date": time.strftime("%Y-%m-%d"),
         "costs": costs,
         "sweep": S.about,
@@ -108,6 +108,16 @@ def run(cfg: Settings) -> dict:
         "best": [r["config"] for r in best],
         "rows": rows,
     }
+
+
+def _given(cfg: Settings) -> list[str]:
+    """The keys given other values than their defaults, as `key=value` (paths as the repository's)."""
+    default = Settings()
+    return [
+        f"{k}={pricing.rel(Path(v)) if k in ('costs', 'sweep', 'out') else v}"
+        for k, v in dataclasses.asdict(cfg).items()
+        if v != getattr(default, k)
+    ]
 
 
 def markdown(r: dict) -> str:

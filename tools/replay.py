@@ -191,14 +191,19 @@ def token_map(doc: dict, vocab: int) -> dict[int, int]:
 
 
 class StepClock(StepObserver):
-    """Each step's wall time: from the last message read (the first: from the prefill) to its own."""
+    """Each step's wall time: from the last message read to its own (the first step's: from its
+    forward's start, after the prefill)."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
-        self._last = 0.0
+        self._last: float | None = None
 
     def prefill_done(self) -> None:
-        self.seconds, self._last = [], time.perf_counter()
+        self.seconds, self._last = [], None
+
+    def forward_start(self) -> None:
+        if self._last is None:
+            self._last = time.perf_counter()
 
     def message_read(self) -> None:
         now = time.perf_counter()
@@ -226,8 +231,10 @@ class Replay:
             chose = "ar" if shape is None else shape.name
         ids = [self.ids[t] for t in prompt["prompt_ids"]]
         recorded = next(iter(prompt["decodes"].values())) if chose == "ar" else prompt["decodes"].get(chose)
-        if recorded is None:
-            raise LPError(f"{name} chose {chose}, which the recording lacks (it has {', '.join(prompt['decodes'])})")
+        if recorded is None:  # W=auto chose a shape not recorded: the row says so, nothing is timed
+            if name != "auto":
+                raise LPError(f"the recording has no {name} (it has {', '.join(prompt['decodes'])})")
+            return {"id": prompt["id"], "decoder": name, "config": chose, "skipped": "not recorded"}
         committed = [[self.ids[t] for t in s] for s in recorded["steps"]]
         total = sum(map(len, committed))
         n = min(total, max_new or total)
@@ -264,12 +271,15 @@ class Replay:
 def summarize(rows: list[dict], names: list[str]) -> list[dict]:
     """Per decoder: tokens/s pooled (all tokens over all seconds) and the median over prompts,
     the median per-prompt ratio to `ar` where it ran, S, and the slowest step against its
-    prompt's median step."""
+    prompt's median step; rows not timed (W=auto's choice not recorded) left out."""
+    rows = [r for r in rows if "skipped" not in r]
     ar = {r["id"]: r["tok_s"] for r in rows if r["decoder"] == "ar"}
     ar_pooled = _pooled([r for r in rows if r["decoder"] == "ar"])
     out = []
     for name in names:
         mine = [r for r in rows if r["decoder"] == name]
+        if not mine:
+            continue
         ratios = [r["tok_s"] / ar[r["id"]] for r in mine if r["id"] in ar]
         out.append(
             {
@@ -323,7 +333,8 @@ def run(cfg: Replayer) -> dict:
         for name in names:
             replay.rows.append(replay.decode(prompt, name))
             r = replay.rows[-1]
-            _progress(f"{r['id']} {name} ({r['config']}): {r['tok_s']:.1f} tok/s, S {r['S']:.2f}")
+            said = r["skipped"] if "skipped" in r else f"{r['tok_s']:.1f} tok/s, S {r['S']:.2f}"
+            _progress(f"{r['id']} {name} ({r['config']}): {said}")
     cuda = comm.device.type == "cuda"
     return {
         "tool": TOOL,
@@ -371,6 +382,10 @@ def markdown(r: dict) -> str:
             f"{s['tok_s_median']:.1f} | {vs} | {s['same_steps']}/{s['prompts']} | {s['worst_step_vs_median']:.2f}x | "
             f"{k['path']}/{k['depth']}/{k['short']}/{k['none']} |"
         )
+    skipped = sorted({(x["decoder"], x["config"]) for x in r["rows"] if "skipped" in x})
+    lines += [
+        f"- {name} chose {config} on some prompt, which the recording lacks: not timed" for name, config in skipped
+    ]
     if r["max_memory_allocated_mib"] is not None:
         lines += ["", f"- GPU memory at most {r['max_memory_allocated_mib']:.0f} MiB (max_memory_allocated)"]
     return "\n".join(lines) + "\n"

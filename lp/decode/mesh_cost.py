@@ -116,18 +116,6 @@ def priced_shapes(
     return [priced(s) for s in ((None, *LADDER) if P == 1 else ladder(P))]
 
 
-def price(
-    T: int,
-    P: int,
-    one_gpu_s: Callable[[float], float],
-    model: GroupModel,
-    allgather_ms: float,
-    slope: float = PRIOR_SLOPE,
-) -> PricedMesh:
-    """The mesh (T, P) at its best shape (or plain decoding): `priced_shapes`' fastest."""
-    return max(priced_shapes(T, P, one_gpu_s, model, allgather_ms, slope), key=lambda x: x.tok_s)
-
-
 def choose(
     world_size: int,
     sizes: Sequence[int],
@@ -137,7 +125,9 @@ def choose(
 ) -> tuple[PricedMesh, list[PricedMesh]]:
     """The fastest mesh of `world_size` ranks with T in `sizes` (ties: the larger T, which
     holds less of the model per rank), and every priced mesh."""
-    priced = [price(T, world_size // T, one_gpu_s, model, allgather_ms) for T in sizes]
+    priced = [
+        max(priced_shapes(T, world_size // T, one_gpu_s, model, allgather_ms), key=lambda x: x.tok_s) for T in sizes
+    ]
     return max(priced, key=lambda x: (x.tok_s, x.T)), priced
 
 
@@ -151,6 +141,5 @@ __all__ = [
     "choose",
     "fit",
     "group_sizes",
-    "price",
     "priced_shapes",
 ]
