@@ -44,24 +44,28 @@ def test_the_recording_is_each_steps_committed_tokens(recording, tiny_model_dir)
     assert any(len(s) > 1 for p in doc["prompts"] for d in p["decodes"].values() for s in d["steps"])
 
 
-def test_a_replayed_decode_takes_the_recorded_steps(recording, tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_replayed_decode_takes_the_recorded_steps(device, recording, tmp_path):
     """On another shape with random weights, every decoder commits the recorded tokens step by
-    step (the same S), `ar` runs the recorded length, `auto` replays the shape it chose."""
+    step (the same S), `ar` runs the recorded length, `auto` replays the shape it chose (on a GPU:
+    captured steps, the kept drafts' KV moved by a captured graph)."""
     out = tmp_path / "out"
     decoders = "ar,W3N3G15-L32-B26-lone,W3N3G15-L128-D14,W5N3G5,auto"
-    assert replay.main(["run", "arch=tiny", "device=cpu", f"recording={recording}", f"decoders={decoders}",
+    assert replay.main(["run", "arch=tiny", f"device={device}", f"recording={recording}", f"decoders={decoders}",
                         "warmup_tokens=4", f"out={out}"]) == 0  # fmt: skip
     r = json.loads((out / "replay.json").read_text())
     assert r["arch"] == "tiny" and r["world_size"] == 1 and r["weights"].startswith("random")
     assert len(r["rows"]) == 5 * len(PROMPTS)
-    for row in r["rows"]:
+    timed = [row for row in r["rows"] if "skipped" not in row]  # W=auto may choose a shape not recorded here
+    assert all(row["decoder"] == "auto" for row in r["rows"] if row not in timed)
+    for row in timed:
         assert row["same_steps"] and row["identical"] is (None if row["config"] == "ar" else True), row
         assert row["S"] == pytest.approx(row["recorded_S"]) and row["tok_s"] > 0
-    kept = [row for row in r["rows"] if row["config"] != "ar" and row["S"] > 1]
+    kept = [row for row in timed if row["config"] != "ar" and row["S"] > 1]
     assert kept, "no replayed step accepted a draft: a weak test"
     for row in kept:  # every step with accepted drafts found a node to keep them from
         assert sum(row["kinds"].values()) == sum(n > 1 for n in _accepted(r, row))
-    assert {s["decoder"] for s in r["summary"]} == set(decoders.split(","))
+    assert set(decoders.split(",")) - {"auto"} <= {s["decoder"] for s in r["summary"]}
     assert (out / "replay.md").read_text().startswith("# Replayed decodes: tiny")
 
 
