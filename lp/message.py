@@ -86,11 +86,15 @@ class Outcome(NamedTuple):
     successors: np.ndarray  # [rows, 1 + k] the step's successor rows: x0's, the columns', the nodes' (last first)
 
 
-def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k: int = 0) -> Outcome:
+def merge(
+    gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k: int = 0, order: np.ndarray | None = None
+) -> Outcome:
     """Merge `[P, K]` messages of steps committing at most `max_commit` tokens (and successor rows
-    of `k` tokens, if k > 0). Rank 0's y1 is authoritative: a candidate counts only if its rank
-    computed the same y1. The longest acceptance wins, ties to the lowest candidate."""
-    best, new, successors = merge_messages(gathered, bounds_of(plans), HEADER + max_commit, k)
+    of `k` tokens, if k > 0; `order`: the tree's nodes in the order the plans count them, None:
+    its own). Rank 0's y1 is authoritative: a candidate counts only if its rank computed the same
+    y1. The longest acceptance wins, ties to the lowest candidate."""
+    order = np.zeros(0, np.int64) if order is None else order
+    best, new, successors = merge_messages(gathered, bounds_of(plans), HEADER + max_commit, k, order)
     if best < 0:
         return Outcome([int(gathered[0, 0])], new, 0, successors)
     accepted = int(gathered[best, 2])
@@ -104,9 +108,12 @@ def bounds_of(plans: tuple[RankPlan, ...]) -> np.ndarray:
 
 
 @compiled
-def merge_messages(gathered: np.ndarray, bounds: np.ndarray, start: int, k: int) -> tuple[int, np.ndarray, np.ndarray]:
+def merge_messages(
+    gathered: np.ndarray, bounds: np.ndarray, start: int, k: int, order: np.ndarray
+) -> tuple[int, np.ndarray, np.ndarray]:
     """`merge`'s work on the messages of ranks whose plans are the rows of `bounds` (first
-    column, column stop, first candidate, candidate stop), their window slots from `start`: the
+    column, column stop, first candidate, candidate stop; the candidates the tree's nodes in
+    `order`, empty: their own, lp/decode/shares.py), their window slots from `start`: the
     rank whose path wins (-1: none; an LPError where the ranks' output lengths or checksums
     differ: they drifted apart), the window's new level, and
     the successor rows (none, `[0, 1]`, without k) in the order that every rank applies them:
@@ -147,9 +154,20 @@ def merge_messages(gathered: np.ndarray, bounds: np.ndarray, start: int, k: int)
     for r in range(P):
         for c in range(1, 1 + cols[r]):
             at[i], i = r * K + base + c * width, i + 1
-    for r in range(P - 1, -1, -1):
-        for c in range(cols[r] + nodes[r], cols[r], -1):
-            at[i], i = r * K + base + c * width, i + 1
+    if len(order):  # the nodes of a tree split in pre-order, still from the tree's last to its first
+        place, owner = np.empty(len(order), np.int64), np.empty(len(order), np.int64)
+        for q in range(len(order)):
+            place[order[q]] = q
+        for r in range(P):
+            owner[bounds[r, 2] : bounds[r, 3]] = r
+        for v in range(len(order) - 1, -1, -1):
+            q = place[v]
+            r = owner[q]
+            at[i], i = r * K + base + (cols[r] + 1 + q - bounds[r, 2]) * width, i + 1
+    else:
+        for r in range(P - 1, -1, -1):
+            for c in range(cols[r] + nodes[r], cols[r], -1):
+                at[i], i = r * K + base + c * width, i + 1
     flat = gathered.ravel()
     successors = np.empty((n, width), np.int64)
     for i in range(n):

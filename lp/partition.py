@@ -19,6 +19,18 @@ import numpy as np
 from lp.jit import compiled
 
 
+class Split(NamedTuple):
+    """How a step is split: W window columns of n-gram size N over P ranks, this rank's share.
+    `share` > 0 (greedy steps over P > 1 ranks): the tree is cut anywhere in pre-order, each
+    share within `share` tokens where the tree fits (lp/decode/shares.py); 0: root subtrees whole."""
+
+    W: int
+    N: int
+    P: int
+    rank: int
+    share: int = 0
+
+
 class RankPlan(NamedTuple):
     """One rank's share of a step: contiguous window columns and candidate indices. (A named
     tuple: a step makes P of them after its message is read, and a frozen dataclass costs
@@ -118,6 +130,55 @@ def search(W: int, N: int, sizes: np.ndarray, P: int, candidate_tokens: int, G: 
     if at_hi.shape[0]:
         return at_hi
     _greedy(W, N, ends, P, lo, candidate_tokens, out)
+    return out
+
+
+@compiled
+def fill_split(W: int, N: int, depth: np.ndarray, P: int, limit: int, out: np.ndarray) -> bool:
+    """`_greedy` for a tree in pre-order (`depth`: each node's depth, 1 for x0's children) that
+    ranks may cut anywhere: each rank takes the next columns, then the next nodes, and also feeds
+    its first node's ancestors again (depth - 1 of them: in pre-order they are the only ones
+    outside a rank's run of nodes), within `limit` tokens; whether every column and node found
+    a rank."""
+    col, v, n = 0, 0, len(depth)
+    for rank in range(P):
+        start_col, start = col, v
+        if col < W or v < n:
+            col = max(start_col, min(W, (limit + (N - 2) * start_col) // (N - 1)))
+            used = 1 + (col - 1 + (N - 2) * (col - start_col) if col > start_col else 0)
+            if v < n:
+                v = min(n, v + max(0, limit - used - (depth[v] - 1)))
+        out[rank, 0], out[rank, 1], out[rank, 2], out[rank, 3] = start_col, col, start, v
+    return col == W and v == n
+
+
+@compiled
+def search_split(W: int, N: int, depth: np.ndarray, P: int, most: int) -> np.ndarray:
+    """The ranks' shares `[P, 4]` of W columns and a tree in pre-order (`depth`) that ranks may
+    cut anywhere (`fill_split`), at the least limit the fill meets: from the floor (the mean
+    of the ranks' tokens, the window's last column, a deepest node and its ancestors), by
+    binary search up to `most` where the fill meets it (a share cap), else up to one rank's
+    whole step. One pending token a rank: a caller with m subtracts m - 1 from `most`."""
+    n = len(depth)
+    top = 1 + max(W - 1, 0) + (N - 2) * W + n
+    deepest = 0
+    for v in range(n):
+        deepest = max(deepest, depth[v])
+    lo = max(-(-(P + top - 1) // P), W + N - 2 if W else 1, 1 + deepest)
+    out = np.empty((P, 4), np.int64)
+    hi = top
+    if lo <= most < top and fill_split(W, N, depth, P, most, out):
+        hi = most
+    best = np.empty((0, 4), np.int64)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fill_split(W, N, depth, P, mid, out):
+            hi, best = mid, out.copy()
+        else:
+            lo = mid + 1
+    if best.shape[0]:
+        return best
+    fill_split(W, N, depth, P, hi, out)
     return out
 
 

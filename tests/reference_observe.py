@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from lp.config import DecodeConfig
+from lp.decode.plan import Split
 from lp.lookahead.chains import new_chains
 from lp.lookahead.drafts import SOURCES, step_drafts
 from lp.lookahead.grow import grow
@@ -18,6 +19,7 @@ from lp.lookahead.tree import DraftTree, TreeBuilder
 from lp.lookahead.window import JacobiWindow
 from lp.message import merge
 from lp.partition import RankPlan
+from tests.reference_plan import first_grown, fitted_size
 
 
 def window_ngrams(rows: np.ndarray, x0: int, level: np.ndarray) -> np.ndarray:
@@ -51,8 +53,9 @@ class PlainSources:
         self.tree = DraftTree(np.zeros(0, np.int64), np.zeros(0, np.int64))
         self.labels = np.zeros(0, np.int64)
 
-    def grow(self, pending: int) -> DraftTree:
-        """The step's tree (kept as the current step's) for a step that feeds `pending` tokens."""
+    def grow(self, pending: int, split: Split) -> DraftTree:
+        """The step's tree (kept as the current step's) for a step that feeds `pending` tokens,
+        cut to the shares of `split` (lp/decode/shares.py)."""
         cfg, W = self.cfg, self.window.rows.shape[1]
         budget = cfg.tree_budget(pending)
         count = cfg.text_drafts if cfg.drafts == "pool+text" else 0
@@ -64,7 +67,7 @@ class PlainSources:
             chains = step_drafts(self.text, self.pool, self.window, cfg.draft_len, count, context, frequent, guesses)
             chances = self.rates.chances
             grown = grow(self.text, chains, chances, self.table, budget, cfg.max_draft, cfg.longest_continuation)
-            tokens, parents, labels, _, groups = grown
+            tokens, parents, labels, growth, groups = grown
         else:  # the drafts in order, each a chain; then the recycled leaves' paths
             chains = step_drafts(self.text, self.pool, self.window, cfg.draft_len, count, context, frequent, 0)
             builder = TreeBuilder(budget, share=False)
@@ -76,16 +79,22 @@ class PlainSources:
                     builder.add(path)
             tree = builder.tree()
             tokens, parents, groups = tree.tokens, tree.parent_array, np.asarray(tree.groups(), np.int64)
-            labels = np.full(len(tokens), -1, np.int64)
+            labels, growth = np.full(len(tokens), -1, np.int64), np.arange(len(tokens))
+        if budget and split.P > 1 and split.share:
+            cap = split.share - (pending - 1)
+            size = fitted_size(split.W, split.N, split.P, cap, tuple(parents.tolist()), growth.tolist())
+            nodes, kept = first_grown(tuple(parents.tolist()), growth.tolist(), size)
+            tokens, parents, labels, groups = tokens[nodes], np.asarray(kept, np.int64), labels[nodes], None
         self.tree, self.labels = DraftTree(tokens, parents, groups), labels
         return self.tree
 
     def observe(
-        self, gathered: np.ndarray, plans: tuple[RankPlan, ...], remaining: int, eos: set[int]
+        self, gathered: np.ndarray, plans: tuple[RankPlan, ...], order: np.ndarray, remaining: int, eos: set[int]
     ) -> tuple[list[int], bool]:
-        """A step's messages merged and fed to the sources one at a time."""
+        """A step's messages merged (its shares `plans`, counting nodes in `order`) and fed to the
+        sources one at a time."""
         cfg, text, pool, table = self.cfg, self.text, self.pool, self.table
-        outcome = merge(gathered, plans, cfg.max_commit, self.k)
+        outcome = merge(gathered, plans, cfg.max_commit, self.k, order)
         tokens, stopped = outcome.tokens[:remaining], False
         ends = [i for i, t in enumerate(tokens) if t in eos]
         if ends:

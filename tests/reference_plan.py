@@ -100,10 +100,83 @@ def partition(W: int, N: int, P: int, groups: tuple[int, ...], width: int) -> li
     return plans or at_hi or _fill(W, N, ends, P, lo, width)
 
 
-def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k: int) -> tuple:
+def preorder(parents: tuple[int, ...]) -> list[int]:
+    """The nodes in pre-order: each node, then its children's subtrees in index order."""
+    children: dict[int, list[int]] = {}
+    for v, p in enumerate(parents):
+        children.setdefault(p, []).append(v)
+    out: list[int] = []
+
+    def visit(v: int) -> None:
+        out.append(v)
+        for c in children.get(v, []):
+            visit(c)
+
+    for root in children.get(-1, []):
+        visit(root)
+    return out
+
+
+def in_order(parents: tuple[int, ...], order: list[int]) -> tuple[list[int], list[int]]:
+    """The parents and depths of the nodes taken in `order`."""
+    place = {v: q for q, v in enumerate(order)}
+    ordered = [place[parents[v]] if parents[v] >= 0 else -1 for v in order]
+    depth: list[int] = []
+    for p in ordered:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return ordered, depth
+
+
+def split_cost(W: int, N: int, depth: list[int], share: tuple[int, int, int, int]) -> int:
+    """A rank's tokens with one pending: its columns, its nodes c..d-1 of a tree in pre-order and
+    node c's ancestors fed again."""
+    a, b, c, d = share
+    return RankPlan(range(a, b), range(c, d)).cost(N, 1, 1) + (depth[c] - 1 if d > c else 0)
+
+
+def split_fill(W: int, N: int, depth: list[int], P: int, limit: int) -> list | None:
+    """Ranks filled in order up to `limit` tokens each: columns, then as many nodes as fit with
+    the first one's ancestors (None: some column or node found no rank)."""
+    plans, col, v, n = [], 0, 0, len(depth)
+    for _ in range(P):
+        start_col, start = col, v
+        if col < W or v < n:
+            while col < W and split_cost(W, N, depth, (start_col, col + 1, v, v)) <= limit:
+                col += 1
+            while v < n and split_cost(W, N, depth, (start_col, col, start, v + 1)) <= limit:
+                v += 1
+        plans.append((start_col, col, start, v))
+    return plans if col == W and v == n else None
+
+
+def fitted_size(W: int, N: int, P: int, cap: int, parents: tuple[int, ...], growth: list[int]) -> int:
+    """The most nodes, first grown first, that P shares of `cap` tokens hold (a binary search
+    over the count, as lp/decode/shares.py's)."""
+    lo, hi = 0, len(parents)
+    while lo < hi:
+        size = (lo + hi + 1) // 2
+        kept = first_grown(parents, growth, size)[1]
+        if split_fill(W, N, in_order(kept, preorder(kept))[1], P, cap) is not None:
+            lo = size
+        else:
+            hi = size - 1
+    return lo
+
+
+def first_grown(parents: tuple[int, ...], growth: list[int], size: int) -> tuple[list[int], tuple[int, ...]]:
+    """The nodes grown before place `size`, in the tree's order, and their parents among them."""
+    nodes = [v for v in range(len(parents)) if growth[v] < size]
+    place = {v: i for i, v in enumerate(nodes)}
+    return nodes, tuple(place[parents[v]] if parents[v] >= 0 else -1 for v in nodes)
+
+
+def merge(
+    gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k: int, order: list[int] | None = None
+) -> tuple:
     """`lp.message.merge`'s outcome as (tokens, new, accepted, successors): the longest accepted
     path among the ranks agreeing with rank 0's y1 (ties to the lowest candidate), the columns'
-    new tokens in rank order, and the successor rows x0, columns, nodes last to first."""
+    new tokens in rank order, and the successor rows x0, columns, nodes last to first (the ranks'
+    nodes a tree's in `order`: by their place in the tree)."""
     head = gathered[:, :HEADER].tolist()
     y1 = head[0][0]
     if any(h[3:5] != head[0][3:5] for h in head):
@@ -120,5 +193,9 @@ def merge(gathered: np.ndarray, plans: tuple[RankPlan, ...], max_commit: int, k:
     rows = gathered[:, start + len(new) :].reshape(len(plans), -1, 1 + k)
     cols = [1 + len(p.columns) for p in plans]
     nodes = [rows[r, c : c + len(p.candidates)] for r, (c, p) in enumerate(zip(cols, plans))]
-    order = [rows[0, :1]] + [rows[r, 1:c] for r, c in enumerate(cols)] + [n[::-1] for n in nodes[::-1]]
-    return tokens, new, accepted, np.concatenate(order)
+    if order:  # rows of the nodes in pre-order, rank after rank: put back in the tree's order
+        by_place = np.concatenate(nodes)
+        place = {v: q for q, v in enumerate(order)}
+        nodes = [by_place[[place[v] for v in range(len(order))]]]
+    rows = [rows[0, :1]] + [rows[r, 1:c] for r, c in enumerate(cols)] + [n[::-1] for n in nodes[::-1]]
+    return tokens, new, accepted, np.concatenate(rows)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import lp.decode.auto
-from lp.decode.auto import LADDER, AutoTuner, CostCurve, rank_tokens
+from lp.decode.auto import AutoTuner, CostCurve
+from lp.decode.ladder import LADDER, rank_tokens
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,9 +117,9 @@ def test_calibration_builds_every_bucket_auto_can_use(tiny_models):
     assert bucket(rank_tokens(LADDER[-1])) == 1024 and worker.step_slots(1024) > worker.capacity - worker.max_seq_len
     assert cost.padded and cost.tokens == (1, 16, 32, 64, 128, 256, 512)
     assert set(cost.tokens) <= set(worker.fixed._buckets)
-    # at 8 ranks a share is at most 138 tokens: no rank builds the buckets it never runs
+    # at 8 ranks a share is cut to 128 tokens (lp/decode/shares.py): no rank builds the buckets it never runs
     eight = calibrate(Worker(tiny_models["llama"], graphs=True), reps=1, world_size=8)
-    assert eight.tokens == (1, 16, 32, 64, 128, 256)
+    assert eight.tokens == (1, 16, 32, 64, 128)
     plain = calibrate(Worker(tiny_models["llama"], graphs=False), reps=1)
     assert not plain.padded and plain.tokens == (*SIZES, 128)
     assert 0 < cost.plain < math.inf and 0 < plain.plain < math.inf  # a plain step timed as mode=ar runs it
@@ -161,7 +162,7 @@ def test_a_shapes_name_is_its_config():
     from lp.bench.shapes import parse_lookahead
     from lp.config import DecodeConfig
 
-    Shape = lp.decode.auto.Shape
+    Shape = lp.decode.ladder.Shape
     odd = Shape(W=1, N=2, G=15, step_tokens=16, tree_tokens=10, successors=16, lone_matches=True, draft_len=16)
     for shape in (*LADDER, odd):
         assert Shape.of(DecodeConfig(**parse_lookahead(shape.name))) == shape, shape.name
@@ -183,10 +184,31 @@ def test_the_command_line_leaves_the_shapes_keys_to_auto():
 
     cfg = OmegaConf.load(ROOT / "configs" / "generate.yaml")
     given = lp.generate.settings_of(cfg)
-    keys = {f.name for f in fields(lp.decode.auto.Shape)} - {"W", "N", "G"}
+    keys = {f.name for f in fields(lp.decode.ladder.Shape)} - {"W", "N", "G"}
     assert (given["W"], given["N"], given["G"]) == ("auto", "auto", "auto")
     assert not given.keys() & keys
     for key in keys:  # each a setting of the command line
         assert key in cfg and key in lp.generate.SETTINGS, key
     cfg.draft_len, cfg.continuation_len = 12, 16
     assert [lp.generate.settings_of(cfg)[k] for k in ("draft_len", "continuation_len")] == [12, 16]
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4, 6, 8])
+def test_the_ladder_is_sized_so_shares_fill_buckets(P):
+    """Over P replicas each shape's step is P shares of a bucket (where an even share reaches one
+    past a single token), its shares cut to that bucket: W=auto prices what the engine runs."""
+    from lp.decode.ladder import LADDER, ladder
+    from lp.decode.shares import share_cap
+    from lp.engine.step_tensors import BUCKETS
+
+    for shape, sized in zip(LADDER, ladder(P)):
+        assert sized.step_tokens <= shape.step_tokens and sized.name.split("-")[0] == shape.name.split("-")[0]
+        cap = share_cap(sized.config, P)
+        if P == 1:
+            assert sized == shape and cap == 0
+            continue
+        assert rank_tokens(sized, P) <= cap + 1  # an N = 2 window reads one row more than it feeds
+        if shape.step_tokens / P >= BUCKETS[1]:
+            assert sized.step_tokens % P == 0 and sized.step_tokens // P in BUCKETS
+    if P in (2, 4, 8):
+        assert ladder(P) == LADDER  # the ladder's powers of two fill buckets already

@@ -469,36 +469,78 @@ def test_parallel_split_does_not_change_acceptance(P, N, W, G, tiny_models):
     assert results[0].accepted_per_step == one.accepted_per_step
 
 
-@pytest.mark.parametrize("P,W,N,G", [(2, 3, 3, 7), (3, 7, 5, 7)])
-def test_each_rank_verifies_its_own_candidates(P, W, N, G, tiny_models):
-    """Rank r must verify the tree nodes `partition(...)[r].candidates` of the step's tree,
-    with their parents: not the first len(...) nodes of it."""
+@pytest.mark.parametrize("P,W,N,G,temperature", [(2, 3, 3, 7, 0.0), (3, 7, 5, 7, 0.0), (2, 3, 3, 7, 0.7)])
+def test_each_rank_verifies_its_own_candidates(P, W, N, G, temperature, tiny_models):
+    """Rank r must verify its own nodes with their parents: at greedy steps its run of the tree in
+    pre-order (tests/reference_plan.py), after its first node's ancestors, which it feeds again but
+    does not own (lp/decode/shares.py); when sampling, the whole root subtrees
+    `partition(...)[r].candidates`."""
+    import reference_plan
+
+    from lp.decode.shares import share_cap
     from lp.partition import partition
-    from lp.verify.verifier import GreedyVerifier
+    from lp.verify.verifier import GreedyVerifier, SamplingVerifier
 
     checked, wrong = [], []
+    cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=24, temperature=temperature)
 
-    class Checking(GreedyVerifier):
-        def __init__(self, rank: int) -> None:
-            self.rank = rank
-
-        def __call__(self, s):
-            plan = partition(W, N, s.tree.size, P, s.tree.groups(), candidate_tokens=1)[self.rank]
+    def own_nodes(s, rank: int) -> tuple[list[int], tuple[int, ...], int]:
+        """The tokens and parents a rank verifies, and how many of them are another rank's."""
+        parents = s.tree.parents
+        if temperature:
+            plan = partition(W, N, s.tree.size, P, s.tree.groups(), candidate_tokens=1)[rank]
             want = s.tree.slice(plan.candidates.start, plan.candidates.stop)
-            checked.append(want.size)
-            if (
-                s.mine != plan.candidates
-                or s.nodes.tolist() != want.tokens.tolist()
-                or tuple(s.parents.tolist()) != want.parents
-            ):
-                wrong.append((self.rank, plan.candidates, s.nodes.tolist(), want.tokens.tolist()))
-            return super().__call__(s)
+            return want.tokens.tolist(), want.parents, 0
+        order = reference_plan.preorder(parents)
+        ordered, depth = reference_plan.in_order(parents, order)
+        cap = share_cap(cfg, P) - (s.layout.m - 1)
+        fills = [reference_plan.split_fill(W, N, depth, P, limit) for limit in range(1, 1000)]
+        shares = next(f for f in fills if f is not None)  # the least limit that fills
+        _, _, c, d = shares[rank]
+        assert max(reference_plan.split_cost(W, N, depth, x) for x in shares) <= cap
+        ancestors = []
+        up = ordered[c] if d > c else -1
+        while up >= 0:
+            ancestors.insert(0, up)
+            up = ordered[up]
+        nodes = ancestors + list(range(c, d))
+        local = {q: i for i, q in enumerate(nodes)}
+        tokens = [int(s.tree.tokens[order[q]]) for q in nodes]
+        return tokens, tuple(local.get(ordered[q], -1) for q in nodes), len(ancestors)
 
-    cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=24)
-    results, _ = run_ranks(tiny_models["llama"], P, [PROMPT] * P, cfg, verifiers=[Checking(r) for r in range(P)])
+    def checking(rank: int):
+        base = SamplingVerifier(temperature, 0, 1.0, 0, 0) if temperature else GreedyVerifier()
+
+        def verify(s):
+            tokens, parents, owned = own_nodes(s, rank)
+            checked.append(len(tokens) - owned)
+            if s.nodes.tolist() != tokens or tuple(s.parents.tolist()) != parents or s.owned != owned:
+                wrong.append((rank, s.nodes.tolist(), tokens, s.owned, owned))
+            return base(s)
+
+        return verify
+
+    results, _ = run_ranks(tiny_models["llama"], P, [PROMPT] * P, cfg, verifiers=[checking(r) for r in range(P)])
     assert not any(isinstance(g, BaseException) for g in results), results
     assert sum(checked) > 0
     assert not wrong, f"{len(wrong)} rank-steps verified other candidates, first: {wrong[0]}"
+
+
+@pytest.mark.parametrize("P,step_tokens", [(4, 64), (3, 48)])
+def test_greedy_shares_fill_their_buckets(P, step_tokens, tiny_models, refs):
+    """Over P ranks a greedy step's tree is cut anywhere and each rank's share is cut to the
+    bucket of an even share (lp/decode/shares.py): no rank feeds more, some step fills it, and
+    the output is greedy decoding's."""
+    from lp.decode.shares import share_cap
+
+    cfg = DecodeConfig(W=3, N=3, G=15, step_tokens=step_tokens, max_new_tokens=MAX_NEW)
+    results, _ = run_ranks(tiny_models["llama"], P, [PROMPT] * P, cfg)
+    cap = share_cap(cfg, P)
+    for g in results:
+        assert not isinstance(g, BaseException), g
+        assert g.output_ids == refs["llama"] and g.accepted_per_step == results[0].accepted_per_step
+        assert max(g.fed_per_step) <= cap
+    assert max(max(g.fed_per_step) for g in results) == cap
 
 
 @pytest.mark.parametrize("P", [2, 3])

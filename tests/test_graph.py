@@ -98,7 +98,7 @@ def test_fixed_shape_decoding_equals_greedy(arch, N, W, G, tiny_models):
 def test_fixed_shape_decoding_of_capped_shapes(tiny_models):
     """W=auto's shapes whose trees shrink with the pending tokens (empty ones too: their size
     caps the step) run at fixed shapes and stay greedy."""
-    from lp.decode.auto import LADDER
+    from lp.decode.ladder import LADDER
 
     model = tiny_models["llama"]
     dec = Decoder(Worker(model, graphs=True, attention="sdpa"), Collective(), set(), 512)

@@ -11,7 +11,7 @@ from numba import njit
 
 from lp.config import DecodeConfig
 from lp.decode.drafter import Drafter
-from lp.decode.plan import Split, StepPlan, next_pending, plan_step, rank_share
+from lp.decode.plan import Split, StepPlan, next_pending, plan_step
 from lp.errors import LPError
 from lp.lookahead.tree import DraftTree
 from lp.lookahead.window import JacobiWindow
@@ -45,21 +45,24 @@ def random_config(rng: np.random.Generator) -> DecodeConfig:
 def rank_messages(
     rng: np.random.Generator, cfg: DecodeConfig, step: StepPlan, vocab: int, state: tuple[int, int]
 ) -> np.ndarray:
-    """Every rank's message for `step` (`[P, K]`, its shares the rows of `step.bounds`): one
-    random rank accepts a random path of its own nodes (or none does); each sends random new
-    tokens for its columns and random successor rows for its x0, columns and nodes."""
+    """Every rank's message for `step` (`[P, K]`, its shares the rows of `step.bounds`, counting
+    nodes in `step.order` where it has one): one random rank accepts the path to a random one of
+    its own nodes (or none does); each sends random new tokens for its columns and random
+    successor rows for its x0, columns and own nodes."""
     W, k, tree = cfg.step_shape[0], cfg.successors_sent, step.tree
+    order = step.order.tolist() or list(range(tree.size))
     start = HEADER + cfg.max_commit
     out = np.full((len(step.bounds), step_message_size(cfg)), -1, dtype=np.int64)
     out[:, 0], out[:, 3], out[:, 4] = rng.integers(vocab), *state
     winner = int(rng.integers(len(step.bounds)))
     for r, (a, b, c, d) in enumerate(step.bounds.tolist()):
         if r == winner and d > c and rng.integers(4):
-            path = [int(rng.integers(c, d))]  # a rank holds whole root subtrees: the path is its own
+            mine = int(rng.integers(c, d))
+            path = [order[mine]]  # its ancestors: the rank's, or fed again to it
             while tree.parents[path[-1]] >= 0:
                 path.append(tree.parents[path[-1]])
             tokens = [int(tree.tokens[v]) for v in reversed(path)]
-            out[r, 1], out[r, 2] = path[0], len(tokens)
+            out[r, 1], out[r, 2] = mine, len(tokens)
             out[r, HEADER : HEADER + len(tokens) + 1] = [*tokens, out[r, 0]]
         out[r, start : start + b - a] = rng.integers(0, vocab, b - a)
         if k:
@@ -103,20 +106,21 @@ def decode(seed: int, P: int, rank: int, steps: int, rehearse: bool = False) -> 
     rng = np.random.default_rng(seed)
     cfg, vocab = random_config(rng), int(rng.integers(4, 16))
     prompt = rng.integers(0, vocab, int(rng.integers(1, 30))).tolist()
-    split, keep = Split(*cfg.step_shape[:2], P, rank), P == 1 and bool(rng.integers(2))
+    keep = P == 1 and bool(rng.integers(2))
     drafter, plain = Drafter(cfg, prompt, vocab, P=P, rank=rank, keep=keep), PlainSources(cfg, prompt, vocab)
+    split = drafter.shape.split
     eos = {int(rng.integers(vocab))} if rng.integers(3) else set()
     eos_ids = np.array(sorted(eos), dtype=np.int64)
     pending, length, ends = [prompt[-1]], 0, 0
     step = drafter.first_step(pending)
     for _ in range(steps):
-        same_step(step, plan_step(pending, plain.window.rows, plain.grow(len(pending)), split))
+        same_step(step, plan_step(pending, plain.window.rows, plain.grow(len(pending), split), split))
         drafter.before_read(rehearse)
         same_sources(drafter, plain)
         gathered = rank_messages(rng, cfg, step, vocab, (length, 7))
         remaining = int(rng.integers(1, 8))
-        tokens, stopped, planned = drafter.after_read(gathered, step.bounds, remaining, eos_ids)
-        assert (tokens, stopped) == plain.observe(gathered, step.plans, remaining, eos)
+        tokens, stopped, planned = drafter.after_read(gathered, step, remaining, eos_ids)
+        assert (tokens, stopped) == plain.observe(gathered, step.plans, step.order, remaining, eos)
         assert (planned is None) == (stopped or len(tokens) >= remaining)
         pending, length = next_pending(tokens, keep), length + len(tokens)
         ends += planned is None
@@ -151,7 +155,7 @@ def test_ranks_that_drift_apart_are_an_error():
     gathered = np.zeros((2, step_message_size(cfg)), dtype=np.int64)
     gathered[1, 3] = 1  # another output length
     with pytest.raises(LPError, match=r"ranks diverged: output lengths \[0, 1\]"):
-        drafter.after_read(gathered, step.bounds, 8, np.zeros(0, np.int64))
+        drafter.after_read(gathered, step, 8, np.zeros(0, np.int64))
 
 
 @njit
@@ -173,7 +177,7 @@ def test_window_ngrams_pooled_by_column(W, N):
     gathered = np.full((1, step_message_size(cfg)), -1, dtype=np.int64)
     gathered[0, :5] = [1, -1, 0, 0, 0]
     gathered[0, HEADER + cfg.max_commit : HEADER + cfg.max_commit + W] = level
-    assert drafter.after_read(gathered, step.bounds, 8, np.zeros(0, np.int64))[:2] == ([1], False)
+    assert drafter.after_read(gathered, step, 8, np.zeros(0, np.int64))[:2] == ([1], False)
     for j in range(W):
         first = 7 if j == 0 else before[0, j]
         expect = (*(before[lvl, j] for lvl in range(1, N - 1)), level[j])
@@ -182,15 +186,13 @@ def test_window_ngrams_pooled_by_column(W, N):
 
 
 def test_a_share_without_a_window_reads_no_tree_token_for_a_window_one():
-    """`rank_share` (no window: tools lay out recorded steps) gathers zeros for the window's
+    """`plan_step` without a window (tools lay out given trees) gathers zeros for the window's
     tokens and the tree's own tokens for its nodes."""
     tree = DraftTree(np.array([5, 6, 7], dtype=np.int64), (-1, 0, -1))
     step = plan_step([9], None, tree, Split(3, 3, 2, 1))
-    plans, layout = rank_share(1, tree, Split(3, 3, 2, 1))
-    assert plans == step.plans and layout.key == step.layout.key
     nodes = step.plan.candidates
-    assert step.ids[layout.node_tokens].tolist() == tree.tokens[nodes.start : nodes.stop].tolist()
-    assert set(step.ids[: layout.node_tokens.start].tolist()) <= {0, 9}
+    assert step.ids[step.layout.node_tokens].tolist() == tree.tokens[nodes.start : nodes.stop].tolist()
+    assert set(step.ids[: step.layout.node_tokens.start].tolist()) <= {0, 9}
     with pytest.raises(LPError, match="window's rows"):
         plan_step([9], JacobiWindow(2, 3, [1, 2], 0).rows, tree, Split(3, 3, 1, 0))
 
@@ -201,8 +203,8 @@ def test_after_read_needs_before_read_and_a_message_within_the_step():
     step = drafter.first_step([3])
     gathered = np.zeros((1, step_message_size(cfg)), dtype=np.int64)
     with pytest.raises(LPError, match="before_read"):
-        drafter.after_read(gathered, step.bounds, 8, np.zeros(0, np.int64))
+        drafter.after_read(gathered, step, 8, np.zeros(0, np.int64))
     drafter.before_read()
     gathered[0, 2] = cfg.max_commit  # more accepted draft tokens than the step holds
     with pytest.raises(LPError, match="more than the step's"):
-        drafter.after_read(gathered, step.bounds, 8, np.zeros(0, np.int64))
+        drafter.after_read(gathered, step, 8, np.zeros(0, np.int64))

@@ -11,7 +11,7 @@ import statistics
 import pytest
 import torch
 
-from lp.decode.auto import LADDER, rank_tokens
+from lp.decode.ladder import LADDER, rank_tokens
 from tools import steps
 
 ARGS = ["arch=tiny", "prompt_len=16", "tokens=1,4,8", "reps=3", "warmup=1", "new_tokens=8", "runs=2", "copy_mib=8"]
@@ -92,3 +92,14 @@ def test_steps_tool_on_cuda(tmp_path):
     r, md = _run(tmp_path, "device=cuda", "graphs=true")
     _check(r, md, torch.device("cuda"))
     assert r["dtype"] == "bfloat16" and r["graphs"] is True
+    # each captured bucket's memory, reported (its graph's pool is never below zero)
+    assert set(r["graph_memory"]) == set(r["capture_seconds"]) and "CUDA graph memory per bucket" in md
+    assert all(m["allocated_mib"] >= 0 and m["peak_mib"] >= 0 for m in r["graph_memory"].values())
+
+
+def test_no_decoders_with_zero_runs(tmp_path):
+    """`runs=0` times the steps alone (the GPU plan's first call: the decoders were measured before)."""
+    r, md = _run(tmp_path, "runs=0")
+    assert r["decode"] is None and r["ratios"] is None and "decoders not run (runs=0)" in md
+    assert r["graph_memory"] == {}  # no CUDA graphs on a CPU
+    assert [s["tokens"] for s in r["steps"] if s["kind"] == "causal"] == [1, 4, 8]

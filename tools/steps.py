@@ -32,7 +32,8 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,7 @@ import torch
 
 from lp.bench import metrics
 from lp.bench.report import clean
-from lp.decode.auto import LADDER
+from lp.decode.ladder import LADDER
 from lp.engine.kernel_choice import cpu_name
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
@@ -122,7 +123,7 @@ ARCHS: dict[str, Arch] = {
     ),
 }
 
-DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 120, 128, 240, 256, 480, 512)
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 120, 128, 240, 256, 480, 512, 768, 1024)
 
 
 @dataclass
@@ -194,7 +195,7 @@ class Settings(Engine):
             ("reps", 1),
             ("warmup", 0),
             ("new_tokens", 2),
-            ("runs", 1),
+            ("runs", 0),
             ("copy_mib", 0),
         ):
             if getattr(self, key) < low:
@@ -217,7 +218,7 @@ HELP = {
     "reps": "timed repetitions of each step and of the bandwidth copy (20)",
     "warmup": "untimed repetitions of each step first; the first one captures its CUDA graph (3)",
     "new_tokens": "tokens each decoder generates in the tokens/s comparison (128)",
-    "runs": "timed runs of each decoder in that comparison, after one warm-up each (3)",
+    "runs": "timed runs of each decoder in that comparison, after one warm-up each (3; 0: no comparison)",
     "graphs": "auto | true | false: lp's fixed-shape steps, CUDA graphs on a GPU (auto: on cuda)",
     "attention": "auto | sdpa | flex | split: lp's attention backend (auto: flex with graphs on cuda)",
     "copy_mib": "MiB copied per bandwidth repetition (0: 2048 on cuda, 256 on cpu)",
@@ -233,7 +234,7 @@ def parse(argv: list[str]) -> Settings:
 
 def parse_keys(argv: list[str], cls: type, help: dict[str, str], prog: str, description: str):
     """`cls(**values).validate()` from `key=value` arguments, one per field of the dataclass
-    `cls` (int, list of ints, or str); `--help` prints every key with its line of `help`."""
+    `cls` (int, float, list of ints, or str); `--help` prints every key with its line of `help`."""
     fields = dataclasses.fields(cls)
     width = max(len(f.name) for f in fields) + 1
     epilog = "keys:\n" + "\n".join(f"  {f.name:<{width}} {help[f.name]}" for f in fields)
@@ -250,12 +251,14 @@ def parse_keys(argv: list[str], cls: type, help: dict[str, str], prog: str, desc
         try:
             if types[key] == "int":
                 values[key] = int(value)
+            elif types[key] == "float":
+                values[key] = float(value)
             elif types[key].startswith("list"):
                 values[key] = [int(v) for v in value.strip("[]").split(",") if v.strip()]
             else:
                 values[key] = value
         except ValueError:
-            ap.error(f"{key} needs integers, got {value!r}")
+            ap.error(f"{key} needs numbers, got {value!r}")
     return cls(**values).validate()
 
 
@@ -352,29 +355,53 @@ def step_shapes(tokens: list[int]) -> list[tuple[dict, StepLayout]]:
 
 
 @torch.inference_mode()
-def step_latencies(worker, prompt: torch.Tensor, cfg: Settings, vocab: int) -> list[dict]:
+def step_latencies(worker, prompt: torch.Tensor, cfg: Settings, vocab: int) -> tuple[list[dict], dict[int, dict]]:
     """Latency of each step shape after a prefill of `prompt` (steps write KV but never commit,
-    so every repetition runs at the same position)."""
+    so every repetition runs at the same position); and on a GPU with CUDA graphs, each bucket's
+    memory (`_graph_memory`)."""
     shapes = step_shapes(cfg.tokens)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    worker.reset(len(prompt), max(layout.size for _, layout in shapes))
+    memory: dict[int, dict] = {}
+    with _graph_memory(worker, memory):
+        worker.reset(len(prompt), max(layout.size for _, layout in shapes))
     worker.prefill(prompt)
     rows = []
     for label, layout in shapes:
         ids = torch.randint(0, vocab, (layout.size,), generator=gen).to(worker.device)
         x0 = len(prompt) + layout.m - 1  # the last pending token's position
-        seconds = timed(
-            lambda ids=ids, layout=layout, x0=x0: worker.step(ids, layout, x0).argmax().item(),
-            worker.device,
-            cfg.reps,
-            cfg.warmup,
-        )
+        with _graph_memory(worker, memory):
+            seconds = timed(
+                lambda ids=ids, layout=layout, x0=x0: worker.step(ids, layout, x0).argmax().item(),
+                worker.device,
+                cfg.reps,
+                cfg.warmup,
+            )
         rows.append({**label, "tokens": layout.size, **_percentiles(seconds)})
         _progress(f"{label['kind']} step, {layout.size} tokens: {rows[-1]['median_ms']:.3f} ms")
     one = next((r["median_ms"] for r in rows if r["tokens"] == 1), None)
     for r in rows:  # cost relative to a one-token step, as W=auto sees it
         r["relative"] = r["median_ms"] / one if one else None
-    return rows
+    return rows, memory
+
+
+@contextmanager
+def _graph_memory(worker, memory: dict[int, dict]) -> Iterator[None]:
+    """Around work that may capture a bucket (a GPU's fixed-shape steps): the memory a bucket new
+    in it kept allocated (its graph's private pool, its static buffers) and its peak above that,
+    as `torch.cuda.memory_allocated` and `max_memory_allocated` see them, into `memory`."""
+    captures = worker.fixed.capture_seconds if worker.fixed is not None else {}
+    if worker.device.type != "cuda":
+        yield
+        return
+    known = set(captures)
+    torch.cuda.synchronize(worker.device)
+    torch.cuda.reset_peak_memory_stats(worker.device)
+    before = torch.cuda.memory_allocated(worker.device)
+    yield
+    for B in set(captures) - known:
+        kept, peak = torch.cuda.memory_allocated(worker.device), torch.cuda.max_memory_allocated(worker.device)
+        memory[B] = {"allocated_mib": (kept - before) / 2**20, "peak_mib": (peak - before) / 2**20}
+        _progress(f"bucket {B}: {memory[B]['allocated_mib']:.0f} MiB kept, {memory[B]['peak_mib']:.0f} MiB peak")
 
 
 def decode_rates(model: torch.nn.Module, worker, prompt: list[int], cfg: Settings) -> dict:
@@ -441,10 +468,10 @@ def run(cfg: Settings) -> dict:
     gen = torch.Generator().manual_seed(cfg.seed)
     prompt = torch.randint(0, vocab, (cfg.prompt_len,), generator=gen)
     worker = cfg.worker(model)
-    steps = step_latencies(worker, prompt.to(device), cfg, vocab)
-    decode = decode_rates(model, worker, prompt.tolist(), cfg)
+    steps, memory = step_latencies(worker, prompt.to(device), cfg, vocab)
+    decode = decode_rates(model, worker, prompt.tolist(), cfg) if cfg.runs else None
     floor_tok_s = bandwidth / read
-    lp_tok_s = decode["lp_ar"]["tok_s"]
+    lp_tok_s = decode["lp_ar"]["tok_s"] if decode else None
     return {
         "tool": "tools.steps",
         "weights": RANDOM_WEIGHTS,
@@ -459,6 +486,7 @@ def run(cfg: Settings) -> dict:
         "attention": worker.attention,
         # per step size: compile + warm-up + CUDA graph capture, paid once per process
         "capture_seconds": dict(worker.fixed.capture_seconds) if worker.fixed is not None else {},
+        "graph_memory": memory,  # per bucket captured on a GPU, MiB
         "settings": dataclasses.asdict(cfg),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "parameters": sum(p.numel() for p in {p.data_ptr(): p for p in model.parameters()}.values()),
@@ -472,7 +500,9 @@ def run(cfg: Settings) -> dict:
             "seconds_per_token": read / bandwidth,
             "tok_s": floor_tok_s,
         },
-        "ratios": {
+        "ratios": None
+        if decode is None
+        else {
             "lp_ar_over_hf_static": lp_tok_s / decode["hf_static"]["tok_s"],
             "lp_ar_over_hf_eager": lp_tok_s / decode["hf_eager"]["tok_s"],
             "lp_ar_fraction_of_floor": lp_tok_s / floor_tok_s,
@@ -507,6 +537,17 @@ def markdown(r: dict) -> str:
             f"| {s['kind']} | {shape} | {s['tokens']} | {s['median_ms']:.3f} | {s['p10_ms']:.3f} | "
             f"{s['p90_ms']:.3f} | {_opt(s['relative'], '.2f')} |"
         )
+    if r.get("graph_memory"):
+        lines += ["", "CUDA graph memory per bucket (captured with the step of that size first run here):", ""]
+        lines += ["| bucket | kept MiB | peak above it MiB |", "|---|---|---|"]
+        for B, m in sorted(r["graph_memory"].items(), key=lambda x: int(x[0])):
+            lines.append(f"| {B} | {m['allocated_mib']:.0f} | {m['peak_mib']:.0f} |")
+    if d is None:
+        lines += [
+            "",
+            f"- weight-read floor: {1e3 * f['seconds_per_token']:.3f} ms per token; decoders not run (runs=0)",
+        ]
+        return "\n".join(lines) + "\n"
     n = r["settings"]["new_tokens"]
     lines += [
         "",

@@ -35,8 +35,8 @@ from lp.bench.references import References
 from lp.bench.settings import PromptKeys
 from lp.bench.shapes import parse_lookahead
 from lp.config import DecodeConfig
-from lp.decode.auto import LADDER as AUTO_LADDER
-from lp.decode.auto import rank_tokens
+from lp.decode.ladder import LADDER as AUTO_LADDER
+from lp.decode.ladder import rank_tokens
 from lp.decode.record import collector_paused
 from lp.engine.kernel_choice import cpu_name
 from lp.errors import LPError

@@ -13,91 +13,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from lp.config import DRAFT_LEN, NUMBER_OPTIONS, SUCCESSORS, DecodeConfig
+from lp.collective import Collective
+from lp.decode.ladder import LADDER, Shape, ladder, rank_tokens
 from lp.engine.step_tensors import bucket
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
-
-@dataclass(frozen=True, kw_only=True)
-class Shape:
-    """A lookahead step's shape: DecodeConfig's keys that W=auto chooses. W window columns, n-gram
-    size N, G pool n-grams per first token; the step's size, `step_tokens`, and the tree's limit
-    where it does not follow from it (`tree_tokens`); `successors` kept per token; text drafts
-    from x0's lone matches too (`lone_matches`), of at most `draft_len` tokens; the text's
-    continuations below each node (`continuation_len`)."""
-
-    W: int
-    N: int
-    G: int
-    step_tokens: int
-    tree_tokens: int | None = None
-    successors: int = SUCCESSORS
-    lone_matches: bool = False
-    draft_len: int = DRAFT_LEN
-    continuation_len: int = 0
-
-    @property
-    def config(self) -> DecodeConfig:
-        return DecodeConfig(**asdict(self))
-
-    @classmethod
-    def of(cls, cfg: DecodeConfig) -> Shape:
-        """The shape `cfg` steps in: its size the largest step, its tree's limit where another than
-        the size gives, the successors as its steps send them. A shape's steps take text drafts
-        (`drafts` is not one of its keys): `cfg`'s without them are priced as if they could commit
-        a text draft's length."""
-        given = {f.name: getattr(cfg, f.name) for f in fields(cls)}  # every key, however many a shape has
-        shape = cls(
-            **{**given, "step_tokens": cfg.largest_step, "tree_tokens": None, "successors": cfg.successors_sent}
-        )
-        tree = cfg.tree_limit
-        return shape if shape.config.tree_limit == tree else replace(shape, tree_tokens=tree)
-
-    def _extras(self) -> list[tuple[str, str, object]]:
-        """(name part, key, value) of the keys that differ from their defaults, in field order."""
-        letters = {key: letter for letter, key in NUMBER_OPTIONS.items()}
-        out = []
-        for f in fields(self)[4:]:
-            value = getattr(self, f.name)
-            if value != f.default:
-                out.append(("lone" if f.name == "lone_matches" else f"{letters[f.name]}{value}", f.name, value))
-        return out
-
-    @property
-    def name(self) -> str:
-        """The shape as lp.bench names configs: W3N3G15-L128-D14 (lp/bench/shapes.py)."""
-        return f"W{self.W}N{self.N}G{self.G}-L{self.step_tokens}" + "".join(f"-{part}" for part, _, _ in self._extras())
-
-    def describe(self) -> str:
-        extra = "".join(f" {key}={'true' if v is True else v}" for _, key, v in self._extras())
-        return f"W={self.W} N={self.N} G={self.G} step_tokens={self.step_tokens}{extra}"
-
-
-# Shapes of growing step size (11 to 1,024 tokens). Up to 32 tokens, the tree gets what the
-# pending tokens leave (one replica's x0 alone, P ranks' last commit) and text drafts come from
-# x0's lone matches too (prompt lookup's fallback). A small window and a tree of the rest: at 11
-# tokens, the size prompt lookup feeds, W1 N2 (no window token: the column is x0's own prediction;
-# a tree of up to 9, so at most 10 tokens a step on one replica), above prompt lookup in every
-# category; W1 N3 at 16; from 32, W3 N3, which gave the most S at 128 tokens (results/tree); more
-# recycled successors from 512 tokens; text drafts of up to 14 tokens at 128 and 16 at 1,024, where
-# each node also goes on as the text did after its token. The budget sweep measures them
-# (results/sweep/spec_bench_48; its screens compare the shapes tried at 11, 128 and 1,024 tokens).
-LADDER: tuple[Shape, ...] = (
-    Shape(W=1, N=2, G=15, step_tokens=11, tree_tokens=9, lone_matches=True),
-    Shape(W=1, N=3, G=15, step_tokens=16, tree_tokens=14, lone_matches=True),
-    Shape(W=3, N=3, G=15, step_tokens=32, tree_tokens=26, lone_matches=True),
-    Shape(W=3, N=3, G=15, step_tokens=64),
-    Shape(W=3, N=3, G=15, step_tokens=128, draft_len=14),
-    Shape(W=3, N=3, G=15, step_tokens=256),
-    Shape(W=3, N=3, G=15, step_tokens=512, successors=16),
-    Shape(W=3, N=3, G=15, step_tokens=1024, successors=16, draft_len=16, continuation_len=16),
-)
 # S - 1 per doubling of a step's tokens before anything is decoded: the least-squares slope
 # (through the origin, against log2 of the largest step) of the ladder's S in the budget sweep
 # (results/sweep/spec_bench_48, 48 prompts at every size). `auto` refits it to what it decodes.
@@ -106,13 +32,6 @@ PRIOR_SLOPE = 0.30
 # Calibration timings on a shared machine vary by a few percent between runs; without a margin,
 # near ties between shapes flip from run to run on the same input.
 MARGIN = 1.1
-
-
-def rank_tokens(shape: Shape, P: int = 1) -> int:
-    """The most tokens one of P ranks feeds in a step of `shape`: the pending tokens on every rank,
-    the window's columns and the tree split evenly (lp/partition.py balances them)."""
-    cfg = shape.config
-    return cfg.max_commit + math.ceil((cfg.largest_step - cfg.max_commit) / P)
 
 
 @dataclass(frozen=True)
@@ -165,21 +84,15 @@ def calibrate(
     in turn, rep after rep, so a slow spell of the machine touches all of them instead of a few;
     and the fastest run is kept, since other load only ever adds time."""
     padded = worker.fixed is not None
-    if sizes is None:
-        sizes = (
-            tuple(
-                sorted(
-                    {
-                        bucket(rank_tokens(shape, world_size) - fewer)
-                        for shape in LADDER
-                        for fewer in (0, shape.config.max_commit - 1)
-                    }
-                    | {1}
-                )
-            )
-            if padded
-            else (1, 2, 4, 8, 16, 32, 64, 128)
-        )
+    if sizes is None and padded:
+        shares = {
+            rank_tokens(shape, world_size) - fewer
+            for shape in ladder(world_size)
+            for fewer in (0, shape.config.max_commit - 1)
+        }
+        sizes = tuple(sorted({bucket(T) for T in shares} | {1}))
+    elif sizes is None:
+        sizes = (1, 2, 4, 8, 16, 32, 64, 128)
     sizes = tuple(T for T in sizes if worker.step_slots(T) <= worker.capacity - worker.max_seq_len) or (1, 2)
     context = min(context, worker.max_seq_len - reps)  # and a plain step a rep
     vocab = worker.vocab_size
@@ -205,6 +118,15 @@ def calibrate(
             seconds[i] = min(seconds[i], time.perf_counter() - t0)
     # Costs cannot fall with more tokens; a dip is timer noise.
     return CostCurve(tuple(sizes), tuple(np.maximum.accumulate(seconds).tolist()), padded, plain)
+
+
+def calibrate_ranks(worker: Worker, comm: Collective, world_size: int) -> CostCurve:
+    """`calibrate` on every rank of `comm`, each size at the slowest rank's cost, so all ranks
+    choose alike; `world_size`: the LP replicas that split a step."""
+    mine = calibrate(worker, world_size=world_size)
+    micros = torch.tensor([round(s * 1e6) for s in (*mine.seconds, mine.plain)], dtype=torch.long, device=comm.device)
+    *slowest, plain = (x / 1e6 for x in comm.all_gather(micros).max(dim=0).values.cpu().tolist())
+    return CostCurve(mine.tokens, tuple(slowest), mine.padded, plain)
 
 
 def _plural(n: int, word: str) -> str:
@@ -241,7 +163,7 @@ class AutoTuner:
         expected tokens/s (None: plain decoding), and why, in plain words."""
         best, best_rate = None, 1.0 if allow_plain else -math.inf
         # shapes whose steps the calibration timed (a longer one's cost would be extrapolated)
-        for shape in (s for s in LADDER if rank_tokens(s, self.world_size) <= self.cost.tokens[-1]):
+        for shape in (s for s in ladder(self.world_size) if rank_tokens(s, self.world_size) <= self.cost.tokens[-1]):
             rate = self.expect(shape)[2]
             if rate > best_rate * MARGIN:
                 best, best_rate = shape, rate

@@ -14,6 +14,7 @@ from lp.config import DecodeConfig
 from lp.decode import phases
 from lp.decode.phases import DraftShape
 from lp.decode.plan import Split, StepPlan, next_pending
+from lp.decode.shares import share_cap
 from lp.errors import LPError
 from lp.lookahead.chains import new_chains
 from lp.lookahead.drafts import SOURCES
@@ -39,7 +40,7 @@ class Drafter:
         if k > vocab:
             raise LPError(f"successors={k} is more than the model's {vocab} tokens")
         self.shape = DraftShape(
-            split=Split(W, N, P, rank),
+            split=Split(W, N, P, rank, share_cap(cfg, P)),
             k=k,
             depth=cfg.max_draft,
             draft_len=cfg.draft_len,
@@ -86,13 +87,15 @@ class Drafter:
         phases.before_read(self.state, rehearse)
 
     def after_read(
-        self, gathered: np.ndarray, bounds: np.ndarray, remaining: int, eos: np.ndarray
+        self, gathered: np.ndarray, step: StepPlan, remaining: int, eos: np.ndarray
     ) -> tuple[list[int], bool, StepPlan | None]:
-        """The step's gathered messages `[P, K]` (of ranks whose shares are the rows of `bounds`,
-        `StepPlan.bounds`) merged and fed to the sources, and the next step planned
-        (`phases.after_read`): the committed tokens, whether an EOS ended them, and the next step's
-        plan (None where the decode ends: at an EOS or `remaining` tokens)."""
-        new, stopped, planned, buffer, ends, mask = phases.after_read(self.state, gathered, bounds, remaining, eos)
+        """The step's gathered messages `[P, K]` (of ranks whose shares are `step`'s) merged and fed
+        to the sources, and the next step planned (`phases.after_read`): the committed tokens,
+        whether an EOS ended them, and the next step's plan (None where the decode ends: at an EOS
+        or `remaining` tokens)."""
+        new, stopped, planned, buffer, ends, mask = phases.after_read(
+            self.state, gathered, step.bounds, step.order, remaining, eos
+        )
         tokens = new.tolist()
         fed = len(tokens) if not self.shape.keep else 1
         if planned:
@@ -146,7 +149,7 @@ def warm_up() -> None:
         gathered = np.zeros((P, step_message_size(cfg)), np.int64)
         for rehearse in (False, True):
             drafter.before_read(rehearse)
-            step = drafter.after_read(gathered, step.bounds, 3, np.zeros(0, np.int64))[2]
+            step = drafter.after_read(gathered, step, 3, np.zeros(0, np.int64))[2]
     merge(gathered, step.plans, unshared.max_commit, unshared.successors_sent)
 
 

@@ -16,6 +16,7 @@ from lp.decode.drafter import Drafter, warm_up
 from lp.decode.hooks import Cancelled, OnTokens, StepHooks, Stop
 from lp.decode.plan import Split, StepPlan, plan_step
 from lp.decode.record import Generation, collector_paused
+from lp.decode.shares import largest_share
 from lp.decode.state import DecodeState, decide, fingerprint, message
 from lp.engine import step_tensors
 from lp.errors import LPError
@@ -132,14 +133,12 @@ class Decoder:
             verify = verifier or verifier_for(cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, stream=stream)
             observe = observer or StepObserver()
             W, N, _, _ = cfg.step_shape
-            largest = cfg.largest_step
             # the smallest: one pending token and every column (one rank), or a rank's 1-token share
             P = self.comm.world_size
             fewest = RankPlan(range(W), range(0)).cost(N, pending=1, candidate_tokens=1) if P == 1 else 1
             # one replica keeps its accepted drafts' KV; over P ranks a draft's KV lies on one of them
             keep = P == 1 and cfg.step_shape[3] > 0
-            # an N = 2 step reads a logits row more than it feeds tokens: its bucket is its rows'
-            most = largest + 1 if N == 2 and W else largest
+            most = largest_share(cfg, P)
             self.worker.reset(L + cfg.max_new_tokens, most, fewest, kept=cfg.max_commit - 1 if keep else 0)
             t0 = time.perf_counter()
             self.worker.prefill(torch.tensor(prompt_ids[:-1], dtype=torch.long, device=self.worker.device))
@@ -198,12 +197,16 @@ class Decoder:
                 steps_done=len(state.accepted),
                 max_commit=cfg.max_commit,
             )
-            # every used row's input token and its top-k next tokens, for the successor table
+            # every used row's input token and its top-k next tokens, for the successor table (but
+            # the rows of nodes fed again: another rank's, which sends them)
             top = (
                 torch.cat([ids[on_device.rows[: on_device.n_rows], None], logits.topk(k, dim=-1).indices], dim=1)
                 if k
                 else None
             )
+            if top is not None and step.dups:
+                own = 1 + len(step.layout.columns)
+                top = torch.cat([top[:own], top[own + step.dups :]])
             mine = self._hooks.stamp(message(state, step, decision, W=W, successors=top, rows=rows))
             # the pending tokens' KV stays whatever the step decides: kept before the read
             self.worker.commit(len(state.pending))
@@ -220,7 +223,7 @@ class Decoder:
             observe.message_read()
 
             # merge, feed the sources and plan the next step (unless the decode ends): one call
-            tokens, state.stopped, step = drafter.after_read(gathered, step.bounds, remaining, self._eos)
+            tokens, state.stopped, step = drafter.after_read(gathered, step, remaining, self._eos)
             last = tokens, fed
             if self._hooks.ended(tokens, gathered):
                 state.stopped, step = True, None

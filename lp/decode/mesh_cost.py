@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lp.decode.auto import LADDER, PRIOR_SLOPE, Shape, rank_tokens
+from lp.decode.auto import PRIOR_SLOPE
+from lp.decode.ladder import LADDER, Shape, ladder, rank_tokens
 
 # gpt-fast README, Llama-2-7B bf16 batch 1 on 8x A100-80GB (330 W): tensor-parallel ranks -> tok/s
 PUBLISHED_TP = {1: 104.9, 2: 168.8, 4: 254.0, 8: 328.4}
@@ -93,27 +94,27 @@ class PricedMesh:
         return f"tp={self.T} x {self.P} replica{'s' if self.P > 1 else ''} ({shape}, {self.tok_s:.0f} tok/s)"
 
 
-def price(
+def priced_shapes(
     T: int,
     P: int,
     one_gpu_s: Callable[[float], float],
     model: GroupModel,
     allgather_ms: float,
     slope: float = PRIOR_SLOPE,
-) -> PricedMesh:
-    """The mesh (T, P) at its best ladder shape (or plain decoding): expected S from the step's
-    tokens, cost from one rank's step at the tokens of its share, the group model and, with
-    P > 1, the all-gather."""
+    S_of: Callable[[Shape, int], float] | None = None,
+) -> list[PricedMesh]:
+    """The mesh (T, P) at every ladder shape sized for P (and plain decoding with P = 1): S from
+    `S_of(shape, P)` (default: the prior from the step's tokens, which P replicas share), cost
+    from one rank's step at the tokens of its share, the group model and, with P > 1, the
+    all-gather."""
 
-    def rate(shape: Shape | None) -> tuple[float, float]:
+    def priced(shape: Shape | None) -> PricedMesh:
         total, share = (1, 1) if shape is None else (rank_tokens(shape), rank_tokens(shape, P))
-        S = 1 + slope * math.log2(total)
+        S = 1.0 if shape is None else S_of(shape, P) if S_of else 1 + slope * math.log2(total)
         ms = model.step_ms(1e3 * one_gpu_s(share), T, share) + (allgather_ms if P > 1 else 0.0)
-        return S, S / ms * 1e3
+        return PricedMesh(T, P, shape, S, S / ms * 1e3)
 
-    shapes: Sequence[Shape | None] = (None, *LADDER) if P == 1 else LADDER
-    best = max(shapes, key=lambda s: rate(s)[1])
-    return PricedMesh(T, P, best, *rate(best))
+    return [priced(s) for s in ((None, *LADDER) if P == 1 else ladder(P))]
 
 
 def choose(
@@ -125,7 +126,9 @@ def choose(
 ) -> tuple[PricedMesh, list[PricedMesh]]:
     """The fastest mesh of `world_size` ranks with T in `sizes` (ties: the larger T, which
     holds less of the model per rank), and every priced mesh."""
-    priced = [price(T, world_size // T, one_gpu_s, model, allgather_ms) for T in sizes]
+    priced = [
+        max(priced_shapes(T, world_size // T, one_gpu_s, model, allgather_ms), key=lambda x: x.tok_s) for T in sizes
+    ]
     return max(priced, key=lambda x: (x.tok_s, x.T)), priced
 
 
@@ -139,5 +142,5 @@ __all__ = [
     "choose",
     "fit",
     "group_sizes",
-    "price",
+    "priced_shapes",
 ]

@@ -29,7 +29,8 @@ from typing import NamedTuple
 import numpy as np
 from numba.experimental import structref
 
-from lp.decode.plan import Split, lay_out_step
+from lp.decode.plan import ENDS, Split, lay_out_step
+from lp.decode.shares import fitted
 from lp.errors import LPError
 from lp.jit import State, compiled
 from lp.lookahead import pool as pools
@@ -45,7 +46,7 @@ from lp.lookahead.text import TextIndex
 from lp.lookahead.window import JacobiWindow, ready, update
 from lp.message import HEADER, merge_messages
 
-PLANNED = tuple[np.ndarray, tuple[int, int, int, int, int, int, int, int, int], np.ndarray]  # lay_out_step's
+PLANNED = tuple[np.ndarray, ENDS, np.ndarray]  # lay_out_step's
 
 
 class DraftShape(NamedTuple):
@@ -115,28 +116,35 @@ def new_state(
 
 
 @compiled
-def grow_tree(d: DraftState, pending: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def grow_tree(d: DraftState, pending: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The tree of a step that feeds `pending` tokens: its drafts (lp/lookahead/drafts.py; the
     window's row-0 guesses once its levels come from Jacobi steps) and the successor table's rows
-    grown best first (tokens, parents, labels, root subtrees' sizes)."""
+    grown best first (tokens, parents, labels, each node's place in the growth, root subtrees'
+    sizes)."""
     if not 1 <= pending <= len(d.budgets):
         raise LPError("a step feeds 1 to max_commit pending tokens, not " + str(pending))
     s, budget = d.shape, d.budgets[pending - 1]
     if not budget:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        none = np.zeros(0, np.int64)
+        return none, none, none, none, none
     guesses = s.depth if s.split.W > 1 and ready(d.window, 0) else 0
     chains = step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, guesses)
-    tokens, parents, labels, _, groups = grow(
-        d.text, chains, d.rates.chances, d.table, budget, s.depth, s.continuation_len
-    )
-    return tokens, parents, labels, groups
+    return grow(d.text, chains, d.rates.chances, d.table, budget, s.depth, s.continuation_len)
 
 
 @compiled
 def _planned(
-    d: DraftState, pending: np.ndarray, tokens: np.ndarray, parents: np.ndarray, labels: np.ndarray, groups: np.ndarray
+    d: DraftState,
+    pending: np.ndarray,
+    tokens: np.ndarray,
+    parents: np.ndarray,
+    labels: np.ndarray,
+    growth: np.ndarray,
+    groups: np.ndarray,
 ) -> PLANNED:
-    """The step of this tree: kept as the current step's (its outcome counts its nodes), planned."""
+    """The step of this tree, cut to its ranks' shares: kept as the current step's (its outcome
+    counts its nodes), planned."""
+    tokens, parents, labels, groups = fitted(d.shape.split, len(pending), tokens, parents, labels, growth, groups)
     d.tokens, d.parents, d.labels = tokens, parents, labels
     return lay_out_step(d.shape.split, pending, d.window.rows, tokens, parents, groups)
 
@@ -144,16 +152,18 @@ def _planned(
 @compiled
 def first_plan(d: DraftState, pending: np.ndarray) -> PLANNED:
     """The first step's plan: its tree grown, split and laid out."""
-    tokens, parents, labels, groups = grow_tree(d, len(pending))
-    return _planned(d, pending, tokens, parents, labels, groups)
+    tokens, parents, labels, growth, groups = grow_tree(d, len(pending))
+    return _planned(d, pending, tokens, parents, labels, growth, groups)
 
 
 @compiled
 def plan_given(
     d: DraftState, pending: np.ndarray, tokens: np.ndarray, parents: np.ndarray, groups: np.ndarray
 ) -> PLANNED:
-    """The plan of a step of a given tree (no node labelled: no rates counted)."""
-    return _planned(d, pending, tokens, parents, np.full(len(tokens), -1, np.int64), groups)
+    """The plan of a step of a given tree (no node labelled: no rates counted; its nodes in their
+    order, as if grown so)."""
+    labels, growth = np.full(len(tokens), -1, np.int64), np.arange(len(tokens))
+    return _planned(d, pending, tokens, parents, labels, growth, groups)
 
 
 @compiled
@@ -182,21 +192,22 @@ def before_read(d: DraftState, rehearse: bool) -> None:
         tables.reserve(d.table, 1 + W + m)
     d.prepared = True
     if rehearse and s.shared:
-        tokens, parents, _, groups = grow_tree(d, 1)
+        tokens, parents, labels, growth, groups = grow_tree(d, 1)
+        tokens, parents, _, groups = fitted(s.split, 1, tokens, parents, labels, growth, groups)
         lay_out_step(s.split, d.text.seq[d.text.n - 1 : d.text.n], d.window.rows, tokens, parents, groups)
 
 
 @compiled
 def after_read(
-    d: DraftState, gathered: np.ndarray, bounds: np.ndarray, remaining: int, eos: np.ndarray
-) -> tuple[np.ndarray, bool, bool, np.ndarray, tuple[int, int, int, int, int, int, int, int, int], np.ndarray]:
+    d: DraftState, gathered: np.ndarray, bounds: np.ndarray, order: np.ndarray, remaining: int, eos: np.ndarray
+) -> tuple[np.ndarray, bool, bool, np.ndarray, ENDS, np.ndarray]:
     """The committed tokens, whether an EOS ended them, whether the next step was planned here, and
-    its plan (lay_out_step's)."""
+    its plan (lay_out_step's). `bounds` and `order`: the step's shares (`StepPlan`)."""
     s = d.shape
     if not d.prepared:
         raise LPError("the drafter's after_read needs a before_read after each step's plan")
     d.prepared = False
-    best, level, rows = merge_messages(gathered, bounds, HEADER + s.max_commit, s.k)
+    best, level, rows = merge_messages(gathered, bounds, HEADER + s.max_commit, s.k, order)
     accepted = gathered[best, 2] if best >= 0 else 0
     if accepted >= s.max_commit:
         raise LPError("a message accepts more than the step's " + str(s.max_commit - 1) + " draft tokens")
@@ -211,10 +222,10 @@ def after_read(
     new = path[:cut]
     observe(d, path[:accepted], new, level, rows)
     if stopped or cut >= remaining or not s.shared:
-        return new, stopped, False, np.zeros(0, np.int64), (0, 0, 0, 0, 0, 0, 0, 0, 0), np.zeros((0, 0), np.bool_)
+        return new, stopped, False, np.zeros(0, np.int64), (0, 0, 0, 0, 0, 0, 0, 0, 0, 0), np.zeros((0, 0), np.bool_)
     pending = new[cut - 1 :] if s.keep else new
-    tokens, parents, labels, groups = grow_tree(d, len(pending))
-    buffer, ends, mask = _planned(d, pending, tokens, parents, labels, groups)
+    tokens, parents, labels, growth, groups = grow_tree(d, len(pending))
+    buffer, ends, mask = _planned(d, pending, tokens, parents, labels, growth, groups)
     return new, stopped, True, buffer, ends, mask
 
 

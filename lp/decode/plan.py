@@ -9,37 +9,30 @@ through the same compiled function (`plan_step`)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
+from lp.decode.shares import preorder, rank_nodes, reordered
 from lp.errors import LPError
 from lp.jit import compiled
 from lp.lookahead.mask import StepLayout, gather_ids, lay_out, layout_of
 from lp.lookahead.tree import DraftTree
-from lp.partition import RankPlan, plans_of, search
+from lp.partition import RankPlan, Split, plans_of, search, search_split
 
 # the plan's int64 arrays in its buffer, in order (`StepPlan`)
-PARTS = ("tokens", "parents", "groups", "bounds", "mine", "gather", "depth", "rows", "ids")
-
-
-class Split(NamedTuple):
-    """How a step is split: W window columns of n-gram size N over P ranks, this rank's share."""
-
-    W: int
-    N: int
-    P: int
-    rank: int
+PARTS = ("tokens", "parents", "groups", "bounds", "mine", "gather", "depth", "rows", "ids", "order")
+ENDS = tuple[int, int, int, int, int, int, int, int, int, int]  # each part's end in the buffer
 
 
 class StepPlan:
     """One rank's share of a step: its input ids (in `layout`'s order) and layout, the step's whole
     tree (this rank's nodes: `plan.candidates`) and every rank's share as a row of `bounds`
-    (`plans`), each made from the compiled plan's buffer when first read."""
+    (`plans`), each made from the compiled plan's buffer when first read. With `Split.share`,
+    `bounds` and `plan.candidates` count nodes in the tree's pre-order (`order`), and this
+    rank's layout first feeds again the `dups` ancestors of its first node."""
 
     __slots__ = ("_buffer", "_ends", "_layout", "_mask", "_m", "_split", "_tree", "bounds", "ids")
 
-    def __init__(self, buffer: np.ndarray, ends: tuple[int, ...], mask: np.ndarray, m: int, split: Split) -> None:
+    def __init__(self, buffer: np.ndarray, ends: ENDS, mask: np.ndarray, m: int, split: Split) -> None:
         self._buffer, self._ends, self._mask, self._m, self._split = buffer, ends, mask, m, split
         self._tree: DraftTree | None = None
         self._layout: StepLayout | None = None
@@ -69,6 +62,23 @@ class StepPlan:
         return self._layout
 
     @property
+    def order(self) -> np.ndarray:
+        """The tree's nodes in the order `bounds` counts them (pre-order; empty: the tree's own)."""
+        return self._part(9)
+
+    @property
+    def dups(self) -> int:
+        """The nodes this rank's layout feeds before its own: ancestors of its first node."""
+        c, d = self.bounds[self._split.rank, 2:].tolist()
+        return len(self.layout.parents) - (d - c)
+
+    @property
+    def first_node(self) -> int:
+        """The node (in `bounds`' count) that this rank's local node 0 would be, were its own
+        nodes all it fed: its own nodes' local indices less this are their indices."""
+        return int(self.bounds[self._split.rank, 2]) - self.dups
+
+    @property
     def plans(self) -> tuple[RankPlan, ...]:
         """Every rank's plan."""
         return plans_of(self.bounds)
@@ -82,15 +92,29 @@ class StepPlan:
 @compiled
 def lay_out_step(
     split: Split, pending: np.ndarray, window: np.ndarray, tokens: np.ndarray, parents: np.ndarray, groups: np.ndarray
-) -> tuple[np.ndarray, tuple[int, int, int, int, int, int, int, int, int], np.ndarray]:
+) -> tuple[np.ndarray, ENDS, np.ndarray]:
     """The plan of a step that feeds `pending` (x0 last), the window's `rows` `[N - 1, W]` and the
-    tree of `tokens` and `parents` (root subtrees of `groups` nodes): the ranks' shares (`search`;
-    one rank: the whole step), this rank's layout (`lay_out`) and ids (`gather_ids`), packed as
-    PARTS in one buffer (the ends of each part), and the layout's mask."""
-    W, N, P, rank = split
+    tree of `tokens` and `parents` (root subtrees of `groups` nodes): the ranks' shares (`search`,
+    or with `split.share` `search_split` on the tree in pre-order; one rank: the whole step), this
+    rank's layout (`lay_out`) and ids (`gather_ids`), packed as PARTS in one buffer (the ends of
+    each part), and the layout's mask."""
+    W, N, P, rank, share = split
     if len(pending) < 1 or N < 2 or not 0 <= rank < P or window.shape[0] != N - 1 or window.shape[1] != W:
         raise LPError("bad step shape: pending tokens, N, P, the rank or the window's rows do not fit")
     size = len(tokens)
+    if P > 1 and share > 0:
+        order = preorder(parents)
+        ordered, depth = reordered(parents, order)
+        bounds = search_split(W, N, depth, P, share - (len(pending) - 1))
+        a, b, c, d = bounds[rank, 0], bounds[rank, 1], bounds[rank, 2], bounds[rank, 3]
+        nodes, local = rank_nodes(ordered, depth, c, d)
+        bad, mine, gather, depth, mask, rows = lay_out(len(pending), W, N, a, b, local, 0, len(local))
+        if bad >= 0:
+            raise LPError("bad tree: a node's parent does not precede it")
+        ids = gather_ids(gather, pending, window, tokens[order[nodes]], 0)
+        buffer, ends = _packed((tokens, parents, groups, bounds.reshape(-1), mine, gather, depth, rows, ids, order))
+        return buffer, ends, mask
+    order = np.zeros(0, np.int64)
     if P == 1:
         bounds = np.empty((1, 4), np.int64)
         bounds[0, 0], bounds[0, 1], bounds[0, 2], bounds[0, 3] = 0, W, 0, size
@@ -103,9 +127,25 @@ def lay_out_step(
     if bad >= 0:
         raise LPError("bad tree: node " + str(bad) + "'s parent is not x0 nor an earlier node of its rank's share")
     ids = gather_ids(gather, pending, window, tokens, c)
-    flat = bounds.reshape(-1)
+    buffer, ends = _packed((tokens, parents, groups, bounds.reshape(-1), mine, gather, depth, rows, ids, order))
+    return buffer, ends, mask
+
+
+@compiled
+def _packed(parts: tuple) -> tuple[np.ndarray, ENDS]:
+    """The plan's PARTS (int64 vectors, in order) in one buffer, and each one's end."""
+    tokens, parents, groups, flat, mine, gather, depth, rows, ids, order = parts
     buffer = np.empty(
-        size * 2 + len(groups) + len(flat) + len(mine) + len(gather) + len(depth) + len(rows) + len(ids), np.int64
+        len(tokens) * 2
+        + len(groups)
+        + len(flat)
+        + len(mine)
+        + len(gather)
+        + len(depth)
+        + len(rows)
+        + len(ids)
+        + len(order),
+        np.int64,
     )
     e0 = _put(buffer, 0, tokens)
     e1 = _put(buffer, e0, parents)
@@ -116,7 +156,8 @@ def lay_out_step(
     e6 = _put(buffer, e5, depth)
     e7 = _put(buffer, e6, rows)
     e8 = _put(buffer, e7, ids)
-    return buffer, (e0, e1, e2, e3, e4, e5, e6, e7, e8), mask
+    e9 = _put(buffer, e8, order)
+    return buffer, (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9)
 
 
 @compiled
@@ -138,17 +179,10 @@ def plan_step(pending: list[int] | np.ndarray, window: np.ndarray | None, tree: 
     return StepPlan(*lay_out_step(split, fed, rows, *arrays), len(fed), split)
 
 
-def rank_share(m: int, tree: DraftTree, split: Split) -> tuple[tuple[RankPlan, ...], StepLayout]:
-    """A step with `m` pending tokens split over P ranks: every rank's plan, then rank `rank`'s
-    layout (what tools.project replays for each rank)."""
-    step = plan_step(np.zeros(m, dtype=np.int64), None, tree, split)
-    return step.plans, step.layout
-
-
 def next_pending(committed: list[int], keep: bool) -> list[int]:
     """The tokens the step after one that committed `committed` feeds before its window and tree
     (x0 last): all of them, or with `keep` (their drafts' KV kept) only the last."""
     return committed[-1:] if keep else committed
 
 
-__all__ = ["PARTS", "Split", "StepPlan", "lay_out_step", "next_pending", "plan_step", "rank_share"]
+__all__ = ["PARTS", "Split", "StepPlan", "lay_out_step", "next_pending", "plan_step"]

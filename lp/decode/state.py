@@ -84,6 +84,8 @@ def decide(
         ancestors=on_device.tree_ancestors,
         step=steps_done,
         max_commit=max_commit,
+        owned=step.dups,
+        order=step.order,
     )
     y1, acc = verify(rows)
     return argmax, y1, acc
@@ -103,7 +105,7 @@ def message(
     return pack(
         y1,
         acc,
-        first_candidate=step.plan.candidates.start,
+        first_candidate=step.first_node,
         new=argmax[step.layout.column_rows],
         length=state.length,
         checksum=state.checksum,

@@ -26,7 +26,8 @@ import torch
 
 from lp import models
 from lp.collective import Collective
-from lp.decode.auto import LADDER, PRIOR_SLOPE, CostCurve
+from lp.decode.auto import PRIOR_SLOPE, CostCurve
+from lp.decode.ladder import LADDER
 from lp.decode.mesh_cost import PUBLISHED_SOURCE, choose, fit, group_sizes
 from lp.engine.llama import FAMILY
 from lp.engine.tp import TensorGroup

@@ -25,8 +25,9 @@ import torch
 from lp import mesh, models
 from lp.collective import Collective
 from lp.config import DecodeConfig, check_settings
-from lp.decode.auto import AutoTuner, CostCurve, Shape, calibrate
+from lp.decode.auto import AutoTuner, CostCurve, calibrate_ranks
 from lp.decode.hooks import Cancelled
+from lp.decode.ladder import Shape
 from lp.decode.loop import Decoder, StepObserver
 from lp.decode.record import Generation
 from lp.engine import tp as tensor_parallel
@@ -180,10 +181,7 @@ class LP:
 
     def calibrate(self) -> CostCurve:
         """This rank's step costs; under LP the slowest rank's, so all ranks choose alike."""
-        mine = calibrate(self.decoder.worker, world_size=self.lp.world_size)
-        micros = torch.tensor([round(s * 1e6) for s in (*mine.seconds, mine.plain)], device=self.comm.device)
-        *slowest, plain = (x / 1e6 for x in self.comm.all_gather(micros).max(dim=0).values.cpu().tolist())
-        return CostCurve(mine.tokens, tuple(slowest), mine.padded, plain)
+        return calibrate_ranks(self.decoder.worker, self.comm, self.lp.world_size)
 
     def generate(
         self,

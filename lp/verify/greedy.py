@@ -32,8 +32,11 @@ def greedy_accept(
     ancestors: torch.Tensor,
     preds: torch.Tensor,
     max_commit: int,
+    owned: int = 0,
 ) -> Acceptance:
-    """Pick the deepest node whose path from x0 the model would generate (ties: lowest index).
+    """Pick the deepest node whose path from x0 the model would generate (ties: lowest index),
+    among nodes `owned` on: the first `owned` nodes are another rank's, fed again as ancestors
+    of this rank's (lp/decode/shares.py), which that rank verifies.
 
     y1: scalar, the model's next token after x0. tokens, parents, depth, preds: `[n]` each
     node's draft token, parent (-1: x0), depth (1 for x0's children) and the model's argmax
@@ -50,6 +53,8 @@ def greedy_accept(
     ok = tokens == expect[parents + 1]
     accepted = ~(ancestors & ~ok).any(dim=1)  # the node and all its ancestors match
     score = torch.where(accepted, depth, 0)
+    if owned:
+        score[:owned] = 0
     best = torch.argmax(score)  # first maximum: lowest index wins ties
     # index_select, not [best]: indexing with a device scalar reads it on the host (a sync)
     pick = best.view(1)

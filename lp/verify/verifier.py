@@ -8,8 +8,9 @@ its own verifier instead of patching one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from lp.lookahead.mask import StepLayout
@@ -23,7 +24,8 @@ from lp.verify.sampling import Sampled, sample_continue, sample_first_level, uni
 class StepRows:
     """One rank's step as a verifier reads it: `logits` `[R, V]` and their `argmax` (computed once
     per step) in `layout`'s row order (x0's row, the window columns', the tree nodes'), and the
-    nodes' draft tokens `nodes` (device tensor)."""
+    nodes' draft tokens `nodes` (device tensor). `mine` counts the tree's nodes in `order` where
+    it is not empty (a greedy step split over ranks, lp/decode/shares.py: its pre-order)."""
 
     logits: torch.Tensor
     argmax: torch.Tensor
@@ -36,6 +38,8 @@ class StepRows:
     ancestors: torch.Tensor  # [n, n] device bool: [i, j] iff j is i or an ancestor of i
     step: int  # steps done so far in this sequence
     max_commit: int  # message token slots: the most tokens a step commits
+    owned: int = 0  # this rank's own nodes start here: those before are another's, fed again (lp/decode/shares.py)
+    order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # `mine` counts `tree`'s nodes so
 
     @property
     def x0_logits(self) -> torch.Tensor:
@@ -56,7 +60,14 @@ class GreedyVerifier:
     def __call__(self, s: StepRows) -> tuple[torch.Tensor, Acceptance]:
         y1 = s.argmax[s.layout.X0_ROW]
         return y1, greedy_accept(
-            y1, s.nodes, s.parents, s.depth, ancestors=s.ancestors, preds=s.node_argmax, max_commit=s.max_commit
+            y1,
+            s.nodes,
+            s.parents,
+            s.depth,
+            ancestors=s.ancestors,
+            preds=s.node_argmax,
+            max_commit=s.max_commit,
+            owned=s.owned,
         )
 
 

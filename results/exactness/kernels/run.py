@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -20,11 +21,11 @@ from tqdm import tqdm
 
 from lp import LP, models
 from lp.bench import datasets
-from lp.decode.auto import LADDER
+from lp.decode.ladder import LADDER
 from lp.engine.kernel_choice import cpu_name
 from lp.engine.kernels import FORMULATIONS
 
-SHAPES = {"ar": dict(mode="ar"), LADDER[0].name: LADDER[0]._asdict(), LADDER[4].name: LADDER[4]._asdict()}
+SHAPES = {"ar": dict(mode="ar"), LADDER[0].name: asdict(LADDER[0]), LADDER[4].name: asdict(LADDER[4])}
 
 
 def references(prompts, ids, eos, path: Path, max_new: int) -> dict[str, list[int]]:
@@ -35,10 +36,14 @@ def references(prompts, ids, eos, path: Path, max_new: int) -> dict[str, list[in
         for p, x in tqdm(todo, desc="references", file=sys.stderr):
             t = torch.tensor([x])
             out = model.generate(
-                t, attention_mask=torch.ones_like(t), do_sample=False, max_new_tokens=max_new,
-                eos_token_id=eos, pad_token_id=eos[0],
+                t,
+                attention_mask=torch.ones_like(t),
+                do_sample=False,
+                max_new_tokens=max_new,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
             )
-            refs[str(p.id)] = out[0, len(x):].tolist()
+            refs[str(p.id)] = out[0, len(x) :].tolist()
             path.write_text(json.dumps(refs))
     return refs
 
@@ -70,8 +75,19 @@ def main() -> None:
                 same += ok
                 steps, tokens = steps + r.steps, tokens + r.new_tokens
                 if not ok:
-                    first_diffs.append((p.id, next((i for i, (a, b) in enumerate(zip(r.output_ids, ref)) if a != b), None)))
-            rows.append(dict(kernels=name, shape=shape, identical=same, prompts=len(prompts), S=tokens / steps, mismatches=first_diffs))
+                    first_diffs.append(
+                        (p.id, next((i for i, (a, b) in enumerate(zip(r.output_ids, ref)) if a != b), None))
+                    )
+            rows.append(
+                dict(
+                    kernels=name,
+                    shape=shape,
+                    identical=same,
+                    prompts=len(prompts),
+                    S=tokens / steps,
+                    mismatches=first_diffs,
+                )
+            )
             print(json.dumps(rows[-1]), file=sys.stderr)
         lm.close()
         del lm
