@@ -526,7 +526,7 @@ def test_each_rank_verifies_its_own_candidates(P, W, N, G, temperature, tiny_mod
     assert not wrong, f"{len(wrong)} rank-steps verified other candidates, first: {wrong[0]}"
 
 
-@pytest.mark.parametrize("P,step_tokens", [(4, 64), (3, 48)])
+@pytest.mark.parametrize("P,step_tokens", [(2, 256), (3, 384)])
 def test_greedy_shares_fill_their_buckets(P, step_tokens, tiny_models, refs):
     """Over P ranks a greedy step's tree is cut anywhere and each rank's share is cut to the
     bucket of an even share (lp/decode/shares.py): no rank feeds more, some step fills it, and

@@ -14,7 +14,17 @@ import reference_plan
 
 from lp.config import DecodeConfig
 from lp.decode.plan import Split, plan_step
-from lp.decode.shares import first_grown, fitted, fitted_size, preorder, rank_nodes, reordered, share_cap
+from lp.decode.shares import (
+    TREE_ROOM,
+    first_grown,
+    fitted,
+    fitted_size,
+    preorder,
+    rank_nodes,
+    reordered,
+    share_cap,
+    window_share,
+)
 from lp.lookahead.tree import DraftTree
 from lp.partition import search_split
 
@@ -148,10 +158,26 @@ def test_fitted_returns_the_tree_where_it_fits_and_groups_of_the_cut_one():
         (DecodeConfig(W=3, N=3, G=15, step_tokens=128, temperature=0.7), 2, 0),
         (DecodeConfig(W=1, N=2, G=15, step_tokens=11, tree_tokens=9), 2, 15),
         (DecodeConfig(mode="ar"), 4, 0),
+        # wide windows: each rank feeds its columns' row-0 prefix again, so an even share's bucket
+        # (64 at W60 N5 G60 over 8 ranks) would leave the tree no room: the next bucket is the cap
+        (DecodeConfig(W=60, N=5, G=60), 8, 128),
+        (DecodeConfig(W=15, N=5, G=15), 4, 64),
+        (DecodeConfig(W=3, N=3, G=15, step_tokens=128), 8, 16),
     ],
 )
 def test_the_share_cap_is_the_bucket_of_an_even_share(cfg, P, cap):
     assert share_cap(cfg, P) == cap
+    if cap:
+        W, N, _, _ = cfg.step_shape
+        assert window_share(W, N, P, 1) + TREE_ROOM * cfg.tree_limit / P <= cap
+
+
+def test_the_window_share_is_the_partitioners():
+    """A rank of 8 splitting W60 N5 feeds its columns' 4 rows, the row-0 prefix before them and
+    the pending tokens; the partitioner balances them, so the first ranks take more columns."""
+    assert window_share(60, 5, 1, 1) == 1 + 59 + 3 * 60
+    assert window_share(60, 5, 8, 5) < window_share(60, 5, 4, 5) < window_share(60, 5, 2, 5)
+    assert window_share(0, 2, 4, 3) == 3
 
 
 def test_plans_of_a_real_shaped_tree_fill_the_cap():

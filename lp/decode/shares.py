@@ -12,7 +12,10 @@ Each rank's forward is padded to a fixed-shape bucket (lp/engine/step_tensors.py
 tokens over P ranks fills buckets of T / P tokens (`share_cap`); the pending tokens every rank
 feeds and the ancestors fed again would push the largest share into the next bucket, which costs
 far more than the few nodes it adds. So the tree is cut to the likeliest nodes that fit P shares
-of the cap (`fitted_size`): the last ones its growth took, whose chance is the least.
+of the cap (`fitted_size`): the last ones its growth took, whose chance is the least. A wide
+window is fed partly again on every rank (each feeds its columns' row-0 prefix), so where the
+window alone would leave a rank's bucket little room for its share of the tree, the cap is the
+next bucket (`TREE_ROOM`): the cut drops a tree's least likely nodes, never most of it.
 
 Sampling (paper Algorithm 4) walks below the roots that share the accepted first token on one
 rank, so sampled steps keep root subtrees whole (`Split.share` 0) and are not cut."""
@@ -26,7 +29,11 @@ import numpy as np
 
 from lp.engine.step_tensors import bucket
 from lp.jit import compiled
-from lp.partition import Split, fill_split
+from lp.partition import Split, fill_split, plans_of, search
+
+# The share of a step's tree every rank's bucket must leave room for, at least, beside the window's
+# tokens: a cap that left less would cut most of the tree, not its least likely nodes.
+TREE_ROOM = 0.75
 
 if TYPE_CHECKING:
     from lp.config import DecodeConfig
@@ -34,12 +41,25 @@ if TYPE_CHECKING:
 
 def share_cap(cfg: DecodeConfig, P: int) -> int:
     """The most tokens one of P ranks feeds in a step of `cfg`: the bucket of an even share of its
-    largest step, less one where N = 2 (its window reads a logits row more than it feeds tokens);
-    0: no cap (one rank takes the whole step, sampling keeps root subtrees whole, no tree)."""
+    largest step, or the least larger one where the window alone leaves a rank less than
+    `TREE_ROOM` of an even share of the tree (`window_share` with one pending token: a wide
+    window's row-0 prefix is fed again on every rank); less one where N = 2 (its window reads a
+    logits row more than it feeds tokens). 0: no cap (one rank takes the whole step, sampling
+    keeps root subtrees whole, no tree)."""
     W, N, _, tree = cfg.step_shape
     if P < 2 or cfg.temperature > 0 or not tree:
         return 0
-    return bucket(math.ceil(cfg.largest_step / P)) - (N == 2 and W > 0)
+    room = math.ceil(TREE_ROOM * cfg.tree_limit / P)
+    even = max(math.ceil(cfg.largest_step / P), window_share(W, N, P, 1) + room)
+    return bucket(even) - (N == 2 and W > 0)
+
+
+def window_share(W: int, N: int, P: int, pending: int) -> int:
+    """The most tokens one of P ranks feeds for the window alone, its W columns split as the
+    partitioner splits them (each rank also feeding its columns' row-0 prefix and `pending`)."""
+    if W == 0:
+        return pending
+    return max(plan.cost(N, pending) for plan in plans_of(search(W, N, np.zeros(0, np.int64), P, 1, 0)))
 
 
 def largest_share(cfg: DecodeConfig, P: int) -> int:
@@ -175,4 +195,14 @@ def fitted(
     return tokens, kept, labels[nodes], starts[1 : runs + 1] - starts[:runs]
 
 
-__all__ = ["first_grown", "fitted", "fitted_size", "largest_share", "preorder", "rank_nodes", "reordered", "share_cap"]
+__all__ = [
+    "first_grown",
+    "fitted",
+    "fitted_size",
+    "largest_share",
+    "preorder",
+    "rank_nodes",
+    "reordered",
+    "share_cap",
+    "window_share",
+]
