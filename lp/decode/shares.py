@@ -138,7 +138,9 @@ def fitted_size(W: int, N: int, P: int, cap: int, parents: np.ndarray, growth: n
     hold with the tree split in pre-order: all of them, or the most that fit (a binary search;
     the window alone is assumed to fit)."""
     out = np.empty((P, 4), np.int64)
-    lo, hi = 0, len(parents)
+    if fill_split(W, N, reordered(parents, preorder(parents))[1], P, cap, out):
+        return len(parents)  # most steps: the whole tree fits
+    lo, hi = 0, len(parents) - 1
     while lo < hi:
         size = (lo + hi + 1) // 2
         kept = first_grown(parents, growth, size)[1]
