@@ -152,6 +152,7 @@ def record(cfg: Recorder) -> dict:
         if len(outputs) > 1:
             raise LPError(f"prompt {p.id}: the configs' outputs differ, so one is not greedy decoding's")
         prompts.append({"id": p.id, "category": p.category, "prompt_ids": ids, "decodes": decodes})
+    lm.close()  # before exit: a process group torn down at exit beside a gone peer aborts the process
     return {
         "tool": TOOL,
         "kind": "recording",
@@ -335,6 +336,7 @@ def run(cfg: Replayer) -> dict:
             r = replay.rows[-1]
             said = r["skipped"] if "skipped" in r else f"{r['tok_s']:.1f} tok/s, S {r['S']:.2f}"
             _progress(f"{r['id']} {name} ({r['config']}): {said}")
+    comm.close()  # before exit: a process group torn down at exit beside a gone peer aborts the process
     cuda = comm.device.type == "cuda"
     return {
         "tool": TOOL,
