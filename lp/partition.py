@@ -166,10 +166,9 @@ def search_split(W: int, N: int, depth: np.ndarray, P: int, most: int) -> np.nda
         deepest = max(deepest, depth[v])
     lo = max(-(-(P + top - 1) // P), W + N - 2 if W else 1, 1 + deepest)
     out = np.empty((P, 4), np.int64)
-    hi = top
+    hi, best = top, np.empty((0, 4), np.int64)
     if lo <= most < top and fill_split(W, N, depth, P, most, out):
-        hi = most
-    best = np.empty((0, 4), np.int64)
+        hi, best = most, out.copy()
     while lo < hi:
         mid = (lo + hi) // 2
         if fill_split(W, N, depth, P, mid, out):

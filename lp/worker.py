@@ -119,7 +119,6 @@ class Worker:
         self.attention = _backend(attention, self.device, lean, fixed, compiled=compiled)
         layers, kv_heads, head_dim = kv_shape(model)
         self.kv = KVCache(layers, kv_heads // tp.size, head_dim, capacity, param.dtype, self.device)
-        self.kernels = Kernels.only("linear", "the model's own modules")
         if lean:
             self.forward: Forward = llama.LlamaForward(model, self.kv, self.attention, tp)
             self.kernels = kernel_choice.choose(
@@ -133,6 +132,7 @@ class Worker:
             self.forward.use(self.kernels)
         else:
             self.forward = TransformersForward(model, self.kv)
+            self.kernels = Kernels.only("linear", "the model's own modules")
         self.fixed = (
             FixedSteps(self.forward, self.kv, self.device, self.attention == "flex", compile=compiled)
             if fixed

@@ -53,6 +53,7 @@ import torch
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
+from lp.engine.kernel_choice import cpu_name
 from lp.engine.step_tensors import StepTensors, step_tensors
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
@@ -549,7 +550,7 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
         f"host work per step at W={cfg.W} N={cfg.N} G={cfg.G} successors={cfg.successors_sent}, P={rec.world_size}, "
         f"replaying a {rec.model} decode of {len(rec.prompts)} prompt(s) ({len(ranks[0].total)} steps; each "
         f"rank replayed alone, each step its fastest of {s['replays']} replays; each step's plan "
-        f"{'rehearsed' if s['rehearse'] else 'not rehearsed'} before the read), {_cpu_name()}:"
+        f"{'rehearsed' if s['rehearse'] else 'not rehearsed'} before the read), {cpu_name()} ({os.cpu_count()} cores):"
     )
     # each figure's slowest rank, step by step (all of it and after the read may be two ranks)
     for name, times, tokens in (
@@ -650,15 +651,6 @@ def ab_report(base: list[np.ndarray], this: list[np.ndarray], base_name: str, th
         )
     head = "host work after the message read, slowest rank of each step, each step's least over all runs:"
     return "\n".join([head, *lines, f"  ratio (this / base): {medians[1] / medians[0]:.2f}"])
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        return f"{names[0]} ({os.cpu_count()} cores)" if names else "CPU"
-    except OSError:
-        return "CPU"
 
 
 if __name__ == "__main__":

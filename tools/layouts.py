@@ -30,10 +30,10 @@ from lp.errors import LPError
 from tools import pricing
 
 LABEL = (
-    "PROJECTION, not a multi-GPU run: measured: one GPU's step cost per bucket (H100) and S (exact SmolLM2 "
+    "PROJECTION, not a multi-GPU run: measured: one GPU's step cost per bucket (the GPU named) and S (exact SmolLM2 "
     "decodes); priced: S on P > 1 replicas at the step size their cut shares leave; fitted: a TP group's "
     "unsplit share and all-reduce latency, to published A100 tensor-parallel speedups; assumed: those carry "
-    "over to the H100, the all-reduce bandwidth, the LP all-gather latencies"
+    "over to that GPU, the all-reduce bandwidth, the LP all-gather latencies"
 )
 
 
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "label": LABEL,
         "command": args.command,
-        "device": "priced on a CPU from one H100's measured step costs",
+        "device": f"priced on a CPU from one {costs['device_name']}'s measured step costs",
         "date": time.strftime("%Y-%m-%d"),
         "published": PUBLISHED_TP,
         "published_source": PUBLISHED_SOURCE,
@@ -142,7 +142,7 @@ def markdown(doc: dict) -> str:
         f"({doc['ancestors']:g} tokens a rank fed again past its pending)",
         f"- fitted to {PUBLISHED_SOURCE}: unsplit share a = {m['a']:.3f}, all-reduce latency "
         f"{m['lat_ms'] * 1e3:.1f} us",
-        f"- assumed: those carry over to the H100; all-reduce bandwidth {m['gbps']:g} GB/s; LP all-gather "
+        f"- assumed: those carry over to {c['device_name']}; all-reduce bandwidth {m['gbps']:g} GB/s; LP all-gather "
         f"{doc['allgather_ms']:g} ms inside a node"
         + (
             ", " + " or ".join(f"{x['cross_node_ms']:g}" for x in doc["scenarios"]) + " ms across nodes"

@@ -41,7 +41,7 @@ from lp.bench.shapes import parse_lookahead
 from lp.config import DecodeConfig
 from lp.decode.loop import StepObserver
 from lp.errors import LPError
-from tools import steps
+from tools import pricing, steps
 
 TOOL = "tools.replay"
 
@@ -171,11 +171,8 @@ def record(cfg: Recorder) -> dict:
 # ----------------------------------------------------------------------------------- run
 def read_recording(path: str) -> dict:
     """A recording file (one-line LPError if it is not one)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise LPError(f"recording: cannot read {path}: {e}") from None
-    if not isinstance(doc, dict) or doc.get("kind") != "recording" or not doc.get("prompts"):
+    doc = pricing.read_json(Path(path), "recording")
+    if doc.get("kind") != "recording" or not doc.get("prompts"):
         raise LPError(f"recording: {path} is not a recording of python -m tools.replay record")
     return doc
 
@@ -415,8 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(cfg.out) if cfg.out else steps.cache_dir() / "bench" / "replay" / time.strftime("%Y%m%d-%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
         (out / "replay.json").write_text(json.dumps(doc, indent=1) + "\n")
-        (out / "replay.md").write_text(markdown(doc))
-        print(markdown(doc))
+        text = markdown(doc)
+        (out / "replay.md").write_text(text)
+        print(text)
         _progress(f"results in {out}")
     return 0
 

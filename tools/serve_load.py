@@ -39,6 +39,8 @@ from pathlib import Path
 import httpx
 import openai
 
+from lp.engine.kernel_choice import cpu_name
+
 PROMPTS = [
     "Write a short story about a robot learning to paint.",
     "Explain how a hash table works.",
@@ -180,14 +182,6 @@ def summarize(records: list[Record]) -> dict:
         "tokens": tokens,
         "wall_s": max(r.events[-1] for r in done) - min(r.start for r in done),
     }
-
-
-def cpu_name() -> str:
-    """This machine's CPU model, as /proc/cpuinfo names it."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def descendants(pid: int) -> list[int]:

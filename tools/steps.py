@@ -43,7 +43,7 @@ import torch
 from lp.bench import metrics
 from lp.bench.report import clean
 from lp.decode.ladder import LADDER
-from lp.engine.kernel_choice import cpu_name
+from lp.engine.kernel_choice import device_name
 from lp.errors import LPError
 from lp.lookahead.mask import StepLayout, step_layout
 from lp.models import cache_dir
@@ -288,10 +288,6 @@ def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     skipped = 0 if emb.data_ptr() == head.data_ptr() else emb.numel() * emb.element_size()
     return total, total - skipped
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 # ----------------------------------------------------------------------------------- timing

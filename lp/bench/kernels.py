@@ -77,6 +77,7 @@ def report(model_name: str, reps: int) -> str:
         f"(q/k/v and gate/up fused); a copy moves {gb_s:.1f} GB/s (bytes read + written), so the weight-read "
         f"floor is **{floor_ms:.1f} ms** a token (the weights' bytes at that rate, as tools/steps.py counts it)",
         f"- the choice (fastest per size, `{kernel_choice.HYSTERESIS:.0%}` hysteresis): **{chosen.describe()}**",
+        f"- the `auto` rows below ran lp's own choice at load: {workers['auto'].kernels.describe()}",
         "",
         "Matmuls alone, ms per step (every weight matrix once; the fastest of "
         f"{kernel_choice.REPS} passes, a formulation far behind after two passes timed twice):",

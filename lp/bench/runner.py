@@ -25,7 +25,7 @@ from lp.bench.decoders import build
 from lp.bench.interface import BenchDecoder, Context, DecodeOutput
 from lp.bench.settings import Settings
 from lp.decode.record import collector_paused
-from lp.engine.kernel_choice import cpu_name
+from lp.engine.kernel_choice import cpu_name, device_name
 from lp.errors import LPError
 
 
@@ -269,7 +269,7 @@ def _meta(s: Settings, lm, decoders: list[BenchDecoder], prompts) -> dict:
         "settings": asdict(s),
         "world_size": lm.comm.world_size,
         "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name(),
+        "device_name": device_name(dev),
         "cpu": cpu_name(),  # the host's, on a GPU machine too
         "kernels": lm.decoder.worker.kernels.describe(),  # lp's matmuls' formulations, as chosen at load
         "threads_per_rank": torch.get_num_threads(),

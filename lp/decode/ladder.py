@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from functools import lru_cache
 
 from lp.config import DRAFT_LEN, NUMBER_OPTIONS, SUCCESSORS, DecodeConfig
 from lp.decode.shares import share_cap
@@ -87,6 +88,7 @@ LADDER: tuple[Shape, ...] = (
 )
 
 
+@lru_cache(maxsize=256)  # W=auto prices each shape a few times a sequence
 def rank_tokens(shape: Shape, P: int = 1) -> int:
     """The most tokens one of P ranks feeds in a step of `shape`: the pending tokens on every rank,
     the window's columns and the tree split evenly (lp/partition.py balances them), at most the
@@ -108,6 +110,7 @@ def for_ranks(shape: Shape, P: int) -> Shape:
     return replace(shape, step_tokens=P * B)
 
 
+@lru_cache(maxsize=16)
 def ladder(P: int = 1) -> tuple[Shape, ...]:
     """The ladder's shapes, each sized for P ranks (`for_ranks`)."""
     return tuple(for_ranks(shape, P) for shape in LADDER)

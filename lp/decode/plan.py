@@ -30,12 +30,13 @@ class StepPlan:
     `bounds` and `plan.candidates` count nodes in the tree's pre-order (`order`), and this
     rank's layout first feeds again the `dups` ancestors of its first node."""
 
-    __slots__ = ("_buffer", "_ends", "_layout", "_mask", "_m", "_split", "_tree", "bounds", "ids")
+    __slots__ = ("_buffer", "_dups", "_ends", "_layout", "_mask", "_m", "_split", "_tree", "bounds", "ids")
 
     def __init__(self, buffer: np.ndarray, ends: ENDS, mask: np.ndarray, m: int, split: Split) -> None:
         self._buffer, self._ends, self._mask, self._m, self._split = buffer, ends, mask, m, split
         self._tree: DraftTree | None = None
         self._layout: StepLayout | None = None
+        self._dups: int | None = None  # read several times a step: counted once
         self.bounds = self._part(3).reshape(-1, 4)  # each rank's (first column, column stop, first node, node stop)
         self.ids = self._part(8)
 
@@ -69,8 +70,10 @@ class StepPlan:
     @property
     def dups(self) -> int:
         """The nodes this rank's layout feeds before its own: ancestors of its first node."""
-        c, d = self.bounds[self._split.rank, 2:].tolist()
-        return len(self.layout.parents) - (d - c)
+        if self._dups is None:
+            c, d = self.bounds[self._split.rank, 2:].tolist()
+            self._dups = len(self.layout.parents) - (d - c)
+        return self._dups
 
     @property
     def first_node(self) -> int:

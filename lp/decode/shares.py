@@ -29,7 +29,7 @@ import numpy as np
 
 from lp.engine.step_tensors import bucket
 from lp.jit import compiled
-from lp.partition import Split, fill_split, plans_of, search
+from lp.partition import Split, fill_split, partition
 
 # The share of a step's tree every rank's bucket must leave room for, at least, beside the window's
 # tokens: a cap that left less would cut most of the tree, not its least likely nodes.
@@ -59,7 +59,7 @@ def window_share(W: int, N: int, P: int, pending: int) -> int:
     partitioner splits them (each rank also feeding its columns' row-0 prefix and `pending`)."""
     if W == 0:
         return pending
-    return max(plan.cost(N, pending) for plan in plans_of(search(W, N, np.zeros(0, np.int64), P, 1, 0)))
+    return max(plan.cost(N, pending) for plan in partition(W, N, 0, P, (), candidate_tokens=1))
 
 
 def largest_share(cfg: DecodeConfig, P: int) -> int:

@@ -68,6 +68,11 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def device_name(device: torch.device) -> str:
+    """The GPU's name, else the CPU's (`cpu_name`)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
 def requested(choice: str | None) -> str:
     """The `kernels` setting: as given, else `$LP_KERNELS`, else `auto`."""
     return choice if choice is not None else os.environ.get("LP_KERNELS", "auto")

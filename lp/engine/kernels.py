@@ -117,11 +117,10 @@ class Kernels:
 
     def pick(self, M: int) -> Formulation:
         """The formulation of a matmul of M rows."""
-        name = self.table[-1][1]
-        for most, candidate in reversed(self.table):  # a plain loop: torch.compile traces it
+        for most, name in self.table:  # sizes ascending; a plain loop: torch.compile traces it
             if M <= most:
-                name = candidate
-        return FORMULATIONS[name]
+                return FORMULATIONS[name]
+        return FORMULATIONS[self.table[-1][1]]
 
     def __call__(self, x: torch.Tensor, m: Matrix) -> torch.Tensor:
         """`F.linear(x, m.weight, m.bias)` by the formulation chosen for x's rows."""
