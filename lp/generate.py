@@ -59,6 +59,8 @@ def check(cfg: DictConfig) -> tuple[list[Prompt], dict]:
     check_settings(settings)
     _check_out(cfg.out)
     check_runtime(cfg)
+    if not isinstance(cfg.batch, int) or isinstance(cfg.batch, bool) or cfg.batch < 1:
+        raise LPError(f"batch must be an integer >= 1, got {cfg.batch!r}")
     return prompts, settings
 
 
@@ -69,7 +71,7 @@ def check_runtime(cfg: DictConfig) -> None:
     check_device(cfg.device)
     check_backend(cfg.backend)
     check_tp(cfg.tp)
-    check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len, cfg.kernels)
+    check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len, cfg.kernels, cfg.kv_tokens)
     models.resolve(cfg.model.name)
 
 
@@ -100,6 +102,7 @@ def load(cfg: DictConfig) -> LP:
         graphs=cfg.graphs,
         compile=cfg.compile,
         max_seq_len=cfg.max_seq_len,
+        kv_tokens=cfg.kv_tokens,
         backend=cfg.backend,
         tp=cfg.tp,
         kernels=cfg.kernels,
@@ -122,11 +125,20 @@ def run(cfg: DictConfig) -> None:
         lm.close()
         raise LPError(f"cannot write out={cfg.out}: {e.strerror}") from None
     try:
-        bar = tqdm(prompts, disable=not main or cfg.quiet or len(prompts) < 2, desc="prompts", file=sys.stderr)
-        for i, p in enumerate(bar):
-            r = lm.generate(p.text, chat=cfg.chat, sample_stream=i, on_text=_print if live else None, **settings)
+        bar = tqdm(total=len(prompts), disable=not main or cfg.quiet or len(prompts) < 2, desc="prompts", file=sys.stderr)
+        if cfg.batch == 1:  # one at a time: a terminal sees each text as it is committed
+            results = (
+                lm.generate(p.text, chat=cfg.chat, sample_stream=i, on_text=_print if live else None, **settings)
+                for i, p in enumerate(prompts)
+            )
+        else:  # `batch` at a time, each prompt joining as another ends: results as they end
+            live = False
+            results = lm.stream([p.text for p in prompts], chat=cfg.chat, batch=cfg.batch, **settings)
+        for i, r in enumerate(results):
+            bar.update()
             if not main:
                 continue
+            p = prompts[r.index if cfg.batch > 1 else i]
             row = {"id": p.id, **({"category": p.category} if p.category else {}), **r.to_dict()}
             if out:
                 out.write(json.dumps(row) + "\n")

@@ -1,35 +1,34 @@
-"""One model replica and its KV cache: runs its rank's share of a step, one masked forward with
-no communication, and returns logits for the rows the step uses.
+"""One model replica and its KV cache: runs this rank's packed steps (one forward over the tokens
+of every sequence a step feeds, with no communication) and returns logits for the rows the step
+uses.
 
-The cache is allocated once, when the worker is built: `max_seq_len` committed tokens plus
-room for one step's speculative tokens after them. Steps run
-eagerly at their exact size (the CPU default: a few-token forward costs in proportion to its tokens
-there) or at fixed shapes, compiled and captured as CUDA graphs (the CUDA default;
+The cache is allocated once, when the worker is built, as pages shared by the sequences
+(lp/engine/pages.py): `kv_tokens` slots in all, each sequence holding the pages its tokens reach.
+Steps run eagerly at their exact size (the CPU default: a few-token forward costs in proportion to
+its tokens there) or at fixed shapes, compiled and captured as CUDA graphs (the CUDA default;
 lp/engine/fixed_steps.py).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 import torch
 
 from lp.engine import attention, kernel_choice, llama
-from lp.engine.attention import FLEX_BLOCK
-from lp.engine.fixed_steps import FixedSteps, PlainGreedy
+from lp.engine.attention import FLEX_BLOCK, Dense
+from lp.engine.fixed_steps import FixedSteps
 from lp.engine.forward import Forward, StepInputs, TransformersForward, kv_shape
 from lp.engine.kernels import Kernels
 from lp.engine.kv import KVCache
-from lp.engine.step_tensors import StepTensors, bucket, step_tensors
+from lp.engine.packed import PackedStep, PackedTensors, bucket, exact, prompt_chunk, step_segment
+from lp.engine.pages import PAGE, SequenceKV, pages_for
 from lp.engine.tp import ALONE, TensorGroup
 from lp.errors import LPError
-from lp.lookahead.mask import StepLayout, step_layout
+from lp.lookahead.mask import StepLayout
 
 DEFAULT_MAX_SEQ_LEN = 8192  # committed tokens when neither the user nor a shorter context says less
-LAYOUTS_KEPT = 256  # step layouts kept on the device
-PLAIN = step_layout(1, 0, 2, range(0), 0)  # a plain step: x0 alone, its logits
-STEP_ROOM = 512  # cache slots past max_seq_len for one step's speculative tokens (W=60 N=5 G=60 fits)
+STEP_ROOM = 512  # positions past max_seq_len for one step's speculative tokens (W=60 N=5 G=60 fits)
+MAX_STEP = 1024  # tokens one sequence's step may feed a rank: the largest of W=auto's shapes
 
 
 def context_length(model: torch.nn.Module) -> int:
@@ -40,7 +39,12 @@ def context_length(model: torch.nn.Module) -> int:
 
 
 def check_options(
-    attention_choice: str, graphs: bool | str, compile: bool | str, max_seq_len: int | None, kernels: str | None = None
+    attention_choice: str,
+    graphs: bool | str,
+    compile: bool | str,
+    max_seq_len: int | None,
+    kernels: str | None = None,
+    kv_tokens: int | None = None,
 ) -> None:
     """Refuse engine settings that no model could take (checked before any model loads)."""
     kernel_choice.check_choice(kernel_choice.requested(kernels))
@@ -49,36 +53,32 @@ def check_options(
     for key, flag in (("graphs", graphs), ("compile", compile)):
         if flag != "auto" and not isinstance(flag, bool):
             raise LPError(f"{key} must be true, false or auto, got {flag!r}")
-    if max_seq_len is not None and (
-        not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 2
-    ):
-        raise LPError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
+    for key, value, low in (("max_seq_len", max_seq_len, 2), ("kv_tokens", kv_tokens, FLEX_BLOCK)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+            raise LPError(f"{key} must be an integer >= {low}, got {value!r}")
 
 
 def _backend(choice: str, device: torch.device, lean: bool, fixed: bool, compiled: bool) -> str:
     """The attention backend for `choice` (lp/engine/attention.py); an LPError says why one cannot run."""
     if choice == "auto":
-        if lean and device.type == "cuda":
-            # flex only compiled: uncompiled, it materialises scores over the whole cache
-            return "flex" if fixed and compiled else "split" if not fixed and attention.flash_available() else "sdpa"
-        return "sdpa"
-    if choice != "sdpa" and not lean:
-        raise LPError(f"attention={choice} needs a Llama-family model ({', '.join(llama.FAMILY)})")
+        # flex only compiled: uncompiled, it materialises scores over the whole cache
+        return "flex" if lean and device.type == "cuda" and fixed and compiled else "sdpa"
+    if choice == "flex" and not lean:
+        raise LPError(f"attention=flex needs a Llama-family model ({', '.join(llama.FAMILY)})")
     if choice == "flex" and not fixed:
         raise LPError("attention=flex needs fixed-shape steps (graphs=true)")
-    if choice == "split" and fixed:
-        raise LPError("attention=split needs graphs=false (it reads the committed length on the host)")
     return choice
 
 
 class Worker:
-    """Runs forwards of a transformers causal LM over lp's step layouts.
+    """Runs forwards of a transformers causal LM over lp's packed steps.
 
     `graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (`auto`: on CUDA).
     `compile`: torch.compile the fixed-shape forward (`auto`: with graphs on CUDA).
-    `attention`: `auto`, `sdpa`, `flex` or `split` (lp/engine/attention.py).
-    `max_seq_len`: the longest sequence, prompt included (default: the model's context, at
-    most 8192); the cache holds that many tokens plus `STEP_ROOM` slots for a step.
+    `attention`: `auto`, `sdpa` or `flex` (lp/engine/attention.py).
+    `max_seq_len`: the longest sequence, prompt included (default: the model's context, at most
+    8192). `kv_tokens`: the cache's slots, shared by all sequences (default: one sequence of
+    `max_seq_len` and a step's tokens, or 32,768, whichever is more).
     `tp`: the tensor-parallel group whose shard of the model `model` holds (lp/engine/tp.py); the
     cache then holds this rank's KV heads only.
     `kernels`: the formulation of the lean forward's matmuls (lp/engine/kernels.py): `auto`
@@ -91,6 +91,7 @@ class Worker:
         model: torch.nn.Module,
         *,
         max_seq_len: int | None = None,
+        kv_tokens: int | None = None,
         attention: str = "auto",
         graphs: bool | str = "auto",
         compile: bool | str = "auto",
@@ -98,12 +99,10 @@ class Worker:
         kernels: str | None = None,
         kernel_timer: kernel_choice.Timer = kernel_choice.wall_clock,
     ) -> None:
-        check_options(attention, graphs, compile, max_seq_len, kernels)
+        check_options(attention, graphs, compile, max_seq_len, kernels, kv_tokens)
         param = next(model.parameters())
         self.model, self.device, self.tp = model, param.device, tp
         self.max_seq_len = min(context_length(model), max_seq_len or DEFAULT_MAX_SEQ_LEN)
-        # whole FlexAttention blocks: no partial block at the cache's end
-        capacity = -(-(self.max_seq_len + STEP_ROOM) // FLEX_BLOCK) * FLEX_BLOCK
         cuda = self.device.type == "cuda"
         # a CUDA graph cannot hold a collective over gloo (ranks sharing a GPU)
         capturable = tp.size == 1 or tp.capturable
@@ -118,9 +117,15 @@ class Worker:
             raise LPError(f"tp={tp.size} needs a Llama-family model ({', '.join(llama.FAMILY)})")
         self.attention = _backend(attention, self.device, lean, fixed, compiled=compiled)
         layers, kv_heads, head_dim = kv_shape(model)
-        self.kv = KVCache(layers, kv_heads // tp.size, head_dim, capacity, param.dtype, self.device)
+        tokens = kv_tokens or max(self.max_seq_len + STEP_ROOM, 32768)
+        per = FLEX_BLOCK // PAGE  # whole FlexAttention key blocks: no partial block at the cache's end
+        pages = -(-(1 + pages_for(tokens)) // per) * per
+        self.kv = KVCache(layers, kv_heads // tp.size, head_dim, pages, param.dtype, self.device)
+        self.lean = lean
+        self.query_groups = model.config.get_text_config().num_attention_heads // kv_heads
+        positions = self.max_seq_len + STEP_ROOM
         if lean:
-            self.forward: Forward = llama.LlamaForward(model, self.kv, self.attention, tp)
+            self.forward: Forward = llama.LlamaForward(model, self.kv, positions, tp)
             self.kernels = kernel_choice.choose(
                 self.forward.matrices(),
                 self.device,
@@ -134,136 +139,78 @@ class Worker:
             self.forward = TransformersForward(model, self.kv)
             self.kernels = Kernels.only("linear", "the model's own modules")
         self.fixed = (
-            FixedSteps(self.forward, self.kv, self.device, self.attention == "flex", compile=compiled)
+            FixedSteps(
+                self.forward,
+                self.kv,
+                self.device,
+                self.attention == "flex",
+                compile=compiled,
+                groups=self.query_groups if cuda else 1,
+            )
             if fixed
             else None
         )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        # Step ids go to the device from pinned memory without blocking the host (CUDA only).
-        self._staging = torch.empty(capacity, dtype=torch.long, pin_memory=True) if cuda else None
-        self._staged = torch.cuda.Event() if cuda else None  # marks the last copy out of the staging buffer
-        self._layouts: OrderedDict[tuple, StepTensors] = OrderedDict()  # by `StepLayout.key`, most recent last
-        self._plain = PlainGreedy(self.device)
-        self._plain_position = 0  # the next plain step's x0 position (eager steps)
+        self._owners = 0  # the last sequence id handed out (ids are never reused)
 
     @property
-    def capacity(self) -> int:
-        return self.kv.capacity
+    def kv_tokens(self) -> int:
+        """The cache's slots that sequences may hold (all but the pad page's)."""
+        return (self.kv.pool.pages - 1) * PAGE
 
     def step_slots(self, tokens: int) -> int:
-        """Cache slots a step of `tokens` tokens writes (its padded size at fixed shapes)."""
+        """Rows a step of `tokens` tokens runs (its padded size at fixed shapes)."""
         return bucket(tokens) if self.fixed is not None else tokens
 
-    def reset(self, tokens: int, step_tokens: int, fewest_step_tokens: int | None = None, kept: int = 0) -> None:
-        """Start a new sequence that commits at most `tokens` and runs steps of
-        `fewest_step_tokens` (default: `step_tokens`) to `step_tokens` tokens, keeping the KV of
-        up to `kept` drafts a step (`keep`); refuse it if the cache cannot hold that. At fixed
-        shapes, every bucket of those sizes (and the keep) is compiled and captured here, before
-        the sequence's clock starts (once per process)."""
+    def sequence(self, tokens: int, step_tokens: int) -> SequenceKV:
+        """A new sequence's KV: it commits at most `tokens` and its steps feed at most `step_tokens`;
+        an LPError where it could not fit the model or the cache."""
         if tokens > self.max_seq_len:
             raise LPError(
-                f"the sequence needs {tokens} tokens (prompt + max_new_tokens), "
-                f"more than max_seq_len={self.max_seq_len}"
+                f"the sequence needs {tokens} tokens (prompt + max_new_tokens), more than max_seq_len={self.max_seq_len}"
             )
-        if tokens + self.step_slots(step_tokens) > self.capacity:
-            raise LPError(
-                f"a step of {step_tokens} tokens does not fit in the KV cache after {tokens} tokens: "
-                f"lower W or G (at most {STEP_ROOM} step tokens past max_seq_len)"
-            )
-        self.kv.reset()
-        if self.fixed is not None:
-            self.fixed.prepare(fewest_step_tokens or step_tokens, step_tokens, kept)
-
-    def commit(self, n: int, on_device: bool = True) -> None:
-        """`KVCache.commit`."""
-        self.kv.commit(n, on_device)
-
-    def upload(self, ids: np.ndarray) -> torch.Tensor:
-        """A step's token ids on the device."""
-        host = torch.from_numpy(ids)
-        if self.device.type == "cpu":  # used where it lies (a step's ids are its own array)
-            return host
-        if self._staging is None:
-            return host.to(self.device)
-        self._staged.synchronize()  # done long ago in practice: the last step was read since
-        staged = self._staging[: len(ids)]
-        staged.copy_(host)
-        out = staged.to(self.device, non_blocking=True)
-        self._staged.record()
-        return out
+        self._owners += 1
+        return SequenceKV(self.kv.pool, self._owners, tokens + step_tokens)
 
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor) -> None:
-        """Commit the KV of a prompt prefix (causal), without computing any logits."""
-        n, c = ids.shape[0], self.kv.length
-        if n == 0:
+    def run(self, step: PackedStep) -> tuple[torch.Tensor, PackedTensors]:
+        """One step's forward: logits `[R, vocab]` for `step.rows`, and the step on the device.
+        Every token's KV is written; the sequences' lengths (their hosts') say what is kept."""
+        if self.fixed is not None:
+            return self.fixed.step(step)
+        on = exact(step, self.kv.pool.owner, self.kv.pool.index, self.query_groups)
+        if not self.lean:
+            on.attend = Dense(on.visible, self.kv.slots).refresh()
+        return self.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)), on
+
+    @torch.inference_mode()
+    def prefill(self, kv: SequenceKV, ids: list[int] | np.ndarray) -> None:
+        """Commit the KV of `ids` after `kv`'s committed tokens, one causal step (tools, tests)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not len(ids):
             return
-        block = torch.ones((n, n), dtype=torch.bool, device=self.device).tril_()
-        positions = torch.arange(c, c + n, device=self.device)
-        rows = torch.zeros(0, dtype=torch.long, device=self.device)
-        self.forward(StepInputs(ids, positions, block, rows, extent=c + n, committed=c, causal=c == 0))
-        self.kv.commit(n)
-
-    def on_device(self, layout: StepLayout) -> StepTensors:
-        """`layout` on the device, uploaded once per shape and kept while it is among the recent
-        ones (`evict`)."""
-        key = layout.key
-        dev = self._layouts.get(key)
-        if dev is None:
-            dev = self._layouts[key] = step_tensors(layout, self.device, self.fixed is not None)
-        else:
-            self._layouts.move_to_end(key)
-        return dev
-
-    def evict(self) -> None:
-        """Drop the device layouts beyond the `LAYOUTS_KEPT` most recent: draft trees make many
-        shapes, and a rank's share of a split step often repeats one. `step` calls it once its
-        forward is queued, where freeing a layout's tensors delays no forward."""
-        while len(self._layouts) > LAYOUTS_KEPT:
-            self._layouts.popitem(last=False)
+        kv.reserve(kv.length + len(ids))
+        self.run(PackedStep([prompt_chunk(kv.owner, ids, kv.length, kv.table)]))
+        kv.length += len(ids)
 
     @torch.inference_mode()
-    def step(self, ids: torch.Tensor, layout: StepLayout, x0_position: int) -> torch.Tensor:
-        """One step's forward: logits `[R, vocab]` for `layout.logit_rows`. The KV of all n
-        tokens is written but not committed; call `commit(layout.m)` to keep the pending ones."""
-        dev = self.on_device(layout)
+    def step(self, kv: SequenceKV, layout: StepLayout, ids: np.ndarray | list[int], x0: int | None = None) -> torch.Tensor:
+        """One sequence's step of `layout` after its committed tokens, nothing committed (tools,
+        tests): logits `[R, vocab]` of `layout.logit_rows`. `x0`: x0's position (default: the
+        last pending token's, right after the committed ones)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        kv.reserve(kv.length + layout.size)
+        x0 = kv.length + layout.m - 1 if x0 is None else x0
+        return self.run(PackedStep([step_segment(kv.owner, layout, ids, x0, kv.length, kv.table)]))[0]
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the KV at slots `src` onto slots `dst` (the kept drafts': lp/engine/kv.py `move`)."""
         if self.fixed is not None:
-            logits = self.fixed.step(ids, dev, x0_position)
+            self.fixed.move(src, dst)
         else:
-            c = self.kv.length
-            logits = self.forward(
-                StepInputs(ids, dev.depth + x0_position, dev.block, dev.rows, extent=c + layout.size, committed=c)
-            )
-        self.evict()
-        return logits
+            self.kv.move(src, dst)
 
-    def keep(self, path: torch.Tensor, layout: StepLayout, accepted: torch.Tensor) -> None:
-        """Keep the KV of the last step's `accepted` draft tokens, its tree nodes `path` (local
-        indices by depth, -1 padded: `Acceptance.path`), after its pending ones (`commit` first):
-        the next step feeds only its x0. Queued on the device with no host value; the host's
-        length follows with `commit(n, on_device=False)` once the step's outcome is read."""
-        offset = layout.size - len(layout.parents) - layout.m  # the first node's slot past the pending
-        if self.fixed is not None and self.fixed.capture:
-            self.fixed.keep(path, offset, accepted)
-        else:
-            self.kv.keep(path, offset, accepted)
-
-    def greedy_start(self, token: torch.Tensor, x0_position: int, length: int, checksum: int) -> None:
-        """Begin plain greedy steps (`greedy_step`): the first one's input `token` (`[1]`, on the
-        device) at `x0_position`; `length` and `checksum`: the output's so far (lp/message.py)."""
-        self._plain.start(token, x0_position, length, checksum)
-        self._plain_position = x0_position
-
-    @torch.inference_mode()
-    def greedy_step(self) -> torch.Tensor:
-        """One plain greedy step (`mode=ar`): forward, argmax, the step's message
-        (lp/fixed_steps.py's `PlainGreedy`), its token committed and kept on the device as the
-        next step's input. At fixed shapes on a GPU the whole step is one CUDA graph replay."""
+    def prepare(self, most: int, fewest: int = 1) -> None:
+        """At fixed shapes, compile and capture every bucket of steps of `fewest` to `most` tokens now."""
         if self.fixed is not None:
-            message = self.fixed.greedy(self._plain)
-            self.kv.commit(1, on_device=False)  # the step advanced the device's length
-            return message
-        message = self._plain.message(self.step(self._plain.token, PLAIN, self._plain_position))
-        self.commit(1)
-        self._plain_position += 1
-        return message
+            self.fixed.prepare(fewest, most)

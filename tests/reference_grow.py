@@ -63,7 +63,7 @@ def lp_grow(
     index = TextIndex(text, vocab=vocab if continuation_len else 0)
     chances = np.zeros((1, 1)) if chances is None else np.asarray(chances, dtype=np.float64)
     table = new_table(0, 1, 1) if table is None else table
-    tokens, parents, labels, order, groups = grow(
+    tokens, parents, labels, order, groups, _ = grow(
         index, chains or new_chains(0, 0), chances, table, budget, depth, continuation_len
     )
     return Grown(DraftTree(tokens, parents, groups), labels, order)

@@ -67,7 +67,7 @@ class PlainSources:
             chains = step_drafts(self.text, self.pool, self.window, cfg.draft_len, count, context, frequent, guesses)
             chances = self.rates.chances
             grown = grow(self.text, chains, chances, self.table, budget, cfg.max_draft, cfg.longest_continuation)
-            tokens, parents, labels, growth, groups = grown
+            tokens, parents, labels, growth, groups, _ = grown
         else:  # the drafts in order, each a chain; then the recycled leaves' paths
             chains = step_drafts(self.text, self.pool, self.window, cfg.draft_len, count, context, frequent, 0)
             builder = TreeBuilder(budget, share=False)

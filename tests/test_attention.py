@@ -1,54 +1,102 @@
-"""The attention backends (lp/engine/attention.py): masks built on the device from the committed
-length, split attention (committed KV + in-step block merged by log-sum-exp) equal to sdpa, and
-the backend choice with its one-line errors."""
+"""Attention over the paged cache (lp/engine/attention.py): the visibility rule of a packed step,
+its three applications (grouped sdpa, a dense mask, FlexAttention's block mask) agreeing, and the
+backend choice with its one-line errors."""
 
+import numpy as np
 import pytest
 import torch
-from helpers import build_tiny
+from helpers import build_tiny, make_prompt
 
-from lp.collective import Collective
-from lp.config import DecodeConfig
-from lp.decode.loop import Decoder
 from lp.engine import attention
+from lp.engine.attention import FLEX_BLOCK, Dense, FlexMask
+from lp.engine.packed import PackedStep, exact, flex_blocks, padded, prompt_chunk, step_segment
+from lp.engine.pages import PAGE
 from lp.errors import LPError
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
 
-def test_dense_mask():
-    block = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-    for start in (0, 4):
-        m = attention.dense_mask(torch.tensor(start), block, start + 3 + 2)[0, 0]
-        assert m[:, :start].all()  # every step token sees the committed slots
-        assert torch.equal(m[:, start : start + 3], block)  # and its chain within the step
-        assert not m[:, start + 3 :].any()  # never the tail
-        # per group head (CUDA's sdpa folds a kv head's query heads into its rows)
-        grouped = attention.dense_mask(torch.tensor(start), block, start + 3 + 2, groups=3)[0, 0]
-        assert torch.equal(grouped, torch.cat([m] * 3))
+def _interleaved(worker: Worker, lengths: list[int]):
+    """Sequences of `lengths` committed tokens whose pages interleave (each grown a page at a
+    time in turn), and a packed step: a lookahead layout for the first, chunks for the others."""
+    kvs = [worker.sequence(n + 40, 40) for n in lengths]
+    for upto in range(PAGE, max(lengths) + 40 + PAGE, PAGE):  # one page each, in turn
+        for kv, n in zip(kvs, lengths):
+            kv.reserve(min(upto, n + 40))
+    for kv, n in zip(kvs, lengths):
+        kv.length = n
+    layout = step_layout(1, 3, 3, range(3), (-1, 0, 0, -1, 3))
+    rng = np.random.default_rng(0)
+    segs = [step_segment(kvs[0].owner, layout, rng.integers(3, 200, layout.size), lengths[0], lengths[0], kvs[0].table)]
+    for kv, n in zip(kvs[1:], (1, 7, 20)):
+        chunk = prompt_chunk(kv.owner, rng.integers(3, 200, n), kv.length, kv.table)
+        chunk.rows = np.arange(n)
+        segs.append(chunk)
+    return PackedStep(segs), kvs
 
 
-def test_split_step_logits_match_sdpa():
-    prompt = torch.tensor([5, 6, 7, 8, 5, 6, 7, 8, 9, 10, 5, 6])
-    layout = step_layout(2, 4, 4, range(4), 3)
-    ids = torch.randint(0, 200, (layout.size,), generator=torch.Generator().manual_seed(1))
-    model = build_tiny("llama")
-    logits = {}
-    for impl in ("sdpa", "split"):
-        w = Worker(model, attention=impl, graphs=False)
-        w.reset(64, layout.size)
-        w.prefill(prompt)
-        logits[impl] = w.step(ids, layout, len(prompt) + 1)
-    torch.testing.assert_close(logits["split"], logits["sdpa"], rtol=1e-5, atol=1e-5)
+def test_visibility_is_each_sequence_and_its_chain():
+    """A token sees its own sequence's committed slots and its chain among its segment's; nothing
+    of another sequence, nothing speculative past its segment, no free or pad slot."""
+    worker = Worker(build_tiny("llama"), graphs=False)
+    step, kvs = _interleaved(worker, [30, 17, 50, 5])
+    on = exact(step, worker.kv.pool.owner, worker.kv.pool.index, 1)
+    mask = Dense(on.visible, worker.kv.slots).refresh().mask[0, 0]
+    for i, (seg, kv) in enumerate(zip(step.segments, kvs)):
+        a = step.starts[i]
+        committed, own = kv.slots(0, kv.length), kv.slots(kv.length, seg.size)
+        for q in range(seg.size):
+            want = torch.zeros(worker.kv.slots, dtype=torch.bool)
+            want[committed] = True
+            want[own[seg.block[q]]] = True
+            assert torch.equal(mask[a + q], want), (i, q)
+    assert (np.diff(kvs[0].table) != 1).any()  # the pages did interleave
 
 
-def test_decoding_with_split_attention_is_exact():
-    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 9, 10, 5, 6, 7]
-    model = build_tiny("qwen2")
-    outs = {}
-    for impl in ("sdpa", "split"):
-        dec = Decoder(Worker(model, attention=impl, graphs=False), Collective(), set(), 512)
-        outs[impl] = [dec.generate(prompt, DecodeConfig(W, N, G, 40)).output_ids for W, N, G in [(5, 3, 5), (7, 5, 7)]]
-    assert outs["split"] == outs["sdpa"]
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_grouped_attention_equals_the_whole_cache(arch):
+    """Segments of different sizes over interleaved pages, attended by groups of gathered pages
+    (the eager way), give the logits of one dense mask over the whole cache."""
+    model = build_tiny(arch)
+    worker = Worker(model, graphs=False)
+    for kv, n in zip([worker.sequence(200, 40) for _ in range(4)], (30, 17, 50, 5)):
+        worker.prefill(kv, make_prompt(n % 7, n, 2)[:n])
+    step, _ = _interleaved(worker, [30, 17, 50, 5])
+    grouped = worker.run(step)[0]
+    on = exact(step, worker.kv.pool.owner, worker.kv.pool.index, 1)
+    on.attend = Dense(on.visible, worker.kv.slots).refresh()
+    from lp.engine.forward import StepInputs
+
+    dense = worker.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend))
+    torch.testing.assert_close(grouped, dense, rtol=1e-5, atol=1e-5)
+    assert len(on.step.groups()) == 3  # sizes 1 and 7 share a bucket, 11 and 20 too: 3 buckets
+
+
+@pytest.mark.parametrize("B", [64, 256])
+def test_flex_block_mask_expands_to_the_dense_mask(B):
+    """The block mask, expanded (visited key blocks: mask_mod; the rest: none), is the dense
+    mask, for a packed step padded to B tokens, its pad tokens included."""
+    worker = Worker(build_tiny("llama"), graphs=False)
+    step, _ = _interleaved(worker, [200, 17, 130, 5])
+    arrays = {k: torch.from_numpy(v) for k, v in padded(step, B).items()}
+    visible = attention.Visibility(
+        arrays["owner"], arrays["length"], arrays["base"], arrays["size"], arrays["block"],
+        worker.kv.pool.owner, worker.kv.pool.index,
+    )  # fmt: skip
+    flex = FlexMask(visible, worker.kv.slots)
+    flex.update(*(torch.from_numpy(a) for a in flex_blocks(step, B, worker.kv.slots // FLEX_BLOCK)))
+    rows = flex.rows
+    q, kv = torch.arange(rows)[:, None], torch.arange(worker.kv.slots)[None]
+    evaluated = flex.block_mask.mask_mod(0, 0, q, kv)
+    seen = torch.zeros(rows, worker.kv.slots, dtype=torch.bool)
+    for qb in range(-(-rows // FLEX_BLOCK)):
+        lo, hi = qb * FLEX_BLOCK, (qb + 1) * FLEX_BLOCK
+        for blk in flex.indices[0, 0, qb, : int(flex.counts[0, 0, qb])].tolist():
+            cols = slice(blk * FLEX_BLOCK, (blk + 1) * FLEX_BLOCK)
+            seen[lo:hi, cols] = evaluated[lo:hi, cols]
+    dense = Dense(visible, worker.kv.slots).refresh().mask[0, 0]
+    assert torch.equal(seen[:B], dense)
+    assert dense[step.tokens :, 0].all() and dense[step.tokens :].sum() == B - step.tokens  # pads: slot 0 alone
 
 
 def test_backend_choice():
@@ -57,66 +105,22 @@ def test_backend_choice():
     assert Worker(model, graphs=True).attention == "sdpa"
     for kw, fragment in (
         (dict(attention="flex", graphs=False), "attention=flex needs fixed-shape steps"),
-        (dict(attention="split", graphs=True), "attention=split needs graphs=false"),
-        (dict(attention="flash3"), "attention must be one of"),
+        (dict(attention="split"), "attention must be one of"),
         (dict(graphs="yes"), "graphs must be true, false or auto"),
         (dict(max_seq_len=1), "max_seq_len must be an integer >= 2"),
+        (dict(kv_tokens=100), "kv_tokens must be an integer >= 128"),
         (dict(compile=True, graphs=False), "compile=true needs fixed-shape steps"),
         (dict(compile=True), "compile=true needs fixed-shape steps"),  # graphs=auto: off on CPU
     ):
         with pytest.raises(LPError, match=fragment):
             Worker(model, **kw)
-
-
-@pytest.mark.parametrize("W,N,G", [(2, 3, 2), (7, 5, 7)])  # 16 and 64 slots: 32 and 128 query rows
-def test_flex_fixed_steps_match_sdpa(W, N, G):
-    """FlexAttention over the whole cache with its block mask (eager here; compiled and captured on
-    CUDA) gives sdpa's logits, on both sides of DECODE_ROWS (the main kernel past it on CUDA)."""
-    prompt = torch.tensor([5, 6, 7, 8, 5, 6, 7, 8, 9, 10, 5, 6])
-    layout = step_layout(1, W, N, range(W), G * (N - 1))
-    ids = torch.randint(0, 200, (layout.size,), generator=torch.Generator().manual_seed(2))
-    model = build_tiny("llama")  # 2 query heads per kv head
-    logits = {}
-    for impl in ("sdpa", "flex"):
-        w = Worker(model, attention=impl, graphs=True, compile=False)
-        w.reset(64, layout.size)
-        w.prefill(prompt)
-        logits[impl] = w.step(ids, layout, len(prompt))
-    torch.testing.assert_close(logits["flex"], logits["sdpa"], rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("S", [1, 16, 64])
-def test_flex_mask_full_blocks_equal_dense_mask(S):
-    """The block mask, expanded (full blocks: all seen; partial blocks: mask_mod; the rest: none),
-    is the dense mask, wherever the committed length falls; committed blocks are full blocks."""
-    capacity, B = 768, attention.FLEX_BLOCK
-    g = torch.Generator().manual_seed(S)
-    block = (torch.rand(S, S, generator=g) < 0.5).tril() | torch.eye(S, dtype=torch.bool)
-    start = torch.zeros((), dtype=torch.long)
-    mask = attention.FlexMask(start, block, capacity)
-    rows = mask.rows
-    q, kv = torch.arange(rows)[:, None], torch.arange(capacity)[None]
-    for committed in (0, 5, B - 1, B, 200, 300, capacity - 2 * B):
-        start.fill_(committed)
-        mask.update(committed)
-        full, partial = int(mask.full[0, 0, 0]), int(mask.partial[0, 0, 0])
-        assert full == committed // B and full + partial == -(-(committed + S) // B)
-        seen = torch.zeros(rows, capacity, dtype=torch.bool)
-        for i in mask._order[0, 0, 0, :full].tolist():
-            seen[:, i * B : (i + 1) * B] = True
-        evaluated = mask.block_mask.mask_mod(0, 0, q, kv)
-        for i in mask.indices[0, 0, 0, :partial].tolist():
-            seen[:, i * B : (i + 1) * B] = evaluated[:, i * B : (i + 1) * B]
-        assert torch.equal(seen[:S], attention.dense_mask(start, block, capacity)[0, 0]), committed
-        # the same from the device-held length (a captured mode=ar step's way)
-        host = [t.clone() for t in (mask.full, mask.partial, mask.indices)]
-        mask.follow(start)
-        assert all(torch.equal(a, b) for a, b in zip(host, (mask.full, mask.partial, mask.indices)))
+    with pytest.raises(LPError, match="attention=flex needs a Llama-family model"):
+        Worker(build_tiny("gemma"), graphs=True, attention="flex")
 
 
 def test_compiled_flex_one_token_step_equals_eager():
     """The 1-token bucket compiled with FlexAttention on CPU (its query padded to 2 rows), after
-    a prompt longer than a block (full blocks). tools.buckets checks every bucket."""
+    a prompt longer than a key block. tools.buckets checks every bucket."""
     from tools.buckets import compare
 
     model = build_tiny("llama", num_hidden_layers=1)

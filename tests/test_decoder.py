@@ -13,7 +13,7 @@ from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decode.loop import Decoder, StepObserver
+from lp.decode.loop import Decoder, Request, StepObserver
 from lp.decode.record import collector_paused
 from lp.errors import LPError
 from lp.lookahead.drafts import step_drafts
@@ -34,8 +34,8 @@ def refs(tiny_models):
     return {arch: reference_greedy(m, PROMPT, MAX_NEW) for arch, m in tiny_models.items()}
 
 
-def decode(model, prompt, eos=(), max_context=512, collective=None, ahead=False, rehearse=None, **cfg):
-    dec = Decoder(Worker(model), collective or Collective(), set(eos), max_context, ahead=ahead, rehearse=rehearse)
+def decode(model, prompt, eos=(), max_context=512, collective=None, rehearse=None, **cfg):
+    dec = Decoder(Worker(model), collective or Collective(), set(eos), max_context, rehearse=rehearse)
     return dec.generate(prompt, DecodeConfig(**cfg))
 
 
@@ -55,7 +55,7 @@ def test_lookahead_equals_greedy(arch, N, W, G, tiny_models, refs):
     assert g.new_tokens == MAX_NEW
     assert sum(g.accepted_per_step) == MAX_NEW and len(g.accepted_per_step) == g.steps
     assert all(1 <= a <= DecodeConfig(W=W, N=N, G=G).max_draft + 1 for a in g.accepted_per_step)
-    assert col.calls == g.steps + 1  # one handshake, then one all-gather per step
+    assert col.calls == g.steps  # one all-gather per step (no handshake on one rank)
     assert g.S == pytest.approx(MAX_NEW / g.steps)
     if G == 0:
         assert g.steps == MAX_NEW  # nothing to verify: one token per step
@@ -129,7 +129,7 @@ def test_ar_mode(arch, tiny_models, refs):
     g = decode(tiny_models[arch], PROMPT, collective=col, mode="ar", max_new_tokens=MAX_NEW)
     assert g.output_ids == refs[arch]
     assert g.steps == MAX_NEW and g.accepted_per_step == [1] * MAX_NEW
-    assert col.calls == g.steps + 1
+    assert col.calls == g.steps
 
 
 class _Order(StepObserver):
@@ -149,27 +149,26 @@ class _Order(StepObserver):
     "arch,engine",
     [(a, {}) for a in ARCHS] + [("llama", dict(graphs=True)), ("qwen2", dict(graphs=True, attention="flex"))],
 )
-def test_ar_mode_one_step_ahead(arch, engine, tiny_models, refs):
-    """`mode=ar` with the device a step ahead (each step's input the last one's argmax on the
-    device, its message read after the next step is queued): the same tokens, steps and
-    all-gathers, eager and at fixed shapes (the whole step as a GPU captures it, run eagerly)."""
+def test_ar_mode_engines(arch, engine, tiny_models, refs):
+    """`mode=ar`, eager and at fixed shapes (the step as a GPU captures it, run eagerly): the same
+    tokens, one step a token, each step's forward then its message read."""
     col, order = CountingCollective(), _Order()
-    dec = Decoder(Worker(tiny_models[arch], **engine), col, set(), 512, ahead=True)
+    dec = Decoder(Worker(tiny_models[arch], **engine), col, set(), 512)
     g = dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW), observer=order)
     assert g.output_ids == refs[arch]
     assert g.steps == MAX_NEW and g.accepted_per_step == [1] * MAX_NEW == g.fed_per_step
-    assert col.calls == MAX_NEW + 1
-    assert order.events == "ff" + "rf" * (MAX_NEW - 2) + "rr"
+    assert col.calls == MAX_NEW
+    assert order.events == "fr" * MAX_NEW
 
 
-def test_ar_ahead_stops_at_eos_and_max_new_tokens(tiny_models, refs):
-    """At an EOS, the step already queued past it is computed and dropped (one more
-    all-gather); the next sequence on the same decoder is exact all the same."""
+def test_ar_stops_at_eos_and_max_new_tokens(tiny_models, refs):
+    """At an EOS or max_new_tokens plain decoding stops at once; the next sequence on the same
+    decoder is exact all the same."""
     ref, model = refs["mistral"], tiny_models["mistral"]
     for n in (1, 2, 5):
-        assert decode(model, PROMPT, ahead=True, mode="ar", max_new_tokens=n).output_ids == ref[:n]
+        assert decode(model, PROMPT, mode="ar", max_new_tokens=n).output_ids == ref[:n]
     col = CountingCollective()
-    dec = Decoder(Worker(model), col, set(), 512, ahead=True)
+    dec = Decoder(Worker(model), col, set(), 512)
     tried = 0
     for pos, tok in enumerate(ref):
         if tok in ref[:pos] or pos == 0:
@@ -178,7 +177,7 @@ def test_ar_ahead_stops_at_eos_and_max_new_tokens(tiny_models, refs):
         before = col.calls
         g = dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW))
         assert g.output_ids == ref[: pos + 1] and g.steps == pos + 1, (tok, pos)
-        assert col.calls - before == g.steps + 2  # the handshake, the steps, the one past the EOS
+        assert col.calls - before == g.steps
         tried += 1
     assert tried >= 4
     dec.eos_ids = frozenset()
@@ -202,11 +201,11 @@ def test_rehearsals_change_no_decode(N, W, G, successors, continuation_len, tiny
     assert [(g.accepted_per_step, g.fed_per_step) for g in a] == [(g.accepted_per_step, g.fed_per_step) for g in b]
 
 
-def test_ahead_leaves_lookahead_and_sampling_alone(tiny_models, refs):
-    """Only greedy `mode=ar` runs ahead: a lookahead step needs the last step's outcome on
-    the host to build its tree, and sampling draws on the host."""
+def test_each_step_is_one_forward_then_one_read(tiny_models, refs):
+    """Lookahead, sampling and plain decoding alike: each step queues its forward, then reads its
+    gathered messages once."""
     model = tiny_models["llama"]
-    dec = Decoder(Worker(model), Collective(), set(), 512, ahead=True)
+    dec = Decoder(Worker(model), Collective(), set(), 512)
     for cfg in (
         DecodeConfig(W=5, N=3, G=5, max_new_tokens=MAX_NEW),
         DecodeConfig(mode="ar", temperature=0.8, seed=3, max_new_tokens=24),
@@ -253,7 +252,7 @@ def test_eos_stops_generation(N, W, G, tiny_models, refs):
         )
         assert g.output_ids == ref[: pos + 1], (tok, pos)
         assert g.output_ids[-1] == tok and g.steps == len(g.accepted_per_step)
-        assert col.calls == g.steps + 1
+        assert col.calls == g.steps
         tried += 1
     assert tried >= 4
 
@@ -382,9 +381,7 @@ class ThreadCollective(CountingCollective):
         return out
 
 
-def run_ranks(
-    model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=(), verifiers=None, ahead=False, rehearse=None
-):
+def run_ranks(model, P: int, prompts: list[list[int]], cfg: DecodeConfig, eos=(), verifiers=None, rehearse=None):
     """Decode on P ranks as threads (`verifiers`: one per rank, default the decoder's own)."""
     hub = _Hub(P)
     cols = [ThreadCollective(hub, r, P) for r in range(P)]
@@ -393,7 +390,7 @@ def run_ranks(
     def body(r: int) -> None:
         try:
             verifier = verifiers[r] if verifiers else None
-            dec = Decoder(Worker(model), cols[r], set(eos), 512, ahead=ahead, rehearse=rehearse)
+            dec = Decoder(Worker(model), cols[r], set(eos), 512, rehearse=rehearse)
             results[r] = dec.generate(prompts[r], cfg, verifier=verifier)
         except LPError as e:  # raised symmetrically by every rank (e.g. at the handshake)
             results[r] = e
@@ -414,24 +411,33 @@ PARALLEL = [(5, 7, 7), (3, 3, 3), (2, 5, 5), (3, 3, 7)]
 
 @pytest.mark.parametrize("graphs,temperature", [(False, 0.0), (True, 0.0), (False, 0.7)])
 def test_one_replica_keeps_the_accepted_drafts_kv(graphs, temperature, tiny_models, refs):
-    """One replica keeps each step's accepted drafts' KV (Worker.keep) and feeds only x0 before
-    the window and tree: the cache then holds exactly the KV a causal prefill of the output
-    gives, slot by slot, and a greedy output stays greedy. The engines: exact sizes and fixed
-    shapes; the verifiers: greedy and sampling (its path: the first alive node of each level)."""
+    """One replica keeps each step's accepted drafts' KV (lp/engine/kv.py `move`) and feeds only
+    x0 before the window and tree: the sequence's pages then hold exactly the KV a causal prefill
+    of its text gives, slot by slot, and a greedy output stays greedy. The engines: exact sizes
+    and fixed shapes; the verifiers: greedy and sampling (its path: the first alive node of each
+    level)."""
     model = tiny_models["llama"]
     cfg = DecodeConfig(W=3, N=3, G=5, tree_tokens=12, max_new_tokens=MAX_NEW, temperature=temperature)
     worker = Worker(model, graphs=graphs, compile=False)
-    g = Decoder(worker, Collective(), set(), 512).generate(PROMPT, cfg)
-    assert g.output_ids == refs["llama"] or temperature > 0
-    assert max(g.accepted_per_step) > 1  # drafts were kept, not only bonus tokens
+    batch = Decoder(worker, Collective(), set(), 512).batch()
+    batch.submit(Request(PROMPT, cfg))
+    batch.step()
+    (seq,) = batch.running
+    while len(seq.state.output) < MAX_NEW - cfg.max_commit:
+        batch.step()
+    g = seq.state
+    assert g.output == refs["llama"][: len(g.output)] or temperature > 0
+    assert max(g.accepted) > 1  # drafts were kept, not only bonus tokens
     window = (cfg.W - 1) + cfg.W * (cfg.N - 2)
     assert all(t <= 1 + window + 12 for t in g.fed_per_step)  # x0, the window and the tree, no re-fed tokens
-    kept = worker.kv.length  # the last step's drafts are not committed on the host
+    kept = seq.kv.length
+    assert kept == len(PROMPT) + len(g.output) - 1  # all but x0, the last token
     fresh = Worker(model)
-    fresh.reset(512, 1)
-    fresh.prefill(torch.tensor((PROMPT + g.output_ids)[:kept], dtype=torch.long))
-    for mine, theirs in zip(worker.kv.k + worker.kv.v, fresh.kv.k + fresh.kv.v):
-        torch.testing.assert_close(mine[:, :kept], theirs[:, :kept], atol=1e-5, rtol=1e-4)
+    other = fresh.sequence(kept, 1)
+    fresh.prefill(other, (PROMPT + g.output)[:kept])
+    mine, theirs = seq.kv.slots(0, kept), other.slots(0, kept)
+    for a, b in zip(worker.kv.k + worker.kv.v, fresh.kv.k + fresh.kv.v):
+        torch.testing.assert_close(a[:, mine], b[:, theirs], atol=1e-5, rtol=1e-4)
 
 
 def test_step_tokens_with_kept_drafts_feed_the_whole_step(tiny_models, refs):
@@ -544,35 +550,13 @@ def test_greedy_shares_fill_their_buckets(P, step_tokens, tiny_models, refs):
 
 
 @pytest.mark.parametrize("P", [2, 3])
-def test_parallel_ranks_ar_ahead(P, tiny_models, refs):
+def test_parallel_ranks_ar(P, tiny_models, refs):
     cfg = DecodeConfig(mode="ar", max_new_tokens=MAX_NEW)
-    results, cols = run_ranks(tiny_models["llama"], P, [PROMPT] * P, cfg, ahead=True)
+    results, cols = run_ranks(tiny_models["llama"], P, [PROMPT] * P, cfg)
     for r, g in enumerate(results):
         assert not isinstance(g, BaseException), g
         assert g.output_ids == refs["llama"], r
-        assert cols[r].calls == MAX_NEW + 1
-
-
-def test_ar_ahead_ranks_that_diverge_stop_with_an_error(tiny_models):
-    """A step ahead, each rank feeds its own next token to its next step: ranks whose tokens
-    differ (here: different weights) must end with an error on every rank, not drift apart."""
-    hub, models = _Hub(2), [tiny_models["llama"], build_tiny("llama", seed=11)]
-    cols = [ThreadCollective(hub, r, 2) for r in range(2)]
-    results: list = [None, None]
-
-    def body(r: int) -> None:
-        try:
-            dec = Decoder(Worker(models[r]), cols[r], set(), 512, ahead=True)
-            results[r] = dec.generate(PROMPT, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW))
-        except BaseException as e:  # noqa: BLE001 - reported to the test thread
-            results[r] = e
-
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    assert all(isinstance(e, LPError) and "diverged" in str(e) for e in results), results
+        assert cols[r].calls == MAX_NEW + 1  # the handshake, then one all-gather a step
 
 
 def test_parallel_ranks_eos(tiny_models, refs):
@@ -636,4 +620,4 @@ def test_message_size_is_what_steps_send(settings, tiny_models):
     cfg = {**dict(W=5, N=3, G=5, max_new_tokens=12), **settings}
     col = CountingCollective()
     decode(tiny_models["llama"], PROMPT, collective=col, **cfg)
-    assert set(col.sizes[1:]) == {step_message_size(DecodeConfig(**cfg))}  # after the handshake
+    assert set(col.sizes) == {step_message_size(DecodeConfig(**cfg))}

@@ -1,21 +1,23 @@
-"""Fixed-shape steps (lp/engine/fixed_steps.py), the form a step takes to be compiled and captured as a CUDA
-graph. On CPU they run eagerly, which checks everything but the capture: padding, the KV writes
-at the device-held committed length, the whole-cache masks (sdpa and FlexAttention), bucket
-reuse across steps and prompts, and a cache that never moves."""
+"""Fixed-shape steps (lp/engine/fixed_steps.py), the form a packed step takes to be compiled and
+captured as a CUDA graph. On CPU they run eagerly, which checks everything but the capture:
+padding, the KV writes at the slots the step names, the whole-cache masks (sdpa and
+FlexAttention), bucket reuse across steps, sequences and batches, and a cache that never moves."""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decode.loop import Decoder, StepObserver
-from lp.engine.step_tensors import BUCKETS, bucket, step_tensors
+from lp.decode.loop import Decoder, Request, StepObserver
+from lp.engine.packed import BUCKETS, PackedStep, bucket, padded, prompt_chunk, step_segment
+from lp.engine.pages import PAD
 from lp.errors import LPError
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
@@ -26,71 +28,68 @@ def test_bucket_sizes():
     assert all(bucket(b) == b for b in BUCKETS)
 
 
-@pytest.mark.parametrize("packed", [False, True])  # packed: one buffer, one copy (the GPU's way)
-def test_padded_layout(packed):
-    layout = step_layout(
-        2, 5, 3, range(1, 4), (-1, 0, 0, -1, 3, 4)
-    )  # T=14: unpadded, 196 mask bytes (not a multiple of 8)
-    p = step_tensors(layout, torch.device("cpu"), fixed=True, packed=packed)
-    T, S = layout.size, bucket(layout.size)
-    assert p.block.shape == (S, S) and p.size == T and p.n_rows == len(layout.logit_rows)
-    assert torch.equal(p.block[:T, :T], torch.from_numpy(layout.mask))
-    # pad tokens see only themselves, and nothing real sees them
-    assert torch.equal(p.block[T:, T:], torch.eye(S - T, dtype=torch.bool))
-    assert not p.block[T:, :T].any() and not p.block[:T, T:].any()
-    assert p.rows.shape == (S,) and p.rows[: p.n_rows].tolist() == layout.logit_rows.tolist()
-    assert p.depth.tolist() == layout.depth.tolist() + [0] * (S - T)
-    exact = step_tensors(layout, torch.device("cpu"), fixed=False, packed=packed)
-    assert exact.block.shape == (T, T) and exact.rows.tolist() == layout.logit_rows.tolist()
-    assert torch.equal(exact.block, torch.from_numpy(layout.mask)) and exact.depth.tolist() == layout.depth.tolist()
-    n = len(layout.tree)
-    for d in (p, exact):  # the tree's parents, and its depths and ancestors as the verifier reads them
-        assert d.parents.tolist() == list(layout.tree) and d.block.dtype == torch.bool
-        assert d.tree_depth.tolist() == layout.depth[T - n :].tolist()
-        assert torch.equal(d.tree_ancestors, torch.from_numpy(layout.mask[T - n :, T - n :]))
+def _two_segments(worker: Worker, prompts: list[list[int]]):
+    """Two sequences after their prompts: one step's layout for the first (a window and a tree),
+    a prompt chunk of 5 tokens for the second (logits for its last), packed in one step."""
+    kvs = [worker.sequence(len(p) + 5, 64) for p in prompts]
+    for kv, p in zip(kvs, prompts):
+        worker.prefill(kv, p)
+    layout = step_layout(2, 5, 3, range(1, 4), (-1, 0, 0, -1, 3, 4))
+    ids = np.random.default_rng(0).integers(3, 200, layout.size)
+    kvs[0].reserve(kvs[0].length + layout.size)
+    kvs[1].reserve(kvs[1].length + 5)
+    first = step_segment(kvs[0].owner, layout, ids, kvs[0].length + 1, kvs[0].length, kvs[0].table)
+    chunk = prompt_chunk(kvs[1].owner, np.arange(5, 10), kvs[1].length, kvs[1].table)
+    chunk.rows = np.array([4])
+    return PackedStep([first, chunk]), layout, kvs
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_a_layout_with_more_rows_than_tokens_takes_the_bucket_of_its_rows(packed):
-    """W1 N2 with no tree: x0 alone, its row read twice (y1 and the column's new token)."""
-    layout = step_layout(1, 1, 2, range(1), ())
-    assert layout.size == 1 and len(layout.logit_rows) == 2
-    p = step_tensors(layout, torch.device("cpu"), fixed=True, packed=packed)
-    assert p.block.shape == (16, 16) and p.rows[:2].tolist() == layout.logit_rows.tolist() and p.n_rows == 2
+def test_padded_packed_step():
+    """Pad tokens write to the pad page's first slot and see only it; pad rows read row 0; the
+    segments' blocks lie on the diagonal, apart."""
+    worker = Worker(build_tiny("llama"), graphs=False)
+    step, layout, _ = _two_segments(worker, [make_prompt(1, 9, 2), make_prompt(2, 4, 3)])
+    T, R = step.tokens, len(step.rows)
+    assert T == layout.size + 5 and R == len(layout.logit_rows) + 1
+    B = bucket(T)
+    p = padded(step, B)
+    assert (p["slots"][T:] == 0).all() and (p["owner"][T:] == PAD).all() and (p["length"][T:] == 1).all()
+    assert (p["size"][T:] == 0).all() and p["rows"][:R].tolist() == step.rows.tolist() and (p["rows"][R:] == 0).all()
+    assert np.array_equal(p["block"][:T, :T], step.block) and np.array_equal(p["block"][T:, T:], np.eye(B - T, dtype=bool))
+    n = layout.size
+    assert np.array_equal(step.block[:n, :n], layout.mask) and not step.block[:n, n:].any()
+    assert np.array_equal(step.block[n:, n:], np.tri(5, dtype=bool))
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fixed_shape_step_equals_eager_step(arch, attention, tiny_models):
-    """Same logits from both forms of the same step, after the same committed prefix."""
+    """Same logits from both forms of the same packed step (two sequences: a lookahead step and a
+    prompt chunk), after the same committed prefixes."""
     model = tiny_models[arch]
-    prompt = torch.tensor(make_prompt(3, 10, 2))
-    layout = step_layout(3, 5, 4, range(0, 5), 4)
-    ids = torch.randint(3, 256, (layout.size,), generator=torch.Generator().manual_seed(0))
+    prompts = [make_prompt(3, 10, 2), make_prompt(4, 7, 3)]
     out = []
     for kw in (dict(graphs=False), dict(graphs=True, attention=attention)):
         w = Worker(model, **kw)
-        w.reset(len(prompt) + layout.size, layout.size)
-        w.prefill(prompt)
-        first = w.step(ids, layout, len(prompt) + 2)
-        w.commit(layout.m)  # a second step on top of a committed one, as in decoding
-        out.append((first, w.step(ids, layout, len(prompt) + 5)))
-    (a1, a2), (b1, b2) = out
-    torch.testing.assert_close(b1, a1, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(b2, a2, rtol=1e-5, atol=1e-5)
+        step, _, _ = _two_segments(w, prompts)
+        out.append(w.run(step)[0].clone())
+    torch.testing.assert_close(out[1], out[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("N,W,G", [(3, 3, 3), (5, 7, 7), (2, 5, 5), (4, 4, 0)])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fixed_shape_decoding_equals_greedy(arch, N, W, G, tiny_models):
-    """Whole generations, several prompts on one decoder: buckets reused, cache never moved."""
+    """Whole generations, several prompts decoded together and one after another on one decoder:
+    buckets reused, cache never moved."""
     model = tiny_models[arch]
     worker = Worker(model, graphs=True, attention="flex" if N == 5 else "sdpa")
     dec = Decoder(worker, Collective(), set(), 512)
     cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=40)
     buffers = [t.data_ptr() for t in worker.kv.k]
-    for prompt in (make_prompt(1, 8, 3), make_prompt(2, 5, 2), make_prompt(4, 30, 2)):
-        assert dec.generate(prompt, cfg).output_ids == reference_greedy(model, prompt, 40)
+    prompts = (make_prompt(1, 8, 3), make_prompt(2, 5, 2), make_prompt(4, 30, 2))
+    done = {s.request.tag: s.result for s in dec.run([Request(p, cfg, tag=i) for i, p in enumerate(prompts)], dec.batch(2))}
+    assert [done[i].output_ids for i in range(3)] == [reference_greedy(model, p, 40) for p in prompts]
+    assert dec.generate(prompts[0], cfg).output_ids == done[0].output_ids
     assert worker.fixed._buckets and all(S in BUCKETS for S in worker.fixed._buckets)
     assert [t.data_ptr() for t in worker.kv.k] == buffers
 
@@ -119,8 +118,8 @@ def test_api_switch(tiny_model_dir):
 
 def test_compiled_step_equals_eager(tiny_models):
     """torch.compile of the fixed-shape FlexAttention step (the CUDA default), run on CPU: the
-    same tokens as transformers' greedy decoding, and the same logits as the eager step; a plain
-    step (`mode=ar`) compiled whole: embedding, layers, head, argmax and message."""
+    same tokens as transformers' greedy decoding, lookahead and plain, and the same logits as the
+    eager step for a packed step of two sequences."""
     model = tiny_models["qwen2"]
     prompt = make_prompt(5, 10, 2)
     compiled = Worker(model, graphs=True, compile=True, attention="flex")
@@ -129,13 +128,10 @@ def test_compiled_step_equals_eager(tiny_models):
     assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=30)).output_ids == want
     assert dec.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=30)).output_ids == want
     eager = Worker(model, graphs=True, attention="flex")
-    layout = step_layout(2, 5, 3, range(5), 5)
-    ids = torch.randint(3, 256, (layout.size,), generator=torch.Generator().manual_seed(0))
     logits = []
     for w in (compiled, eager):
-        w.reset(len(prompt) + 1, layout.size)
-        w.prefill(torch.tensor(prompt))
-        logits.append(w.step(ids, layout, len(prompt) + 1))
+        step, _, _ = _two_segments(w, [prompt, make_prompt(2, 6, 3)])
+        logits.append(w.run(step)[0].clone())
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
 
 
@@ -163,10 +159,11 @@ class _Counts(StepObserver):
 
 
 def test_compiled_decode_compiles_nothing_once_started(monkeypatch):
-    """A decode's reset compiles every bucket its steps reach (W15 N5 G15: 121-130 tokens, buckets
-    128 and 256; W7 N5 G7: 56-66, buckets 64 and 128), so the varying pending tokens of its steps
-    compile nothing while it is timed. dynamo's graphs are counted; inductor, which turns each
-    into code (minutes here on shared cores), is left out: tools.buckets checks its output."""
+    """A sequence's admission compiles every bucket its decoding steps reach (W15 N5 G15: 121-130
+    tokens, buckets 128 and 256; W7 N5 G7: 56-66, buckets 64 and 128), so the varying pending
+    tokens of its steps compile nothing while it is timed. dynamo's graphs are counted; inductor,
+    which turns each into code (minutes here on shared cores), is left out: tools.buckets checks
+    its output."""
     compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile(fn, **kw, backend="eager"))
     model = build_tiny("llama", seed=3, num_hidden_layers=1)
@@ -188,13 +185,10 @@ def test_failed_capture_leaves_the_worker_as_it_was(monkeypatch, tiny_models):
     """A capture that fails raises one LPError and stores nothing (no half-made graph replayed);
     the next attempt captures afresh. On CPU the capture itself is stood in for."""
     model = tiny_models["llama"]
-    layout = step_layout(2, 5, 3, range(5), 5)
-    prompt = torch.tensor(make_prompt(3, 10, 2))
-    ids = torch.randint(3, 256, (layout.size,), generator=torch.Generator().manual_seed(0))
+    prompts = [make_prompt(3, 10, 2), make_prompt(1, 5, 3)]
     eager = Worker(model, graphs=True)
-    eager.reset(len(prompt) + 1, layout.size)
-    eager.prefill(prompt)
-    want = eager.step(ids, layout, len(prompt) + 1)
+    step, _, _ = _two_segments(eager, prompts)
+    want = eager.run(step)[0].clone()
 
     w = Worker(model, graphs=True)
     w.fixed.capture = True
@@ -204,26 +198,28 @@ def test_failed_capture_leaves_the_worker_as_it_was(monkeypatch, tiny_models):
 
     monkeypatch.setattr(w.fixed, "_record", failing)
     with pytest.raises(LPError, match=r"^capturing the step of 32 tokens as a CUDA graph failed \(RuntimeError: "):
-        w.reset(len(prompt) + 1, layout.size)
+        w.prepare(20, 20)
     assert w.fixed._buckets == {} and w.fixed.capture_seconds == {}
 
     class Replay:  # a graph whose replay runs the forward into its recorded output
         def __init__(self, b):
-            self.b, self.out = b, w.fixed.run(b.inputs)
+            self.b, self.out = b, w.fixed.run(b)
 
         def replay(self):
-            self.out.copy_(w.fixed.run(self.b.inputs))
+            self.out.copy_(w.fixed.run(self.b))
 
     monkeypatch.setattr(w.fixed, "_record", lambda b: (g := Replay(b), g.out))
-    w.reset(len(prompt) + 1, layout.size)
+    w.prepare(20, 20)
     assert list(w.fixed._buckets) == [32]
-    w.prefill(prompt)
-    torch.testing.assert_close(w.step(ids, layout, len(prompt) + 1), want)
+    w.fixed.capture = False  # the prompts' prefills, eagerly; the packed step replays the "graph"
+    step, _, _ = _two_segments(w, prompts)
+    w.fixed.capture = True
+    torch.testing.assert_close(w.run(step)[0], want)
 
 
-def test_an_n2_step_at_a_bucket_edge_is_prepared_at_reset(tiny_models):
-    """W1 N2 with a 15-node tree in a 16-token limit: a 16-token step reads 17 logits rows, so it runs in the 32-token
-    bucket, which the decode's reset builds, not the step."""
+def test_an_n2_step_at_a_bucket_edge_is_prepared_at_admission(tiny_models):
+    """W1 N2 with a 15-node tree in a 16-token limit: a 16-token step reads 17 logits rows, so it runs
+    in the 32-token bucket, which the sequence's admission builds, not the step."""
     worker = Worker(tiny_models["llama"], graphs=True, attention="sdpa")
 
     class Buckets(StepObserver):
@@ -239,46 +235,29 @@ def test_an_n2_step_at_a_bucket_edge_is_prepared_at_reset(tiny_models):
     assert 32 in worker.fixed._buckets and out.output_ids == reference_greedy(tiny_models["llama"], prompt, 24)
 
 
-def test_the_compiled_plain_step_is_compiled_before_its_recording(monkeypatch, tiny_models):
-    """On a GPU the whole plain step (forward, argmax, message) is recorded as one CUDA graph; its
-    compiled message must be compiled before the recording starts, since compiling may run
-    kernels that a recording refuses, and the warm-up must leave the step's state as it was. On
-    CPU the recording is stood in for: it checks that dynamo made no graph inside it, and, as a
-    recording does, runs nothing (the state is put back); a replay runs the step."""
-    compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile(fn, **kw, backend="eager"))
+def test_a_captured_move_equals_the_eager_one(monkeypatch, tiny_models):
+    """The kept drafts' KV move (lp/engine/kv.py `move`), padded to its bucket with the pad page's
+    first slot onto itself, as a GPU's graph replays it (stood in for here): the same cache."""
     model = tiny_models["llama"]
-    w = Worker(model, graphs=True, compile=True, attention="sdpa")
-    w.fixed.capture = True
+    a, b = Worker(model, graphs=True), Worker(model, graphs=True)
+    prompt = make_prompt(2, 20, 2)
+    for w in (a, b):
+        kv = w.sequence(len(prompt), 8)
+        w.prefill(kv, prompt)
+    src, dst = torch.tensor([20, 33, 17]), torch.tensor([30, 31, 32])
+    a.move(src, dst)
 
-    class Replay:  # a bucket's graph: its replay runs the forward into its recorded output
-        def __init__(self, b):
-            self.b, self.out = b, w.fixed.run(b.inputs)
-
+    class Graph:
         def replay(self):
-            self.out.copy_(w.fixed.run(self.b.inputs))
-
-    monkeypatch.setattr(w.fixed, "_record", lambda b: (g := Replay(b), g.out))
-    made_inside = []
-
-    class Graph:  # the plain step's graph: its replay runs the step into the recorded message
-        def replay(self):
-            w.fixed._greedy[2].copy_(w.fixed._greedy_step(w._plain))
+            b.kv.move(*b.fixed._moves[16][:2])
 
     @contextlib.contextmanager
     def recording(graph):
-        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        kept = [t.clone() for t in (*w._plain.tensors, w.kv.start)]
         yield
-        made_inside.append(torch._dynamo.utils.counters["stats"]["unique_graphs"] - before)
-        for t, value in zip((*w._plain.tensors, w.kv.start), kept):
-            t.copy_(value)
 
+    b.fixed.capture = True
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", recording)
-    prompt = make_prompt(4, 9, 2)
-    w.reset(len(prompt) + 20, 1)
-    w.prefill(torch.tensor(prompt[:-1]))
-    w.greedy_start(torch.tensor(prompt[-1:]), len(prompt) - 1, 0, 0)
-    out = [int(w.greedy_step()[0]) for _ in range(20)]  # each message's y1, read at once
-    assert made_inside == [0] and out == reference_greedy(model, prompt, 20)
+    b.move(src, dst)
+    for x, y in zip(a.kv.k + a.kv.v, b.kv.k + b.kv.v):
+        assert torch.equal(x, y)

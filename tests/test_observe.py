@@ -112,19 +112,18 @@ def decode(seed: int, P: int, rank: int, steps: int, rehearse: bool = False) -> 
     eos = {int(rng.integers(vocab))} if rng.integers(3) else set()
     eos_ids = np.array(sorted(eos), dtype=np.int64)
     pending, length, ends = [prompt[-1]], 0, 0
-    step = drafter.first_step(pending)
+    step = drafter.next_step(pending)
     for _ in range(steps):
         same_step(step, plan_step(pending, plain.window.rows, plain.grow(len(pending), split), split))
         drafter.before_read(rehearse)
         same_sources(drafter, plain)
         gathered = rank_messages(rng, cfg, step, vocab, (length, 7))
         remaining = int(rng.integers(1, 8))
-        tokens, stopped, planned = drafter.after_read(gathered, step, remaining, eos_ids)
+        tokens, stopped = drafter.after_read(gathered, step, remaining, eos_ids)
         assert (tokens, stopped) == plain.observe(gathered, step.plans, step.order, remaining, eos)
-        assert (planned is None) == (stopped or len(tokens) >= remaining)
         pending, length = next_pending(tokens, keep), length + len(tokens)
-        ends += planned is None
-        step = planned or drafter.first_step(pending)
+        ends += stopped or len(tokens) >= remaining
+        step = drafter.next_step(pending)
     return ends
 
 
@@ -150,7 +149,7 @@ def test_a_rehearsal_changes_nothing(P, seed):
 def test_ranks_that_drift_apart_are_an_error():
     cfg = DecodeConfig(W=2, N=3, G=2)
     drafter = Drafter(cfg, [1, 2, 3], 8, P=2)
-    step = drafter.first_step([3])
+    step = drafter.next_step([3])
     drafter.before_read()
     gathered = np.zeros((2, step_message_size(cfg)), dtype=np.int64)
     gathered[1, 3] = 1  # another output length
@@ -172,12 +171,12 @@ def test_window_ngrams_pooled_by_column(W, N):
     drafter = Drafter(cfg, [7], vocab=2000)
     before, level = np.arange((N - 1) * W, dtype=np.int64).reshape(N - 1, W) + 500, np.arange(W, dtype=np.int64) + 900
     _set_window(drafter.window, before, N)  # ready
-    step = drafter.first_step([7])
+    step = drafter.next_step([7])
     drafter.before_read()
     gathered = np.full((1, step_message_size(cfg)), -1, dtype=np.int64)
     gathered[0, :5] = [1, -1, 0, 0, 0]
     gathered[0, HEADER + cfg.max_commit : HEADER + cfg.max_commit + W] = level
-    assert drafter.after_read(gathered, step, 8, np.zeros(0, np.int64))[:2] == ([1], False)
+    assert drafter.after_read(gathered, step, 8, np.zeros(0, np.int64)) == ([1], False)
     for j in range(W):
         first = 7 if j == 0 else before[0, j]
         expect = (*(before[lvl, j] for lvl in range(1, N - 1)), level[j])
@@ -200,7 +199,7 @@ def test_a_share_without_a_window_reads_no_tree_token_for_a_window_one():
 def test_after_read_needs_before_read_and_a_message_within_the_step():
     cfg = DecodeConfig(W=2, N=3, G=2)
     drafter = Drafter(cfg, [1, 2, 3], 8)
-    step = drafter.first_step([3])
+    step = drafter.next_step([3])
     gathered = np.zeros((1, step_message_size(cfg)), dtype=np.int64)
     with pytest.raises(LPError, match="before_read"):
         drafter.after_read(gathered, step, 8, np.zeros(0, np.int64))

@@ -33,7 +33,7 @@ def step_tree(
     context, frequent = cfg.pool_order == "context" and cfg.N > 2, cfg.pool_order == "frequent"
     chains = step_drafts(text, pool, window, cfg.draft_len, cfg.text_drafts, context, frequent, guesses)
     table = table or new_table(0, 1, 1)
-    tokens, parents, labels, order, groups = grow(text, chains, rates.chances, table, budget, cfg.max_draft, 0)
+    tokens, parents, labels, order, groups, _ = grow(text, chains, rates.chances, table, budget, cfg.max_draft, 0)
     return Grown(DraftTree(tokens, parents, groups), labels, order)
 
 

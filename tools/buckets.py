@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from lp.engine.step_tensors import BUCKETS
+from lp.engine.packed import BUCKETS
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
@@ -50,14 +50,16 @@ def compare(model: torch.nn.Module, sizes: list[int], attention: str, prompt_len
     rows = []
     for T in sizes:
         layout = step_layout(T, 1, 2, range(0), 0)
-        ids = torch.randint(0, vocab, (T,), generator=gen)
+        ids = torch.randint(0, vocab, (T,), generator=gen).numpy()
         logits = []
         for w in (eager, compiled):
             t0 = time.perf_counter()
-            w.reset(prompt_len + T, T)  # compiles T's bucket
+            w.prepare(T)  # compiles T's bucket
             seconds = time.perf_counter() - t0
-            w.prefill(prompt)
-            logits.append(w.step(ids, layout, prompt_len + T - 1).float().clone())
+            kv = w.sequence(prompt_len, T)
+            w.prefill(kv, prompt.numpy())
+            logits.append(w.step(kv, layout, ids).float().clone())
+            kv.release()
         diff = (logits[1] - logits[0]).abs().max().item()
         rows.append({"attention": attention, "tokens": T, "max_abs_diff": diff, "compile_s": seconds})
     return rows

@@ -23,8 +23,7 @@ what other processes on a shared machine add to some), of
     of a step, the dispatch of the acceptance ops included (they compute nothing here);
   * the part after the message read: what an asynchronous device (a GPU) waits for, since the
     ops queued after its forward run while it computes; and, timed apart, the piece of it that a
-    GPU does and this replay does not: a new layout padded to its fixed-shape bucket and packed
-    for one upload.
+    GPU does and this replay does not: the step's arrays padded to its fixed-shape bucket.
 The all-gather itself is timed apart, between P gloo processes (`allgather=1`). With
 `ab=DIR`, it compares the lp of another checkout with this one on a kept recording (`ab`).
 
@@ -54,9 +53,10 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
 from lp.engine.kernel_choice import cpu_name
-from lp.engine.step_tensors import StepTensors, step_tensors
+from lp.engine.attention import FLEX_BLOCK
+from lp.engine.packed import PackedStep, PackedTensors, bucket, exact, flex_blocks, padded
 from lp.errors import LPError
-from lp.lookahead.mask import StepLayout, step_layout
+from lp.lookahead.mask import step_layout
 from lp.message import HEADER, step_message_size
 from lp.partition import partition
 from lp.worker import Worker
@@ -159,31 +159,25 @@ def _model(vocab: int, context: int) -> torch.nn.Module:
 
 
 class _NoForward(Worker):
-    """The replay's worker: lp's cache bookkeeping, layout cache and id uploads, but a step
-    computes nothing, its logits zeros over `columns` tokens (the recording replaces the replayed rank's
-    results), so no vocabulary-wide tensor passes through this host's caches, as on a GPU."""
+    """The replay's worker: lp's page bookkeeping and step arrays, but a step computes nothing,
+    its logits zeros over `columns` tokens (the recording replaces the replayed rank's results),
+    so no vocabulary-wide tensor passes through this host's caches, as on a GPU."""
 
     def __init__(self, model: torch.nn.Module, columns: int) -> None:
         super().__init__(model, graphs=False)
         self.columns = columns
-        self.packing: list[float] = []  # each step's layout packing as a GPU's (`HostTimes.packing`)
-        self._new: StepLayout | None = None
+        self.packing: list[float] = []  # each step's arrays padded as a GPU's (`HostTimes.packing`)
 
-    def on_device(self, layout: StepLayout) -> StepTensors:
-        if layout.key not in self._layouts:  # a layout the device does not hold yet: a GPU packs it
-            self._new = layout
-        return super().on_device(layout)
-
-    def step(self, ids: torch.Tensor, layout: StepLayout, x0_position: int) -> torch.Tensor:
-        self.on_device(layout)
-        packing = 0.0  # the GPU's packing of a new layout, timed here: apart from the host work between forwards
-        if self._new is not None:
-            t = time.perf_counter()
-            step_tensors(self._new, CPU, fixed=True, packed=True)
-            packing, self._new = time.perf_counter() - t, None
-        self.packing.append(packing)
-        self.evict()  # as `Worker.step` does once its forward is queued
-        return torch.zeros(len(layout.logit_rows), self.columns)
+    def run(self, step: PackedStep) -> tuple[torch.Tensor, PackedTensors]:
+        # a GPU's fixed-shape step pads its arrays to the bucket and lists its pages: timed here,
+        # apart from the host work between forwards
+        t = time.perf_counter()
+        B = bucket(max(step.tokens, len(step.rows)))
+        padded(step, B)
+        flex_blocks(step, B, self.kv.slots // FLEX_BLOCK)
+        self.packing.append(time.perf_counter() - t)
+        on = exact(step, self.kv.pool.owner, self.kv.pool.index, 0)
+        return torch.zeros(len(step.rows), self.columns), on
 
 
 def _settings(cfg: DecodeConfig) -> dict[str, int]:
@@ -217,10 +211,9 @@ class Recording:
 class HostTimes:
     """Seconds of host work per step (between consecutive forwards): `total`, and `exposed`,
     the part after the step's messages were read; `step_tokens`: the forward sizes; `packing`:
-    where the step brings a layout the device does not hold (the worker keeps recent ones), that
-    layout padded and packed for one upload as a GPU's fixed-shape steps take it
-    (lp/engine/step_tensors.py `step_tensors`), timed apart on this CPU, without the pinned copy
-    and the upload (0 where it holds it): host work after the read that the CPU replay does not do."""
+    the step's per-token arrays padded to its bucket and its key blocks listed, as a GPU's fixed-shape
+    steps take them (lp/engine/packed.py `padded`, `flex_blocks`), timed apart on this CPU, without
+    the pinned copies and the uploads: host work after the read that the CPU replay does not do."""
 
     total: list[float]
     exposed: list[float]
@@ -565,9 +558,9 @@ def _run(s: dict[str, int | str], given: set[str]) -> None:
         )
     med, p95 = _ms(slowest(ranks).packing)
     print(
-        f"  on a GPU (fixed-shape steps), also after the read: a new layout padded and packed for one "
-        f"upload, slowest rank, timed apart: median {med:.3f} ms, p95 {p95:.3f} ms (0 where the device holds "
-        f"the layout; the pinned copy and upload not counted)"
+        f"  on a GPU (fixed-shape steps), also after the read: the step's arrays padded to its bucket and "
+        f"its key blocks listed, slowest rank, timed apart: median {med:.3f} ms, p95 {p95:.3f} ms (the pinned "
+        f"copies and uploads not counted)"
     )
     print("  after the read, median per rank: " + ", ".join(f"{_ms(t.exposed)[0]:.3f}" for t in ranks) + " ms")
     # replay i of every rank, then each step's slowest rank: noise and lp's own pauses stay in

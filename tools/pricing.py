@@ -1,7 +1,7 @@
 """What the projections price with (tools/project.py, tools/layouts.py): one GPU's step cost per
 fixed-shape bucket from a `tools.steps` run, and S per step size from a `lp.bench.sweep` sweep.
 
-- Cost: lp runs a step padded to its bucket (lp/engine/step_tensors.py), so a bucket costs the
+- Cost: lp runs a step padded to its bucket (lp/engine/packed.py), so a bucket costs the
   median of every step the run timed in it (its causal blocks and W=auto's ladder shapes: the
   1,024-token bucket has only the ladder's); a bucket it did not time costs what its neighbours
   give, linearly (`CostCurve`), and is named in `unmeasured`.
@@ -24,7 +24,7 @@ import numpy as np
 
 from lp.decode.auto import CostCurve
 from lp.decode.ladder import Shape, rank_tokens
-from lp.engine.step_tensors import bucket
+from lp.engine.packed import bucket
 from lp.errors import LPError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from lp.decode.ladder import rank_tokens
 from lp.decode.mesh_cost import GroupModel, priced_shapes
-from lp.engine.step_tensors import bucket
+from lp.engine.packed import bucket
 from lp.errors import LPError
 from tools import pricing, steps
 

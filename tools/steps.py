@@ -358,16 +358,14 @@ def step_latencies(worker, prompt: torch.Tensor, cfg: Settings, vocab: int) -> t
     shapes = step_shapes(cfg.tokens)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     memory: dict[int, dict] = {}
-    with _graph_memory(worker, memory):
-        worker.reset(len(prompt), max(layout.size for _, layout in shapes))
-    worker.prefill(prompt)
+    kv = worker.sequence(len(prompt), max(layout.size for _, layout in shapes))
+    worker.prefill(kv, prompt.cpu().numpy())
     rows = []
     for label, layout in shapes:
-        ids = torch.randint(0, vocab, (layout.size,), generator=gen).to(worker.device)
-        x0 = len(prompt) + layout.m - 1  # the last pending token's position
-        with _graph_memory(worker, memory):
+        ids = torch.randint(0, vocab, (layout.size,), generator=gen).numpy()
+        with _graph_memory(worker, memory):  # a bucket is compiled and captured at its first step
             seconds = timed(
-                lambda ids=ids, layout=layout, x0=x0: worker.step(ids, layout, x0).argmax().item(),
+                lambda ids=ids, layout=layout: worker.step(kv, layout, ids).argmax().item(),
                 worker.device,
                 cfg.reps,
                 cfg.warmup,

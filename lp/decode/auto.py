@@ -20,8 +20,7 @@ import torch
 
 from lp.collective import Collective
 from lp.decode.ladder import LADDER, Shape, ladder, rank_tokens
-from lp.engine.step_tensors import bucket
-from lp.lookahead.mask import step_layout
+from lp.engine.packed import PackedStep, bucket, prompt_chunk
 from lp.worker import Worker
 
 # S - 1 per doubling of a step's tokens before anything is decoded: the least-squares slope
@@ -37,15 +36,12 @@ MARGIN = 1.1
 @dataclass(frozen=True)
 class CostCurve:
     """Median forward seconds against the number of step tokens, on this machine. `padded`:
-    steps run at fixed shapes (lp/engine/fixed_steps.py), so a T-token step costs its bucket's forward.
-    `plain`: the seconds of a plain decoding step as `mode=ar` runs it (forward, argmax and
-    message; one graph replay on a GPU), which lookahead's steps must beat; None: the
-    one-token forward's."""
+    steps run at fixed shapes (lp/engine/fixed_steps.py), so a T-token step costs its bucket's
+    forward. A plain decoding step is a one-token step, which lookahead's steps must beat."""
 
     tokens: tuple[int, ...]
     seconds: tuple[float, ...]
     padded: bool = False
-    plain: float | None = None
 
     def seconds_at(self, T: float) -> float:
         """Seconds of a T-token forward (linear in between and beyond the measured sizes)."""
@@ -60,8 +56,8 @@ class CostCurve:
 
     @property
     def plain_seconds(self) -> float:
-        """Seconds of a plain decoding step (`plain`, else the one-token forward's)."""
-        return self.plain or self.seconds[0]
+        """Seconds of a plain decoding step: a one-token forward's."""
+        return self.seconds_at(1)
 
     def relative(self, T: float) -> float:
         """Cost of a T-token step relative to a plain decoding step."""
@@ -72,17 +68,14 @@ class CostCurve:
 def calibrate(
     worker: Worker, sizes: tuple[int, ...] | None = None, context: int = 256, reps: int = 5, world_size: int = 1
 ) -> CostCurve:
-    """Time one forward of each size after a `context`-token prefill (fastest of `reps`); sizes
-    and context shrink to what a short cache holds. Default sizes: 1 to 64 tokens for exact-size
-    steps; with fixed-shape steps, every bucket that a ladder shape's rank share uses at
-    `world_size` ranks, with one pending token or the most a step can have, so each is compiled
-    and captured here, once per process, and not inside a decode that `auto` switches to a
-    larger shape (on an H100 that made one SmolLM2 decode 24 tok/s instead of 400).
-
-    Plain decoding's step is timed as `mode=ar` runs it (`Worker.greedy_step`, its message
-    read), since that is what a lookahead step must beat. The sizes and the plain step are timed
-    in turn, rep after rep, so a slow spell of the machine touches all of them instead of a few;
-    and the fastest run is kept, since other load only ever adds time."""
+    """Time one forward of each size after a `context`-token prefill (fastest of `reps`), its
+    logits of every row computed and read as a decode does; sizes and context shrink to what the
+    cache holds. Default sizes: 1 to 256 tokens for exact-size steps; with fixed-shape steps, every bucket that a ladder
+    shape's rank share uses at `world_size` ranks, with one pending token or the most a step can
+    have, so each is compiled and captured here, once per process, and not inside a decode that
+    `auto` switches to a larger shape (on an H100 that made one SmolLM2 decode 24 tok/s instead of
+    400). The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
+    them instead of a few; and the fastest run is kept, since other load only ever adds time."""
     padded = worker.fixed is not None
     if sizes is None and padded:
         shares = {
@@ -92,41 +85,39 @@ def calibrate(
         }
         sizes = tuple(sorted({bucket(T) for T in shares} | {1}))
     elif sizes is None:
-        sizes = (1, 2, 4, 8, 16, 32, 64, 128)
-    sizes = tuple(T for T in sizes if worker.step_slots(T) <= worker.capacity - worker.max_seq_len) or (1, 2)
-    context = min(context, worker.max_seq_len - reps)  # and a plain step a rep
-    vocab = worker.vocab_size
+        sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    context = max(1, min(context, worker.max_seq_len - 1))
+    room = worker.kv_tokens - context
+    sizes = tuple(T for T in sizes if worker.step_slots(T) <= room) or (1, 2)
     gen = torch.Generator().manual_seed(0)
-    worker.reset(context + reps, sizes[-1])  # each plain step commits its token
-    worker.prefill(torch.randint(0, vocab, (context,), generator=gen).to(worker.device))
-    worker.greedy_start(torch.zeros(1, dtype=torch.long, device=worker.device), context, 0, 0)
-    steps = [
-        (
-            step_layout(T, 1, 2, range(0), 0),  # T causal tokens, logits for one row
-            torch.randint(0, vocab, (T,), generator=gen).to(worker.device),
-        )
-        for T in sizes
-    ]
-    seconds, plain = [math.inf] * len(sizes), math.inf
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        worker.greedy_step()[0].item()  # .item(): the message read, as the decode reads it
-        plain = min(plain, time.perf_counter() - t0)
-        for i, (T, (layout, ids)) in enumerate(zip(sizes, steps)):
-            t0 = time.perf_counter()
-            worker.step(ids, layout, context + T - 1).argmax().item()  # .item(): wait for the device
-            seconds[i] = min(seconds[i], time.perf_counter() - t0)
+    kv = worker.sequence(context, sizes[-1])
+    try:
+        worker.prefill(kv, torch.randint(0, worker.vocab_size, (context,), generator=gen).numpy())
+        kv.reserve(context + sizes[-1])
+        steps = []
+        for T in sizes:  # T causal tokens after the context, logits for each (as a tree's nodes need)
+            chunk = prompt_chunk(kv.owner, torch.randint(0, worker.vocab_size, (T,), generator=gen).numpy(), context, kv.table)
+            chunk.rows = np.arange(T)
+            steps.append(PackedStep([chunk]))
+        seconds = [math.inf] * len(sizes)
+        for _ in range(reps):
+            for i, step in enumerate(steps):
+                t0 = time.perf_counter()
+                worker.run(step)[0].argmax().item()  # .item(): wait for the device, as a decode's read does
+                seconds[i] = min(seconds[i], time.perf_counter() - t0)
+    finally:
+        kv.release()
     # Costs cannot fall with more tokens; a dip is timer noise.
-    return CostCurve(tuple(sizes), tuple(np.maximum.accumulate(seconds).tolist()), padded, plain)
+    return CostCurve(tuple(sizes), tuple(np.maximum.accumulate(seconds).tolist()), padded)
 
 
 def calibrate_ranks(worker: Worker, comm: Collective, world_size: int) -> CostCurve:
     """`calibrate` on every rank of `comm`, each size at the slowest rank's cost, so all ranks
     choose alike; `world_size`: the LP replicas that split a step."""
     mine = calibrate(worker, world_size=world_size)
-    micros = torch.tensor([round(s * 1e6) for s in (*mine.seconds, mine.plain)], dtype=torch.long, device=comm.device)
-    *slowest, plain = (x / 1e6 for x in comm.all_gather(micros).max(dim=0).values.cpu().tolist())
-    return CostCurve(mine.tokens, tuple(slowest), mine.padded, plain)
+    micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=comm.device)
+    slowest = (x / 1e6 for x in comm.all_gather(micros).max(dim=0).values.cpu().tolist())
+    return CostCurve(mine.tokens, tuple(slowest), mine.padded)
 
 
 def _plural(n: int, word: str) -> str:
@@ -149,22 +140,27 @@ class AutoTuner:
         den = sum(x * x for x, _ in xs)
         return sum(x * y for x, y in xs) / den if den else PRIOR_SLOPE
 
-    def expect(self, shape: Shape | None) -> tuple[float, float, float]:
+    def expect(self, shape: Shape | None, others: int = 0) -> tuple[float, float, float]:
         """(expected S, tokens/s, tokens/s relative to plain decoding) of a shape (None: plain): S
-        from the whole step's tokens, the cost from a rank's share of them."""
+        from the whole step's tokens, the cost from a rank's share of them; with `others`
+        sequences of one token each in the same steps, the tokens/s of them all."""
+        cost = self.cost
+        plain = (others + 1) / cost.seconds_at(others + 1)
         if shape is None:
-            return 1.0, 1.0 / self.cost.plain_seconds, 1.0
+            return 1.0, plain, 1.0
         whole, share = rank_tokens(shape), rank_tokens(shape, self.world_size)
         S = 1 + self.slope() * math.log2(whole)
-        return S, S / self.cost.seconds_at(share), S / self.cost.relative(share)
+        rate = (others + S) / cost.seconds_at(others + share)
+        return S, rate, rate / plain
 
-    def choose(self, allow_plain: bool = True) -> tuple[Shape | None, str]:
+    def choose(self, allow_plain: bool = True, others: int = 0) -> tuple[Shape | None, str]:
         """The cheapest shape (or plain decoding) that no bigger one beats by `MARGIN` in
-        expected tokens/s (None: plain decoding), and why, in plain words."""
+        expected tokens/s (None: plain decoding), and why, in plain words; `others`: sequences
+        decoding beside it in the same steps (a step's tokens cost more where it has many)."""
         best, best_rate = None, 1.0 if allow_plain else -math.inf
         # shapes whose steps the calibration timed (a longer one's cost would be extrapolated)
         for shape in (s for s in ladder(self.world_size) if rank_tokens(s, self.world_size) <= self.cost.tokens[-1]):
-            rate = self.expect(shape)[2]
+            rate = self.expect(shape, others)[2]
             if rate > best_rate * MARGIN:
                 best, best_rate = shape, rate
         b, n = self.slope(), len(self.seen)
@@ -173,6 +169,7 @@ class AutoTuner:
             if n
             else f"nothing decoded yet, so the typical S - 1 = {b:.2f} x log2(step tokens)"
         )
+        beside = f" beside {_plural(others, 'other sequence')}" if others else ""
         if best is None and self.plain_streak >= self.explore_every:
             self.plain_streak = 0
             best = LADDER[0]
@@ -184,20 +181,21 @@ class AutoTuner:
             self.plain_streak += 1
             T = rank_tokens(LADDER[0], self.world_size)
             reason = (
-                f"plain decoding: even the cheapest lookahead step ({LADDER[0].describe()}, {T} tokens) "
-                f"{self._outlook(LADDER[0], 'only ')} ({basis})"
+                f"plain decoding: even the cheapest lookahead step ({LADDER[0].describe()}, {T} tokens{beside}) "
+                f"{self._outlook(LADDER[0], others, 'only ')} ({basis})"
             )
         else:
             T = rank_tokens(best, self.world_size)
-            reason = f"{best.describe()}: its {T}-token step {self._outlook(best)} ({basis})"
+            reason = f"{best.describe()}: its {T}-token step{beside} {self._outlook(best, others)} ({basis})"
         return best, reason
 
-    def _outlook(self, shape: Shape, only: str = "") -> str:
+    def _outlook(self, shape: Shape, others: int = 0, only: str = "") -> str:
         """What a shape's step costs and is expected to make, in words."""
-        S, _, rate = self.expect(shape)
+        S, _, rate = self.expect(shape, others)
         T = rank_tokens(shape, self.world_size)
+        extra = self.cost.seconds_at(others + T) / self.cost.seconds_at(others + 1)
         return (
-            f"costs {self.cost.relative(T):.2f}x a plain step here and is expected to make "
+            f"costs {extra:.2f}x a plain step here and is expected to make "
             f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding"
         )
 

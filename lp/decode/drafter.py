@@ -1,7 +1,8 @@
-"""The drafter: one sequence's draft sources and the host's work of each step, as the decode loop
-(lp/decode/loop.py) sees it: the first step's plan, then two phases a step, each one compiled call
-on the sequence's drafting state (lp/decode/phases.py): `before_read` while the device computes
-the forward, `after_read` once the step's messages are read (merge, observe, grow, split, lay out).
+"""The drafter: one sequence's draft sources and the host's work of each step, as the batch
+(lp/decode/batch.py) sees it, each a compiled call on the sequence's drafting state
+(lp/decode/phases.py): `before_read` while the device computes the forward; once the step's
+messages are read, `after_read` (merge, observe), `grow` (the next tree, its chances for the
+step's budget) and `plan` (the nodes the budget gives it, split and laid out).
 
 Without sharing (`tree=False`: one chain per draft, the classic verification branch) the tree is
 built in Python between a compiled observe and a compiled plan (`_unshared_tree`)."""
@@ -13,7 +14,7 @@ import numpy as np
 from lp.config import DecodeConfig
 from lp.decode import phases
 from lp.decode.phases import DraftShape
-from lp.decode.plan import Split, StepPlan, next_pending
+from lp.decode.plan import Split, StepPlan
 from lp.decode.shares import share_cap
 from lp.errors import LPError
 from lp.lookahead.chains import new_chains
@@ -73,43 +74,44 @@ class Drafter:
         sources = (self.text, self.pool, self.table, self.rates, self.window)
         self.state = phases.new_state(*sources, self.shape, self.budgets)
 
-    def first_step(self, pending: list[int]) -> StepPlan:
-        """The plan of a step without an outcome to observe first (a decode's first), which feeds
-        `pending` (x0 last)."""
-        fed = np.asarray(pending, dtype=np.int64)
-        if self.shape.shared:
-            return StepPlan(*phases.first_plan(self.state, fed), len(fed), self.shape.split)
-        return self._unshared_step(fed)
-
     def before_read(self, rehearse: bool = False) -> None:
         """The step's work that its outcome does not decide (`phases.before_read`); with
-        `rehearse`, a plan rehearsed (an asynchronous device's host: lp/decode/loop.py)."""
+        `rehearse`, a plan rehearsed (an asynchronous device's host: lp/decode/batch.py)."""
         phases.before_read(self.state, rehearse)
 
-    def after_read(
-        self, gathered: np.ndarray, step: StepPlan, remaining: int, eos: np.ndarray
-    ) -> tuple[list[int], bool, StepPlan | None]:
+    def after_read(self, gathered: np.ndarray, step: StepPlan, remaining: int, eos: np.ndarray) -> tuple[list[int], bool]:
         """The step's gathered messages `[P, K]` (of ranks whose shares are `step`'s) merged and fed
-        to the sources, and the next step planned (`phases.after_read`): the committed tokens,
-        whether an EOS ended them, and the next step's plan (None where the decode ends: at an EOS
-        or `remaining` tokens)."""
-        new, stopped, planned, buffer, ends, mask = phases.after_read(
-            self.state, gathered, step.bounds, step.order, remaining, eos
-        )
-        tokens = new.tolist()
-        fed = len(tokens) if not self.shape.keep else 1
-        if planned:
-            return tokens, stopped, StepPlan(buffer, ends, mask, fed, self.shape.split)
-        if stopped or len(tokens) >= remaining:
-            return tokens, stopped, None
-        return tokens, stopped, self._unshared_step(np.asarray(next_pending(tokens, self.shape.keep), dtype=np.int64))
+        to the sources (`phases.after_read`): the committed tokens (at most `remaining`) and
+        whether an EOS ended them."""
+        new, stopped = phases.after_read(self.state, gathered, step.bounds, step.order, remaining, eos)
+        return new.tolist(), stopped
+
+    def grow(self, pending: int) -> np.ndarray | None:
+        """Grow the tree of the next step, which feeds `pending` tokens first: its nodes' chances in
+        growth order, for the step's budget (lp/decode/budget.py); None for drafts of one chain each
+        (`tree=False`), which the budget does not cut."""
+        return phases.grow_next(self.state, pending) if self.shape.shared else None
+
+    def plan(self, pending: list[int], k: int | None = None) -> StepPlan:
+        """The next step's plan: it feeds `pending` (x0 last) and verifies the first `k` nodes of
+        its grown tree (None: all of them)."""
+        fed = np.asarray(pending, dtype=np.int64)
+        if not self.shape.shared:
+            return self._unshared_step(fed)
+        every = np.iinfo(np.int64).max
+        return StepPlan(phases.plan(self.state, fed, every if k is None else k), len(fed), self.shape.split)
+
+    def next_step(self, pending: list[int], k: int | None = None) -> StepPlan:
+        """`grow` then `plan`: the next step, verifying the first `k` nodes of its tree (None: all)."""
+        self.grow(len(pending))
+        return self.plan(pending, k)
 
     def _unshared_step(self, pending: np.ndarray) -> StepPlan:
         """The plan of a step whose drafts are one chain each (`tree=False`)."""
         tree = self._unshared_tree(pending)
         groups = np.asarray(tree.groups(), dtype=np.int64)
         planned = phases.plan_given(self.state, pending, tree.tokens, tree.parent_array, groups)
-        return StepPlan(*planned, len(pending), self.shape.split)
+        return StepPlan(planned, len(pending), self.shape.split)
 
     def _unshared_tree(self, pending: np.ndarray) -> DraftTree:
         """The step's drafts in order, best first by kind, each a chain of its own, then the paths
@@ -125,7 +127,7 @@ class Drafter:
             builder.add(draft)
         if s.k and not builder.full:
             chances, no_chains = self.rates.chances, new_chains(0, 0)
-            tokens, parents, _, order, _ = grow(self.text, no_chains, chances, self.table, budget, s.depth, 0)
+            tokens, parents, _, order, _, _ = grow(self.text, no_chains, chances, self.table, budget, s.depth, 0)
             paths: list[tuple[int, ...]] = []
             for p, token in zip(parents.tolist(), tokens.tolist()):  # parents precede their children
                 paths.append((paths[p] if p >= 0 else ()) + (token,))
@@ -145,11 +147,12 @@ def warm_up() -> None:
     )
     for cfg, P in ((shared, 1), (unshared, 2)):
         drafter = Drafter(cfg, [1, 2, 1, 2, 1], vocab=16, P=P)
-        step = drafter.first_step([1])
+        step = drafter.next_step([1], 2)
         gathered = np.zeros((P, step_message_size(cfg)), np.int64)
         for rehearse in (False, True):
             drafter.before_read(rehearse)
-            step = drafter.after_read(gathered, step, 3, np.zeros(0, np.int64))[2]
+            tokens, _ = drafter.after_read(gathered, step, 3, np.zeros(0, np.int64))
+            step = drafter.next_step(tokens)
     merge(gathered, step.plans, unshared.max_commit, unshared.successors_sent)
 
 

@@ -11,8 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-
 from lp.engine.tp import TensorGroup
 from lp.message import HALT
 
@@ -24,7 +22,8 @@ Cancelled = Callable[[], bool]  # asked on world rank 0 before each step's messa
 @dataclass
 class StepHooks:
     """A decode's hooks on one rank. `polls`: this rank asks `cancelled` (world rank 0); every
-    rank that decodes with a `cancelled` stamps its messages with the answer (others with 0)."""
+    rank that decodes with a `cancelled` stamps its messages with the answer (others with 0:
+    lp/decode/batch.py)."""
 
     on_tokens: OnTokens | None = None
     stop: Stop | None = None
@@ -39,20 +38,6 @@ class StepHooks:
     ) -> StepHooks:
         """The hooks of rank `rank` of the LP ranks, rank `tp.rank` of its tensor-parallel group."""
         return cls(on_tokens, stop, cancelled, polls=rank == 0 and tp.rank == 0, tp=tp)
-
-    def stamp(self, message: torch.Tensor) -> torch.Tensor:
-        """`message` with its halt slot set to rank 0's answer, before the step's all-gather.
-        Within a tensor-parallel group the answer is all-reduced, on the device (no host sync):
-        the group's other ranks send the same messages to the other replicas, or none."""
-        return message if self.cancelled is None else self._stamp(message, int(self.polls and self.cancelled()))
-
-    @torch.inference_mode()  # a captured plain step's message is an inference tensor
-    def _stamp(self, message: torch.Tensor, halt: int) -> torch.Tensor:
-        if self.tp is not None and self.tp.size > 1:
-            message[HALT] = self.tp.all_reduce(message.new_full((1,), halt))[0]
-        elif halt:
-            message[HALT] = 1
-        return message
 
     def ended(self, tokens: list[int], gathered: np.ndarray) -> bool:
         """After a step's messages are merged: hand its committed `tokens` on; True where the

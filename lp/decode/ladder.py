@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from lp.config import DRAFT_LEN, NUMBER_OPTIONS, SUCCESSORS, DecodeConfig
 from lp.decode.shares import share_cap
-from lp.engine.step_tensors import BUCKETS, LARGE
+from lp.engine.packed import BUCKETS, LARGE
 
 
 @dataclass(frozen=True, kw_only=True)

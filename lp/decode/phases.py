@@ -10,16 +10,17 @@ flight: its tree and its successor rows' pair keys. It is identical on every ran
   source makes room for what the step may bring; this step's successor rows get their pair keys.
   On a GPU it also rehearses the plan, so that the call after the read finds its code and arrays
   in the host's caches.
-* `after_read`, what the device waits for, in order:
-  1. merge the ranks' messages (lp/message.py): the winning path, the window's new level, the
-     step's successor rows;
-  2. commit the path's tokens, cut at `remaining` and after an EOS;
-  3. feed the outcome to the sources (`observe`): the tree's nodes counted against the accepted
-     path (rates); each new token's rank in its predecessor's successor row counted, then the
-     step's rows staged; the window's n-grams queued for the pool; the tokens added to the text
-     and the n-grams ending in them queued; the window moved up a level;
-  4. grow the next step's tree best first over every source (lp/lookahead/grow.py);
-  5. split it over the ranks and lay out this rank's share (lp/decode/plan.py).
+* After the read, what the device waits for, in order:
+  1. `after_read`: merge the ranks' messages (lp/message.py): the winning path, the window's new
+     level, the step's successor rows; commit the path's tokens, cut at `remaining` and after an
+     EOS; feed the outcome to the sources (`observe`): the tree's nodes counted against the
+     accepted path (rates); each new token's rank in its predecessor's successor row counted,
+     then the step's rows staged; the window's n-grams queued for the pool; the tokens added to
+     the text and the n-grams ending in them queued; the window moved up a level;
+  2. `grow_next`: grow the next step's tree best first over every source (lp/lookahead/grow.py),
+     its nodes' chances handed to the step's budget (lp/decode/budget.py), which says how many
+     of them the step verifies;
+  3. `plan`: those nodes, split over the ranks, this rank's share laid out (lp/decode/plan.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 from numba.experimental import structref
 
-from lp.decode.plan import ENDS, Split, lay_out_step
+from lp.decode.plan import PLANNED, Split, lay_out_step
 from lp.decode.shares import fitted
 from lp.errors import LPError
 from lp.jit import State, compiled
@@ -46,7 +47,6 @@ from lp.lookahead.text import TextIndex
 from lp.lookahead.window import JacobiWindow, ready, update
 from lp.message import HEADER, merge_messages
 
-PLANNED = tuple[np.ndarray, ENDS, np.ndarray]  # lay_out_step's
 
 
 class DraftShape(NamedTuple):
@@ -74,9 +74,11 @@ class DraftStateType(State):
 
 class DraftState(structref.StructRefProxy):
     """One sequence's draft sources, the constants of its decode (`shape`; `budgets[p - 1]`: the
-    tree nodes of a step that feeds p tokens, DecodeConfig.tree_budget), and the step in flight: its
-    tree's nodes (tokens, parents, labels) and its successor rows' pair keys (`keys`, the nodes'
-    from the last; `first_key`, x0's), made `prepared` by `before_read`."""
+    tree nodes of a step that feeds p tokens, DecodeConfig.tree_budget), the tree grown for the
+    next step before the step's budget cuts it (`grown`: tokens, parents, labels, growth places,
+    root subtree sizes), and the step in flight: its tree's nodes (tokens, parents, labels) and its
+    successor rows' pair keys (`keys`, the nodes' from the last; `first_key`, x0's), made
+    `prepared` by `before_read`."""
 
 
 structref.define_proxy(
@@ -90,6 +92,7 @@ structref.define_proxy(
         "window",
         "shape",
         "budgets",
+        "grown",
         "tokens",
         "parents",
         "labels",
@@ -112,21 +115,24 @@ def new_state(
 ) -> DraftState:
     """A sequence's drafting state: its sources, and no step yet."""
     none = np.zeros(0, np.int64)
-    return DraftState(text, pool, table, rates, window, shape, budgets, none, none, none, none, -1, False)
+    grown = (none, none, none, none, none)
+    return DraftState(text, pool, table, rates, window, shape, budgets, grown, none, none, none, none, -1, False)
 
 
 @compiled
-def grow_tree(d: DraftState, pending: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def grow_tree(
+    d: DraftState, pending: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The tree of a step that feeds `pending` tokens: its drafts (lp/lookahead/drafts.py; the
     window's row-0 guesses once its levels come from Jacobi steps) and the successor table's rows
     grown best first (tokens, parents, labels, each node's place in the growth, root subtrees'
-    sizes)."""
+    sizes, the chances in growth order)."""
     if not 1 <= pending <= len(d.budgets):
         raise LPError("a step feeds 1 to max_commit pending tokens, not " + str(pending))
     s, budget = d.shape, d.budgets[pending - 1]
     if not budget:
         none = np.zeros(0, np.int64)
-        return none, none, none, none, none
+        return none, none, none, none, none, np.zeros(0, np.float64)
     guesses = s.depth if s.split.W > 1 and ready(d.window, 0) else 0
     chains = step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, guesses)
     return grow(d.text, chains, d.rates.chances, d.table, budget, s.depth, s.continuation_len)
@@ -150,10 +156,49 @@ def _planned(
 
 
 @compiled
-def first_plan(d: DraftState, pending: np.ndarray) -> PLANNED:
-    """The first step's plan: its tree grown, split and laid out."""
-    tokens, parents, labels, growth, groups = grow_tree(d, len(pending))
+def grow_next(d: DraftState, pending: int) -> np.ndarray:
+    """Grow the tree of the next step, which feeds `pending` tokens, and keep it (`grown`) until
+    the step's budget says how much of it the step verifies (`plan`): its chances in growth order."""
+    tokens, parents, labels, growth, groups, chances = grow_tree(d, pending)
+    d.grown = (tokens, parents, labels, growth, groups)
+    return chances
+
+
+@compiled
+def plan(d: DraftState, pending: np.ndarray, k: int) -> PLANNED:
+    """The next step's plan: the first `k` nodes its tree's growth took (`grow_next`), split and
+    laid out."""
+    tokens, parents, labels, growth, groups = first_grown(*d.grown, k)
     return _planned(d, pending, tokens, parents, labels, growth, groups)
+
+
+@compiled
+def first_grown(
+    tokens: np.ndarray, parents: np.ndarray, labels: np.ndarray, growth: np.ndarray, groups: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A tree's first `k` nodes in growth order (a node grows after its parent, so they are a
+    tree), in the same subtree order: tokens, parents, labels, growth places, root subtrees' sizes."""
+    n = len(tokens)
+    if k >= n:
+        return tokens, parents, labels, growth, groups
+    where = np.full(n, -1, np.int64)
+    m = 0
+    for v in range(n):
+        if growth[v] < k:
+            where[v] = m
+            m += 1
+    out_t, out_p, out_l, out_g = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
+    sizes = np.zeros(len(groups), np.int64)
+    v = 0
+    for r in range(len(groups)):
+        for _ in range(groups[r]):
+            j = where[v]
+            if j >= 0:
+                out_t[j], out_l[j], out_g[j] = tokens[v], labels[v], growth[v]
+                out_p[j] = where[parents[v]] if parents[v] >= 0 else -1
+                sizes[r] += 1
+            v += 1
+    return out_t, out_p, out_l, out_g, sizes[sizes > 0]
 
 
 @compiled
@@ -192,7 +237,7 @@ def before_read(d: DraftState, rehearse: bool) -> None:
         tables.reserve(d.table, 1 + W + m)
     d.prepared = True
     if rehearse and s.shared:
-        tokens, parents, labels, growth, groups = grow_tree(d, 1)
+        tokens, parents, labels, growth, groups, _ = grow_tree(d, 1)
         tokens, parents, _, groups = fitted(s.split, 1, tokens, parents, labels, growth, groups)
         lay_out_step(s.split, d.text.seq[d.text.n - 1 : d.text.n], d.window.rows, tokens, parents, groups)
 
@@ -200,9 +245,9 @@ def before_read(d: DraftState, rehearse: bool) -> None:
 @compiled
 def after_read(
     d: DraftState, gathered: np.ndarray, bounds: np.ndarray, order: np.ndarray, remaining: int, eos: np.ndarray
-) -> tuple[np.ndarray, bool, bool, np.ndarray, ENDS, np.ndarray]:
-    """The committed tokens, whether an EOS ended them, whether the next step was planned here, and
-    its plan (lay_out_step's). `bounds` and `order`: the step's shares (`StepPlan`)."""
+) -> tuple[np.ndarray, bool]:
+    """The step's messages merged and fed to the sources: the committed tokens and whether an EOS
+    ended them. `bounds` and `order`: the step's shares (`StepPlan`)."""
     s = d.shape
     if not d.prepared:
         raise LPError("the drafter's after_read needs a before_read after each step's plan")
@@ -221,12 +266,7 @@ def after_read(
             break
     new = path[:cut]
     observe(d, path[:accepted], new, level, rows)
-    if stopped or cut >= remaining or not s.shared:
-        return new, stopped, False, np.zeros(0, np.int64), (0, 0, 0, 0, 0, 0, 0, 0, 0, 0), np.zeros((0, 0), np.bool_)
-    pending = new[cut - 1 :] if s.keep else new
-    tokens, parents, labels, growth, groups = grow_tree(d, len(pending))
-    buffer, ends, mask = _planned(d, pending, tokens, parents, labels, growth, groups)
-    return new, stopped, True, buffer, ends, mask
+    return new, stopped
 
 
 @compiled
@@ -264,4 +304,4 @@ def step_chains(d: DraftState) -> Chains:
     return step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, 0)
 
 
-__all__ = ["DraftShape", "DraftState", "after_read", "before_read", "first_plan", "new_state", "plan_given"]
+__all__ = ["DraftShape", "DraftState", "after_read", "before_read", "first_grown", "grow_next", "new_state", "plan", "plan_given"]

@@ -8,7 +8,7 @@ step's tree is laid out in pre-order (each subtree a run of nodes) and the ranks
 first node (in pre-order the only ones outside the run), which its nodes attend to. A rank
 verifies only its own nodes, so every node is verified once, on one rank.
 
-Each rank's forward is padded to a fixed-shape bucket (lp/engine/step_tensors.py). A step of T
+Each rank's forward is padded to a fixed-shape bucket (lp/engine/packed.py). A step of T
 tokens over P ranks fills buckets of T / P tokens (`share_cap`); the pending tokens every rank
 feeds and the ancestors fed again would push the largest share into the next bucket, which costs
 far more than the few nodes it adds. So the tree is cut to the likeliest nodes that fit P shares
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lp.engine.step_tensors import bucket
+from lp.engine.packed import bucket
 from lp.jit import compiled
 from lp.partition import Split, fill_split, partition
 

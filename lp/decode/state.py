@@ -1,5 +1,5 @@
-"""One sequence's decode state, identical on every rank, and the two per-step actions both decode
-loops share: deciding a step from its logits, and packing the rank's message."""
+"""One sequence's decode state, identical on every rank, and its two per-step actions on the
+device: deciding its step from its logits, and packing the rank's message."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lp.decode.plan import StepPlan, next_pending
-from lp.engine.step_tensors import StepTensors
+from lp.engine.packed import SegmentTensors
 from lp.message import CHECK_MOD, pack
 from lp.verify.greedy import Acceptance
 from lp.verify.verifier import StepRows, Verifier
@@ -22,12 +22,11 @@ def fingerprint(*parts: object) -> int:
 
 @dataclass
 class DecodeState:
-    """The output so far, its length in the sequence and running checksum (every message carries
-    both, so ranks that drifted apart are caught), the tokens the next step feeds before its
+    """The output so far and its running checksum (every message carries it and the sequence's
+    length, so ranks that drifted apart are caught), the tokens the next step feeds before its
     window and tree (x0 last), and what each step committed and fed."""
 
     prompt: list[int]
-    length: int = 0
     checksum: int = 0
     output: list[int] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
@@ -36,7 +35,12 @@ class DecodeState:
     stopped: bool = False
 
     def __post_init__(self) -> None:
-        self.length, self.checksum, self.pending = len(self.prompt), fingerprint(self.prompt), self.prompt[-1:]
+        self.checksum, self.pending = fingerprint(self.prompt), self.prompt[-1:]
+
+    @property
+    def length(self) -> int:
+        """The committed text's length: the prompt and the output."""
+        return len(self.prompt) + len(self.output)
 
     def clip(self, tokens: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> list[int]:
         """A step's committed tokens cut at `max_new_tokens` and after the first EOS (then `stopped`)."""
@@ -52,7 +56,6 @@ class DecodeState:
         for t in tokens:
             self.checksum = (self.checksum * 31 + t) % CHECK_MOD
         self.output.extend(tokens)
-        self.length += len(tokens)
         self.pending = next_pending(tokens, keep)
         self.accepted.append(len(tokens))
         self.fed_per_step.append(fed)
@@ -61,16 +64,17 @@ class DecodeState:
 def decide(
     verify: Verifier,
     logits: torch.Tensor,
+    argmax: torch.Tensor,
     ids: torch.Tensor,
     step: StepPlan,
-    on_device: StepTensors,
+    on_device: SegmentTensors,
     *,
     steps_done: int,
     max_commit: int,
 ) -> tuple[torch.Tensor, torch.Tensor, Acceptance]:
-    """This rank's decision on a step, queued on the device (no sync): every used row's argmax,
-    the next token y1 after x0 and the acceptance of this rank's tree nodes."""
-    argmax = logits.argmax(dim=-1)  # one pass over every used row
+    """This rank's decision on a sequence's step, queued on the device (no sync): its logits rows
+    and their `argmax` (the whole step's, one pass), the next token y1 after x0 and the
+    acceptance of this rank's tree nodes; `ids`: the step's ids of the sequence."""
     layout = step.layout
     rows = StepRows(
         logits=logits,

@@ -1,16 +1,17 @@
 """Fixed-shape steps: buckets of static buffers, compiled and captured as CUDA graphs.
 
-At batch 1 a step's forward is hundreds of small kernels, and on a GPU their launch cost is a
-large share of the step. A CUDA graph replays them all with one launch, but only for fixed
-shapes and fixed buffers. So a step is padded to a bucket size B; its inputs are copied into
-the bucket's static buffers; its KV goes to the cache slots that the device-held committed
-length names (lp/engine/kv.py); and its attention reads the whole cache under a mask made on the
-device from that length (lp/engine/attention.py). Nothing captured depends on a host value, and the
-cache never moves, so each bucket is compiled and captured once per process and replayed for
-every later step of every prompt. A decode's reset prepares every bucket its steps can reach,
-so none is compiled or captured while a decode is timed; a capture that fails stores nothing.
-Pad tokens see only themselves; their KV lands after the step's and is overwritten like any
-speculative token's.
+At small batches a step's forward is hundreds of small kernels, and on a GPU their launch cost is
+a large share of the step. A CUDA graph replays them all with one launch, but only for fixed
+shapes and fixed buffers. So a packed step (lp/engine/packed.py) is padded to a bucket size B;
+its per-token arrays (ids, positions, slots, what each token sees) are copied into the bucket's
+static buffers; its KV goes to the slots they name; and its attention reads the whole cache under
+the visibility rule evaluated on the device (a FlexAttention block mask that visits only the
+step's pages on a GPU, or a dense mask: lp/engine/attention.py). Nothing captured depends on a
+host value, and the cache never moves, so each bucket is compiled and captured once per process
+and replayed for every later step. A capture that fails stores nothing. Pad tokens write to the
+pad page and see only its first slot; pad rows read row 0, and are dropped.
+
+The kept drafts' KV (`move`) is captured too, per bucket of moved slots.
 
 Without CUDA the same fixed-shape steps run eagerly, which is how they are tested on CPU.
 """
@@ -24,124 +25,83 @@ from collections.abc import Callable
 
 import torch
 
-from lp.engine.attention import FlexMask
+from lp.engine.attention import Dense, FlexMask, Visibility
 from lp.engine.forward import Forward, StepInputs
 from lp.engine.kv import KVCache
-from lp.engine.step_tensors import StepTensors, bucket
+from lp.engine.attention import FLEX_BLOCK
+from lp.engine.packed import PackedStep, PackedTensors, bucket, flex_blocks, padded
 from lp.errors import LPError
-from lp.message import CHECK_MOD, pack
 from lp.models import cache_dir
-from lp.verify.greedy import greedy_accept
 
 log = logging.getLogger(__name__)
+
+PER_TOKEN = ("ids", "positions", "slots", "rows", "depth", "owner", "length", "base", "size")
 
 
 class _Bucket:
     """Static inputs of one step size B, its output, and its graph once captured."""
 
-    def __init__(self, B: int, kv: KVCache, flex: bool, device: torch.device) -> None:
-        block = torch.eye(B, dtype=torch.bool, device=device)
-        self.inputs = StepInputs(
-            ids=torch.zeros(B, dtype=torch.long, device=device),
-            positions=torch.zeros(B, dtype=torch.long, device=device),
-            block=block,
-            rows=torch.zeros(B, dtype=torch.long, device=device),
-            extent=kv.capacity,
-            flex=FlexMask(kv.start, block, kv.capacity) if flex else None,
+    def __init__(self, B: int, kv: KVCache, flex: bool, groups: int, device: torch.device) -> None:
+        self.B = B
+        self.arrays = {name: torch.zeros(B, dtype=torch.long, device=device) for name in PER_TOKEN}
+        self.block = torch.eye(B, dtype=torch.bool, device=device)
+        a = self.arrays
+        self.visible = Visibility(
+            a["owner"], a["length"], a["base"], a["size"], self.block, kv.pool.owner, kv.pool.index
         )
-        self.layout: StepTensors | None = None  # the layout whose block and rows are loaded
+        self.attend = FlexMask(self.visible, kv.slots) if flex else Dense(self.visible, kv.slots, groups)
+        self.inputs = StepInputs(a["ids"], a["positions"], a["slots"], a["rows"], self.attend)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
 
-class PlainGreedy:
-    """Greedy plain decoding (`mode=ar`) held on the device: the next step's input token and
-    position, and the output's length and checksum that its messages carry. `message` turns a
-    step's logits into its message (lp/message.py) and moves all four on without a host value,
-    so a whole step, forward to message, can be captured as one CUDA graph."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.token = torch.zeros(1, dtype=torch.long, device=device)
-        self.position = torch.zeros(1, dtype=torch.long, device=device)
-        self.length = torch.zeros((), dtype=torch.long, device=device)
-        self.checksum = torch.zeros((), dtype=torch.long, device=device)
-
-    @property
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The state: the next input token, its position, the output's length and checksum."""
-        return self.token, self.position, self.length, self.checksum
-
-    def start(self, token: torch.Tensor, position: int, length: int, checksum: int) -> None:
-        """The first step's input `token` (`[1]`, on the device) at sequence `position`."""
-        self.token.copy_(token)
-        self.position.fill_(position)
-        self.length.fill_(length)
-        self.checksum.fill_(checksum)
-
-    def message(self, logits: torch.Tensor) -> torch.Tensor:
-        """The step's message from its logits `[1, vocab]`; the state moves to the next step."""
-        y1 = logits[0].argmax()
-        none = y1.new_zeros(0)
-        acc = greedy_accept(y1, none, none, none, none.new_zeros((0, 0), dtype=torch.bool), none, 1)
-        message = pack(y1, acc, 0, none, self.length, self.checksum, 0)
-        self.token.copy_(y1)
-        self.position.add_(1)
-        self.length.add_(1)
-        self.checksum.mul_(31).add_(y1).remainder_(CHECK_MOD)
-        return message
-
-
-def buckets_between(fewest: int, most: int) -> list[int]:
-    """The buckets of every step size from `fewest` to `most` tokens."""
-    return sorted({bucket(t) for t in range(fewest, most + 1)})
-
-
 class FixedSteps:
-    """Runs steps through fixed-shape buckets of one forward and its KV cache."""
+    """Runs packed steps through fixed-shape buckets of one forward and its KV cache."""
 
-    def __init__(self, forward: Forward, kv: KVCache, device: torch.device, flex: bool, compile: bool) -> None:
-        """`compile`: run `forward.compiled()`, compiled once per bucket (and per worker)."""
-        self.kv, self.device, self.flex, self.compiled = kv, device, flex, compile
+    def __init__(
+        self, forward: Forward, kv: KVCache, device: torch.device, flex: bool, compile: bool, groups: int = 1
+    ) -> None:
+        """`compile`: run `forward.compiled()`, compiled once per bucket (and per worker); `groups`:
+        query heads a kv head (a dense mask's folded rows on CUDA)."""
+        self.kv, self.device, self.flex, self.compiled, self.groups = kv, device, flex, compile, groups
         self.capture = device.type == "cuda"
         if compile:
             # One compiled graph per bucket (and per worker): more than dynamo's default allows.
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             # Inductor's on-disk cache, kept with lp's models: later processes compile much faster.
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
-        self.run = forward.compiled() if compile else forward
-        # a plain step's argmax and message compiled too: the whole greedy step is compiled code
-        self._message = (
-            torch.compile(PlainGreedy.message, fullgraph=True, dynamic=False) if compile else PlainGreedy.message
-        )
+        self.forward = forward.compiled() if compile else forward
         self._buckets: dict[int, _Bucket] = {}
-        self._greedy: tuple[PlainGreedy, torch.cuda.CUDAGraph | None, torch.Tensor | None] | None = None
-        self._keeps: dict[int, tuple[tuple[torch.Tensor, ...], torch.cuda.CUDAGraph]] = {}  # by path length
+        self._moves: dict[int, tuple[torch.Tensor, torch.Tensor, torch.cuda.CUDAGraph]] = {}
         self.capture_seconds: dict[int, float] = {}  # per bucket: compile (if any) + warm-up + capture
 
+    def run(self, b: _Bucket) -> torch.Tensor:
+        """Bucket b's forward on its static inputs (what a graph records)."""
+        if isinstance(b.attend, Dense):
+            b.attend.refresh()
+        return self.forward(b.inputs)
+
     @torch.inference_mode()  # as steps run: a compiled graph's guards include the grad mode
-    def prepare(self, fewest: int, most: int, kept: int = 0) -> None:
-        """Compile (and capture, on a GPU) every bucket that steps of `fewest` to `most` tokens
-        use, and the `keep` of paths of `kept` nodes (0: none), now rather than in the middle
-        of a decode, where one bucket's compile and capture takes seconds. Its forwards write
-        only cache slots that the next step overwrites."""
-        for B in buckets_between(fewest, most):
+    def prepare(self, fewest: int, most: int) -> None:
+        """Compile (and capture, on a GPU) every bucket of steps of `fewest` to `most` tokens now
+        rather than in the middle of a decode, where one bucket's compile and capture takes
+        seconds. Its forwards write only the pad page."""
+        for B in sorted({bucket(t) for t in range(fewest, most + 1)}):
             self._ready(B)
-        if kept and self.capture:
-            self._ready_keep(kept)
 
     def _ready(self, B: int) -> _Bucket:
         """Bucket B, built (and compiled and captured) if it is new; stored only once it works."""
         b = self._buckets.get(B)
         if b is not None:
             return b
-        b = _Bucket(B, self.kv, self.flex, self.device)
-        if b.inputs.flex is not None:
-            b.inputs.flex.update(self.kv.length)
+        b = _Bucket(B, self.kv, self.flex, self.groups, self.device)
+        if isinstance(b.attend, FlexMask):  # until a step says more, every query block visits the pad page's block
+            b.attend.counts.fill_(1)
         t0 = time.perf_counter()
         if self.capture:
             b.graph, b.logits = self._capture(f"the step of {B} tokens", lambda: self._record(b))
         elif self.compiled:
-            self.run(b.inputs)  # compiles B's graph
+            self.run(b)  # compiles B's graph
         if self.capture or self.compiled:
             self.capture_seconds[B] = time.perf_counter() - t0
             log.info(
@@ -173,92 +133,60 @@ class FixedSteps:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.run(b.inputs)
+                self.run(b)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            logits = self.run(b.inputs)
+            logits = self.run(b)
         return graph, logits
 
-    def step(self, ids: torch.Tensor, layout: StepTensors, x0_position: int) -> torch.Tensor:
-        """Logits `[R, vocab]` of the step; valid until the next step of the same bucket."""
-        used = layout.size
-        b = self._ready(layout.block.shape[0])  # prepared at the decode's reset
-        x = b.inputs
-        x.ids[:used].copy_(ids, non_blocking=True)
-        torch.add(layout.depth, x0_position, out=x.positions)
-        if b.layout is not layout:  # copy only when the layout changes
-            x.block.copy_(layout.block)
-            x.rows.copy_(layout.rows)
-            b.layout = layout
-        if x.flex is not None:
-            x.flex.update(self.kv.length)
+    def step(self, step: PackedStep) -> tuple[torch.Tensor, PackedTensors]:
+        """Logits `[R, vocab]` of the step (valid until the next step of the same bucket) and the
+        step on the device (its bucket's buffers)."""
+        T, R = step.tokens, len(step.rows)
+        b = self._ready(bucket(max(T, R)))
+        host = padded(step, b.B)
+        pinned = self.device.type == "cuda"  # a pageable copy to a GPU would wait for it
+        for name in PER_TOKEN:
+            src = torch.from_numpy(host[name])
+            b.arrays[name].copy_(src.pin_memory() if pinned else src, non_blocking=pinned)
+        block = torch.from_numpy(host["block"])
+        b.block.copy_(block.pin_memory() if pinned else block, non_blocking=pinned)
+        if isinstance(b.attend, FlexMask):
+            b.attend.update(*(torch.from_numpy(a) for a in flex_blocks(step, b.B, self.kv.slots // FLEX_BLOCK)))
+        parents = torch.from_numpy(step.parents).to(self.device)
+        a = b.arrays
+        on = PackedTensors(step, a["ids"], a["positions"], a["slots"], a["rows"], a["depth"], parents, b.visible)
         if not self.capture:
-            return self.run(x)[: layout.n_rows]
+            return self.run(b)[:R], on
         b.graph.replay()
-        return b.logits[: layout.n_rows]
+        return b.logits[:R], on
 
     @torch.inference_mode()
-    def keep(self, path: torch.Tensor, offset: int, count: torch.Tensor) -> None:
-        """`KVCache.keep` as one graph replay (captured at the decode's reset: `prepare`), not four
-        launches per layer: for capturing steps only (lp/worker.py `keep`)."""
-        (path_in, offset_in, count_in), graph = self._ready_keep(path.shape[0])
-        path_in.copy_(path)
-        offset_in.fill_(offset)
-        count_in.copy_(count)
-        graph.replay()
-
-    def _ready_keep(self, D: int) -> tuple[tuple[torch.Tensor, ...], torch.cuda.CUDAGraph]:
-        """The captured `KVCache.keep` of paths of D nodes and its static inputs (path, offset,
-        count), warmed up and recorded with nothing to move: self-copies, the length + 0."""
-        if D not in self._keeps:
-            long = dict(dtype=torch.long, device=self.device)
-            inputs = (torch.full((D,), -1, **long), torch.zeros((), **long), torch.zeros((), **long))
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """`KVCache.move` of `src` onto `dst` slots: on a GPU one graph replay per bucket of moved
+        slots (padded with slot 0 onto itself), not two launches per layer."""
+        if not self.capture:
+            self.kv.move(src, dst)
+            return
+        n = bucket(src.shape[0])
+        if n not in self._moves:
+            ins = [torch.zeros(n, dtype=torch.long, device=self.device) for _ in range(2)]
 
             def record() -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-                self.kv.keep(*inputs)  # lazy initialisation outside the recording
+                self.kv.move(*ins)  # lazy initialisation outside the recording
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    self.kv.keep(*inputs)
-                return graph, inputs[0]
+                    self.kv.move(*ins)
+                return graph, ins[0]
 
-            self._keeps[D] = (inputs, self._capture("the kept drafts' KV move", record)[0])
-        return self._keeps[D]
-
-    def _greedy_step(self, state: PlainGreedy) -> torch.Tensor:
-        """A whole plain greedy step, no host value in it: input, forward, message, committed."""
-        x = self._ready(1).inputs  # any 1-token layout: block [[True]], row 0
-        x.ids.copy_(state.token)
-        x.positions.copy_(state.position)
-        if x.flex is not None:
-            x.flex.follow(self.kv.start)
-        message = self._message(state, self.run(x))
-        self.kv.start.add_(1)
-        return message
-
-    @torch.inference_mode()
-    def greedy(self, state: PlainGreedy) -> torch.Tensor:
-        """The message of the next plain greedy step of `state` (`PlainGreedy.message`); its
-        token is committed on the device (the host's `kv.length` is the caller's to advance). On
-        a GPU one graph replay: one launch a token. Eager elsewhere, the same ops."""
-        self._ready(1)  # compiled (and captured) with the other buckets: never inside the recording
-        if not self.capture:
-            return self._greedy_step(state)
-        if self._greedy is None or self._greedy[0] is not state:
-            # the forward was warmed up (and compiled) with its bucket, the message is now: record
-            # the whole step (compiling inside a recording may run kernels that it refuses)
-            def record() -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-                if self.compiled:
-                    kept = [t.clone() for t in state.tensors]
-                    self._message(state, self.run(self._ready(1).inputs))
-                    for t, value in zip(state.tensors, kept):
-                        t.copy_(value)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):  # records, runs nothing: the state stays as it is
-                    message = self._greedy_step(state)
-                return graph, message
-
-            self._greedy = (state, *self._capture("the greedy plain step", record))
-        _, graph, message = self._greedy
+            self._moves[n] = (*ins, self._capture("the kept drafts' KV move", record)[0])
+        src_in, dst_in, graph = self._moves[n]
+        src_in.zero_()
+        dst_in.zero_()
+        src_in[: src.shape[0]].copy_(src)
+        dst_in[: dst.shape[0]].copy_(dst)
         graph.replay()
-        return message
+
+
+__all__ = ["FixedSteps"]

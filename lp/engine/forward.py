@@ -1,9 +1,10 @@
 """What one forward of a step takes, and the forward for models outside the Llama family.
 
-A forward writes its n tokens' KV at cache slots `start .. start+n-1`, attends under the step's
-mask, and returns the logits of `rows` only. The Llama family runs through lp's lean forward
-(lp/engine/llama.py); every other transformers causal LM runs through its own modules here, with a
-transformers `Cache` over the same buffers and a dense mask over the whole cache.
+A forward writes its tokens' KV at the slots the step names, attends as the step says (over each
+token's own sequence: lp/engine/attention.py), and returns the logits of `rows` only. The Llama
+family runs through lp's lean forward (lp/engine/llama.py); every other transformers causal LM runs
+through its own modules here, with a transformers `Cache` over the same buffers and a dense mask
+over the whole cache.
 """
 
 from __future__ import annotations
@@ -13,22 +14,23 @@ from dataclasses import dataclass
 
 import torch
 
-from lp.engine.attention import FlexMask, dense_mask
 from lp.engine.kv import KVCache
+
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]  # lp/engine/attention.py's
 
 
 @dataclass
 class StepInputs:
-    """One forward's inputs, all on the device but the two ints."""
+    """One forward's inputs, on the device: each token's id, position (RoPE's) and slot (where its
+    KV goes), the rows whose logits are returned, and how the tokens attend over the cache
+    (`attend(q, k_cache, v_cache, scale)`: lp/engine/attention.py)."""
 
     ids: torch.Tensor  # [n] long
     positions: torch.Tensor  # [n] long
-    block: torch.Tensor  # [n, n] bool: which step tokens each step token sees
-    rows: torch.Tensor  # [R] long: the rows whose logits are returned
-    extent: int  # cache slots the attention reads: committed + n, or the whole cache at fixed shapes
-    committed: int | None = None  # the committed length on the host (eager steps only)
-    flex: FlexMask | None = None  # FlexAttention's block mask, at fixed shapes
-    causal: bool = False  # a prefill from an empty cache: `block` is causal and nothing is committed
+    slots: torch.Tensor  # [n] long
+    rows: torch.Tensor  # [R] long
+    attend: Attend
 
 
 Forward = Callable[[StepInputs], torch.Tensor]  # and `compiled()`: the same forward, compiled
@@ -36,7 +38,7 @@ Forward = Callable[[StepInputs], torch.Tensor]  # and `compiled()`: the same for
 
 class TransformersForward:
     """A step through a transformers model's own modules (any causal LM that takes 4D masks),
-    attending over the step's `extent` of the cache."""
+    attending over the whole cache under the step's dense mask (lp/engine/attention.py `Dense`)."""
 
     def __init__(self, model: torch.nn.Module, kv: KVCache) -> None:
         self.body, self.head, self.kv = model.get_decoder(), model.get_output_embeddings(), kv
@@ -47,12 +49,11 @@ class TransformersForward:
         return torch.compile(self, fullgraph=True, dynamic=False)
 
     def __call__(self, x: StepInputs) -> torch.Tensor:
-        self.cache.extent = x.extent
-        mask = dense_mask(self.kv.start, x.block, x.extent)
+        self.cache.step_slots = x.slots
         out = self.body(
             input_ids=x.ids[None],
             position_ids=x.positions[None],
-            attention_mask=mask,
+            attention_mask=x.attend.mask,
             past_key_values=self.cache,
             use_cache=True,
         )

@@ -1,11 +1,13 @@
 """A lean forward for the Llama family (Llama, Mistral, Qwen2, SmolLM), in the manner of
-gpt-fast: one function per decoder layer, batch 1, the KV cache indexed by position, attention
-chosen per step. It reads the weights of the transformers model it is given (nothing is copied
-or patched), and its logits are checked against transformers' in the tests.
+gpt-fast: one function per decoder layer over a packed step's tokens (one sequence's or several
+side by side), the paged KV cache written at the slots the step names, attention as the step
+says (lp/engine/attention.py). It reads the weights of the transformers model it is given
+(nothing is copied or patched), and its logits are checked against transformers' in the tests.
 
 Why not transformers' modules: their per-call bookkeeping (cache objects, mask preparation,
-generic kwargs) is host work on every layer, and the attention backends lp needs (a block mask
-that skips the unwritten cache, split attention) do not fit their interfaces at fixed shapes.
+generic kwargs) is host work on every layer, and the attention lp needs (packed sequences over
+a paged cache, a block mask that visits only a step's own pages) does not fit their interfaces
+at fixed shapes.
 
 Each layer's q/k/v projections run as one matmul, and its gate/up projections as one
 (lp/engine/fused.py), every matmul by the formulation chosen for the step's size
@@ -28,8 +30,7 @@ from typing import NamedTuple
 import torch
 from transformers.activations import ACT2FN
 
-from lp.engine import attention
-from lp.engine.forward import StepInputs, kv_shape
+from lp.engine.forward import Attend, StepInputs, kv_shape
 from lp.engine.fused import fused
 from lp.engine.kernels import FORMULATIONS, Kernels, Matrix
 from lp.engine.kv import KVCache
@@ -98,11 +99,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
 class LlamaForward:
     """Logits of a step's rows, writing the step's KV into `kv` (lp/engine/kv.py)."""
 
-    def __init__(self, model: torch.nn.Module, kv: KVCache, backend: str, tp: TensorGroup = ALONE) -> None:
-        """`tp`: the tensor-parallel group whose shard `model` holds (lp/engine/tp.py). The
-        matmuls run torch's `linear` until `use` gives them other formulations."""
+    def __init__(self, model: torch.nn.Module, kv: KVCache, positions: int, tp: TensorGroup = ALONE) -> None:
+        """`positions`: the RoPE table's length (the longest sequence and a step's tokens past it);
+        `tp`: the tensor-parallel group whose shard `model` holds (lp/engine/tp.py). The matmuls run
+        torch's `linear` until `use` gives them other formulations."""
         cfg = model.config
-        self.model, self.kv, self.backend, self.reduce = model, kv, backend, tp.all_reduce
+        self.model, self.kv, self.reduce = model, kv, tp.all_reduce
         self.head_dim = kv_shape(model)[2]
         self.scale = self.head_dim**-0.5
         self.eps = cfg.rms_norm_eps
@@ -116,9 +118,9 @@ class LlamaForward:
         head = model.get_output_embeddings()
         self.lm_head = Matrix(head.weight, head.bias)
         self.kernels = Kernels.only("linear")
-        # RoPE tables for every slot, from the model's own rotary module (all its fixed scalings).
+        # RoPE tables for every position, from the model's own rotary module (all its fixed scalings).
         probe = body.embed_tokens.weight[:1]
-        cos, sin = body.rotary_emb(probe, torch.arange(kv.capacity, device=probe.device)[None])
+        cos, sin = body.rotary_emb(probe, torch.arange(positions, device=probe.device)[None])
         sign = torch.ones(self.head_dim, dtype=sin.dtype, device=sin.device)
         sign[: self.head_dim // 2] = -1
         self.cos, self.signed_sin = cos[0], sin[0] * sign  # `_rotate`'s tables
@@ -160,18 +162,6 @@ class LlamaForward:
         )
         return twin
 
-    def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: StepInputs, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        if x.flex is not None:
-            return attention.flex(q, k, v, x.flex, scale=self.scale)
-        if x.causal:  # a prefill from an empty cache: plain causal attention over its own tokens
-            n = q.shape[1]
-            return attention.sdpa(q, k[:, :n], v[:, :n], None, scale=self.scale)
-        if self.backend == "split":
-            return attention.split(q, k, v, x.committed, block=x.block, scale=self.scale)
-        return attention.sdpa(q, k[:, : x.extent], v[:, : x.extent], mask, scale=self.scale)
-
     def _layer(
         self,
         h: torch.Tensor,
@@ -181,15 +171,14 @@ class LlamaForward:
         slots: torch.Tensor,
         cos: torch.Tensor,
         signed_sin: torch.Tensor,
-        x: StepInputs,
-        mask: torch.Tensor | None,
+        attend: Attend,
     ) -> torch.Tensor:
         n, H, D = h.shape[0], self.heads, self.head_dim
         y = _rms_norm(h, w.norm1, self.eps)
         q, k, v = self.kernels(y, w.qkv).split(self.qkv_split, dim=1)
         q, k, v = (t.view(n, -1, D).transpose(0, 1) for t in (q, k, v))
         self.kv.write(k_cache, v_cache, _rotate(k, cos, signed_sin), v, slots=slots)
-        o = self._attend(_rotate(q, cos, signed_sin), k_cache, v_cache, x, mask=mask)
+        o = attend(_rotate(q, cos, signed_sin), k_cache, v_cache, self.scale)
         h = h + self.reduce(self.kernels(o.transpose(0, 1).reshape(n, H * D), w.o))
         y = _rms_norm(h, w.norm2, self.eps)
         gate, up = self.kernels(y, w.gate_up).chunk(2, dim=1)
@@ -203,14 +192,8 @@ class LlamaForward:
         return self.kernels(_rms_norm(h.index_select(0, rows), self.model.model.norm.weight, self.eps), self.lm_head)
 
     def __call__(self, x: StepInputs) -> torch.Tensor:
-        mask = None
-        if x.flex is None and not x.causal and self.backend != "split":
-            # on CUDA, sdpa takes the rows once per group head (lp/engine/attention.py)
-            groups = self.heads // self.kv_heads if x.block.is_cuda else 1
-            mask = attention.dense_mask(self.kv.start, x.block, x.extent, groups)
         cos, signed_sin = self.cos[x.positions], self.signed_sin[x.positions]
-        slots = self.kv.slots(x.ids.shape[0])
         h = self.embed(x.ids)
         for w, k_cache, v_cache in zip(self.layers, self.kv.k, self.kv.v):
-            h = self.layer(h, w, k_cache, v_cache, slots=slots, cos=cos, signed_sin=signed_sin, x=x, mask=mask)
+            h = self.layer(h, w, k_cache, v_cache, x.slots, cos, signed_sin, x.attend)
         return self.head(h, x.rows)

@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import sys
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import partial
+from typing import Any
 
 import torch
 
 from lp import mesh, models
 from lp.collective import Collective
-from lp.config import DecodeConfig, check_settings
+from lp.config import AUTO_KEYS, DecodeConfig, check_settings
 from lp.decode.auto import AutoTuner, CostCurve, calibrate_ranks
+from lp.decode.batch import PREFILL_CHUNK
+from lp.decode.budget import Budget
 from lp.decode.hooks import Cancelled
-from lp.decode.ladder import Shape
-from lp.decode.loop import Decoder, StepObserver
+from lp.decode.ladder import LADDER, Shape
+from lp.decode.loop import Decoder, Request, StepObserver
 from lp.decode.record import Generation
 from lp.engine import tp as tensor_parallel
 from lp.engine.kernel_choice import requested
@@ -57,6 +60,7 @@ class Result(Generation):
     predicted: dict[str, float] | None = None
     tp: int = 1  # ranks per replica (tensor parallelism); world_size / tp replicas
     finish_reason: str = "length"  # "stop": an EOS or a stop string ended it; "length": max_new_tokens
+    index: int = 0  # its prompt's place among the prompts of one call (`LP.stream`)
 
     def to_dict(self) -> dict:
         """The JSONL record: the fields and the figures (new_tokens, S, tokens_per_s)."""
@@ -66,6 +70,38 @@ class Result(Generation):
             "S": self.S,
             "tokens_per_s": self.tokens_per_s,
         }
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A prompt made ready to decode: its request (lp/decode/sequence.py), the text stream that
+    turns its tokens into text (with stop strings or `on_text`), and W=auto's reason."""
+
+    request: Request
+    text: TextStream | None
+    reason: str | None
+
+
+def _auto_keys(settings: dict) -> list[str]:
+    """W, N, G left to W=auto (in place: to their defaults, where plain decoding is asked for)."""
+    auto = [k for k in AUTO_KEYS if settings.get(k) == "auto"]
+    if auto and settings.get("mode") == "ar":
+        settings.update({k: getattr(DecodeConfig, k) for k in auto})
+        return []
+    return auto
+
+
+def _resolve(settings: dict, auto: list[str], shape: Shape) -> None:
+    """`shape`'s W, N, G where they are `auto`; with all three, its other keys where not given."""
+    chosen = asdict(shape)
+    settings.update({k: chosen[k] for k in auto})
+    if len(auto) == 3:
+        settings.update({k: v for k, v in chosen.items() if k not in auto and settings.get(k) is None})
+
+
+def _is_ids(prompt: object) -> bool:
+    """Whether a prompt is token ids (a non-empty list of ints)."""
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
 
 
 class LP:
@@ -82,13 +118,15 @@ class LP:
         graphs: bool | str = "auto",
         compile: bool | str = "auto",
         max_seq_len: int | None = None,
+        kv_tokens: int | None = None,
         backend: str = "auto",
         tp: int | str = "auto",
         kernels: str | None = None,
     ) -> None:
         """`graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (lp/engine/fixed_steps.py);
         `compile`: torch.compile them; `attention`: auto | sdpa | flex | split
-        (lp/engine/attention.py); `max_seq_len`: KV cache slots, allocated once (lp/worker.py);
+        (lp/engine/attention.py); `max_seq_len`: the longest sequence, prompt included; `kv_tokens`: the
+        KV cache's slots, shared by the sequences decoded together, allocated once (lp/worker.py);
         `backend`: auto | nccl | gloo for the collectives (lp/collective.py); `tp`: ranks per
         replica, which shard the model tensor-parallel (it must divide the world size); "auto"
         chooses it (lp/frontend/mesh_choice.py; 1 on one rank); `kernels`: the matmuls' formulation,
@@ -106,6 +144,7 @@ class LP:
             DTYPES[dtype],
             timeout_s,
             max_seq_len=max_seq_len,
+            kv_tokens=kv_tokens,
             attention=attention,
             graphs=graphs,
             compile=compile,
@@ -155,37 +194,87 @@ class LP:
             return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
         return self.tokenizer(prompt)["input_ids"]
 
-    def _auto(self, settings: dict) -> str | None:
-        """Resolve W/N/G given as "auto" (in place); return the reason for the choice.
+    def _auto(self, settings: dict, others: int = 0) -> tuple[str | None, bool]:
+        """Resolve W/N/G given as "auto" (in place): the reason for the choice, and whether the
+        chosen shape's trees are the step budget's to cut (lp/decode/budget.py).
 
-        Explicit values are always kept; plain decoding is chosen only when all three are left
-        to auto."""
-        auto = [k for k in ("W", "N", "G") if settings.get(k) == "auto"]
+        Explicit values are always kept. With all three auto the shape is the ladder's likeliest
+        to pay beside `others` sequences decoding in the same steps (lp/decode/auto.py), at least
+        its smallest, whose drafts the step's budget verifies only where they pay: a step then
+        never feeds more than plain decoding would unless its drafts are worth their cost."""
+        auto = _auto_keys(settings)
         if not auto:
-            return None
-        if settings.get("mode") == "ar":
-            for k in auto:
-                settings[k] = getattr(DecodeConfig, k)
-            return None
+            return None, False
+        shape, reason = self.tuner().choose(allow_plain=len(auto) == 3, others=others)
+        if shape is None:
+            shape = LADDER[0]
+            reason += f"; so {shape.describe()}, whose drafts each step verifies only where they pay"
+        _resolve(settings, auto, shape)
+        return reason, len(auto) == 3
+
+    def check(self, prompt_ids: list[int], **settings) -> None:
+        """Refuse settings and a prompt that could never decode here (an LPError that says why),
+        before they reach any rank: W=auto is checked at the ladder's largest shape."""
+        check_settings(settings)
+        settings = dict(settings)
+        _resolve(settings, _auto_keys(settings), LADDER[-1])
+        self.decoder.batch().check(Request(list(prompt_ids), DecodeConfig(**settings)))
+
+    def tuner(self) -> AutoTuner:
+        """W=auto's chooser, calibrated on this machine at its first use (once per process)."""
         if self._tuner is None:
             self._tuner = AutoTuner(self.calibrate(), self.lp.world_size)
-        shape, reason = self._tuner.choose(allow_plain=len(auto) == 3)
-        if shape is None:
-            settings.update(mode="ar", W=1, N=2, G=0)
-        else:  # W, N, G where they are auto; with all three auto, the shape's other keys where not given
-            chosen = asdict(shape)
-            settings.update({k: chosen[k] for k in auto})
-            if len(auto) == 3:
-                settings.update({k: v for k, v in chosen.items() if k not in auto and settings.get(k) is None})
-        return reason
+        return self._tuner
+
+    def budget(self) -> Budget:
+        """The step's budget: the machine's step costs once W=auto has measured them (only the
+        trees of shapes W=auto chose are cut by it)."""
+        if self._tuner is None:
+            return Budget("none", P=self.lp.world_size)
+        return Budget("auto", cost=self._tuner.cost, P=self.lp.world_size)
 
     def calibrate(self) -> CostCurve:
         """This rank's step costs; under LP the slowest rank's, so all ranks choose alike."""
         return calibrate_ranks(self.decoder.worker, self.comm, self.lp.world_size)
 
+    def ask(
+        self,
+        prompt: str | list[int] | list[dict[str, str]],
+        *,
+        chat: bool = False,
+        sample_stream: int = 0,
+        on_text: Callable[[str], None] | None = None,
+        stop: list[str] | None = None,
+        cancelled: Cancelled | None = None,
+        others: int = 0,
+        tag: object = None,
+        **settings,
+    ) -> Ask:
+        """A prompt and its settings made ready to decode (`generate`'s arguments; `others`: the
+        sequences expected to decode beside it, which W=auto prices; `tag`: the caller's). Every
+        check that needs no decode runs here: an LPError says what is wrong."""
+        check_settings(settings)
+        settings = dict(settings)
+        reason, shared = self._auto(settings, others)
+        cfg = DecodeConfig(**settings).validate()
+        ids = self.encode(prompt, chat) if not _is_ids(prompt) else list(prompt)
+        text = TextStream(self.tokenizer, stop or (), on_text) if on_text or stop else None
+        request = Request(
+            ids,
+            cfg,
+            sample_stream,
+            on_tokens=text.push if text else None,
+            stop=text.stop if stop else None,
+            cancelled=cancelled,
+            shared=shared,
+            tag=tag,
+        )
+        self.decoder.batch().check(request)
+        return Ask(request, text, reason)
+
     def generate(
         self,
-        prompt: str | list[int],
+        prompt: str | list[int] | list[str],
         *,
         chat: bool = False,
         sample_stream: int = 0,
@@ -193,42 +282,79 @@ class LP:
         on_text: Callable[[str], None] | None = None,
         stop: list[str] | None = None,
         cancelled: Cancelled | None = None,
+        batch: int = 8,
         **settings,
-    ) -> Result:
+    ) -> Result | list[Result]:
         """Decode one prompt (text, or token ids) with `DecodeConfig` settings (W, N, G,
-        max_new_tokens, mode, temperature, top_k, top_p, seed, ...). W, N and G may be "auto":
-        then a shape is chosen to maximise tokens/s (lp/decode/auto.py) and explicit values override
-        its fields. When sampling, `sample_stream` (with `seed`) picks the random stream: give each
-        prompt of a run its own. `observer` watches each step (lp.bench times forwards with it).
+        max_new_tokens, mode, temperature, top_k, top_p, seed, ...), or a list of prompts, `batch`
+        at a time (their results in order; `stream` yields them as they end). W, N and G may be
+        "auto": then a shape is chosen to maximise tokens/s (lp/decode/auto.py) and explicit values
+        override its fields. When sampling, `sample_stream` (with `seed`) picks the random stream:
+        give each prompt of a run its own (a list's prompts get their places in it). `observer`
+        watches each step (lp.bench times forwards with it).
 
         `on_text` gets the text as the steps commit it (lp/frontend/textstream.py); the decode
         ends at the step where one of the `stop` strings appears, and the text excludes it and
         what follows. `cancelled` is asked on rank 0 before each step: True ends the decode after
         that step on every rank (give it on every rank or none; lp/decode/hooks.py)."""
-        check_settings(settings)
-        reason = self._auto(settings)
-        cfg = DecodeConfig(**settings).validate()
-        ids = self.encode(prompt, chat) if isinstance(prompt, str) else list(prompt)
-        self._same_in_replica(ids, cfg, sample_stream)
-        text = TextStream(self.tokenizer, stop or (), on_text) if on_text or stop else None
-        g: Generation = self.decoder.generate(
-            ids,
-            cfg,
-            sample_stream,
-            observer=observer,
-            on_tokens=text.push if text else None,
-            stop=text.stop if stop else None,
+        if isinstance(prompt, list) and prompt and not _is_ids(prompt):
+            if on_text is not None or cancelled is not None or observer is not None:
+                raise LPError("on_text, cancelled and observer take one prompt; stream() decodes many")
+            done = sorted(self.stream(prompt, chat=chat, stop=stop, batch=batch, **settings), key=lambda r: r.index)
+            return done
+        ask = self.ask(
+            prompt,
+            chat=chat,
+            sample_stream=sample_stream,
+            on_text=on_text,
+            stop=stop,
             cancelled=cancelled,
+            **settings,
         )
+        self._same_in_replica(ask.request.prompt, ask.request.cfg, sample_stream)
+        (seq,) = self.decoder.run([ask.request], self.decoder.batch(budget=self.budget(), observer=observer))
+        return self.result(ask, seq.result)
+
+    def stream(
+        self,
+        prompts: Iterable[str | list[int] | Mapping[str, Any]],
+        *,
+        chat: bool = False,
+        stop: list[str] | None = None,
+        batch: int = 8,
+        prefill_chunk: int = PREFILL_CHUNK,
+        **settings,
+    ) -> Iterator[Result]:
+        """Decode a stream of prompts `batch` at a time, each joining the running steps as soon as
+        one ends (continuous batching): each Result as it ends, `index` its place in `prompts`. An
+        item may be a mapping with its `prompt` and its own settings over the call's. Prompt i
+        samples from random stream i."""
+
+        def requests() -> Iterator[Request]:
+            for i, item in enumerate(prompts):
+                own = dict(item) if isinstance(item, Mapping) else {"prompt": item}
+                text = own.pop("prompt")
+                ask = self.ask(text, chat=chat, stop=stop, sample_stream=i, others=batch - 1, tag=i, **{**settings, **own})
+                asks[i] = ask
+                yield ask.request
+
+        asks: dict[int, Ask] = {}
+        runner = self.decoder.batch(max_batch=batch, budget=self.budget(), prefill_chunk=prefill_chunk)
+        for seq in self.decoder.run(requests(), runner):
+            yield self.result(asks.pop(seq.request.tag), seq.result, index=seq.request.tag)
+
+    def result(self, ask: Ask, g: Generation, index: int = 0) -> Result:
+        """The Result of a finished ask."""
+        cfg, text = ask.request.cfg, ask.text
         shape = Shape.of(cfg) if cfg.lookahead else None
         predicted = None
-        if reason is not None:
+        if ask.reason is not None:
             S, tokens_per_s, _ = self._tuner.expect(shape)  # before this sequence teaches the tuner
             predicted = {"S": S, "tokens_per_s": tokens_per_s}
             self._tuner.observe(shape, g.S)
         return Result(
             **{f.name: getattr(g, f.name) for f in fields(Generation)},
-            prompt_ids=ids,
+            prompt_ids=ask.request.prompt,
             text=text.finish() if text else self.tokenizer.decode(g.output_ids, skip_special_tokens=True),
             world_size=self.comm.world_size,
             W=cfg.W if shape else None,
@@ -236,10 +362,11 @@ class LP:
             G=cfg.G if shape else None,
             mode=cfg.mode,
             temperature=cfg.temperature,
-            auto=reason,
+            auto=ask.reason,
             predicted=predicted,
             tp=self.tp.size,
             finish_reason="stop" if (text and text.end is not None) or self._ends(g.output_ids) else "length",
+            index=index,
         )
 
     def _ends(self, output: list[int]) -> bool:

@@ -90,13 +90,14 @@ def grow(
     budget: int,
     depth: int,
     continuation_len: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The likeliest nodes below x0 (the text's last token), at most `budget`: from `chains` (token
     i of a draft from source s right with chance `chances[s, i]` when the ones before it are),
     from `table`'s successor rows (none with k = 0) and, with `continuation_len`, from the text's
     continuations, at most `depth` deep. In subtree order: each node's token, parent and label
     (source s's token i: s * depth + i, the counted rate's index; -1: the successor table's), its
-    place in the growth (most likely first), and the node counts of the root subtrees."""
+    place in the growth (most likely first), the node counts of the root subtrees, and each node's
+    chance in growth order."""
     D, seq, n = chances.shape[1], text.seq, text.n
     x0, before = seq[n - 1], seq[n - 2] if n > 1 else -1
     if continuation_len and (CONTINUATION_SOURCE + MATCHED >= chances.shape[0] or continuation_len > D):

@@ -120,10 +120,13 @@ def add_node(g: GrowingTree, parent: int, token: int, label: int, key: float) ->
 
 
 @compiled
-def in_subtree_order(g: GrowingTree) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def in_subtree_order(
+    g: GrowingTree,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The nodes in subtree order (grouped by their root, roots by index, each group in growth
-    order, lp/lookahead/tree.py): tokens, parents, labels, each one's place in the growth, and
-    the node counts of the root subtrees."""
+    order, lp/lookahead/tree.py): tokens, parents, labels, each one's place in the growth, the
+    node counts of the root subtrees; and each node's chance in growth order (non-increasing:
+    the growth takes the likeliest first, and a child is never likelier than its parent)."""
     size, roots = g.size, g.roots
     count = np.zeros(size, np.int64)
     for v in range(size):
@@ -152,7 +155,7 @@ def in_subtree_order(g: GrowingTree) -> tuple[np.ndarray, np.ndarray, np.ndarray
         if count[r]:
             sizes[j] = count[r]
             j += 1
-    return tokens, parents, labels, order, sizes
+    return tokens, parents, labels, order, sizes, -g.made[:size]
 
 
 __all__ = [

@@ -30,7 +30,7 @@ def check(cfg: DictConfig) -> dict[str, Any]:
         raise LPError(f"timeout_s must be > {4 * TICK_S:g} (rank 0 broadcasts every {TICK_S:g} s while idle)")
     defaults = {name: cfg[name] for name in KEYS}
     check_engine_settings(engine_settings(defaults))
-    for key, low in (("port", 0), ("max_queue", 1), ("max_body_bytes", 1)):
+    for key, low in (("port", 0), ("max_batch", 1), ("max_queue", 1), ("prefill_chunk", 1), ("max_body_bytes", 1)):
         if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < low:
             raise LPError(f"{key} must be an integer >= {low}, got {cfg[key]!r}")
     if cfg.port > 65535:
@@ -70,10 +70,11 @@ def serve(lm: Any, channel: Channel, sock: socket.socket, cfg: DictConfig, defau
     def failed() -> None:  # from the decode thread: uvicorn's main loop reads the flag and shuts down
         http.should_exit = True
 
-    engine = Engine(lm, channel, cfg.max_queue, on_failure=failed)
-    info = {"model": name, "world_size": lm.comm.world_size, "tp": lm.tp.size, "max_queue": cfg.max_queue}
+    engine = Engine(lm, channel, cfg.max_batch, cfg.max_queue, cfg.prefill_chunk, on_failure=failed)
+    info = {"model": name, "world_size": lm.comm.world_size, "tp": lm.tp.size}
+    info.update(max_batch=cfg.max_batch, max_queue=cfg.max_queue, kv_tokens=lm.decoder.worker.kv_tokens)
     info["defaults"] = defaults
-    server = Server(engine, Preparer(lm, defaults, lm.decoder.max_context), name, info)
+    server = Server(engine, Preparer(lm, defaults), name, info)
     api_key = None if cfg.api_key is None else str(cfg.api_key)
     config.app = build_app(server, api_key, cfg.max_body_bytes)
     engine.start()
@@ -104,7 +105,7 @@ def run(cfg: DictConfig) -> None:
         if sock is not None:
             serve(lm, channel, sock, cfg, defaults)
         else:
-            follow(lm, channel)
+            follow(lm, channel, cfg.max_batch, cfg.prefill_chunk)
     finally:
         if sock is not None:
             sock.close()

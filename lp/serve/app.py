@@ -56,10 +56,13 @@ def build_app(server: Server, api_key: str | None, max_body_bytes: int) -> FastA
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        pool = engine.batch.worker.kv.pool
         state = {
             "status": "ok" if engine.failure is None else "failed",
             "queued": engine.jobs.qsize(),
             "decoding": engine.decoding,
+            "kv_pages_held": pool.pages - 1 - pool.free,
+            "kv_pages": pool.pages - 1,
             "most_queued": engine.most_queued,
             "served": engine.served,
             "last": engine.last,

@@ -1,20 +1,26 @@
-"""The decoder side of the server. lp decodes at batch size 1, so requests wait in a bounded
-FIFO queue and one thread of rank 0 (`Engine`) decodes them one at a time: it hands each request
-to every rank (lp/serve/channel.py), decodes it with them, and sends its text to the waiting
-handler step by step. The other ranks run `follow`: receive a request, decode it, again.
+"""The decoder side of the server: continuous batching. One thread of rank 0 (`Engine`) runs a batch
+(lp/decode/batch.py): before each step it takes queued requests while the batch has room
+(`max_batch` sequences), hands them to every rank (lp/serve/channel.py), and they join the running
+sequences at that step; their prompts are prefilled in chunks that share steps with the others'
+decoding; each step's text goes to the waiting handlers; a request that ends (an EOS, max_tokens,
+a stop string, its client gone) leaves at once and frees its KV pages. Requests beyond the batch
+wait in a bounded FIFO queue (`max_queue`; past it, 429). The other ranks run `follow`: the same
+requests, submitted at the same steps, the same batch.
 
-A decode that fails (a rank died or hung: its collective timed out) fails its request with 503
-and the queued ones too, and stops the server: the ranks can no longer agree on a step."""
+A step that fails (a rank died or hung: a collective timed out) fails every request in the batch
+and in the queue with 503, and stops the server: the ranks can no longer agree on a step."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lp.errors import LPError
 from lp.serve.channel import TICK_S, Channel
 from lp.serve.prepare import DecodeRequest
 from lp.serve.protocol import ApiError
@@ -41,20 +47,34 @@ class Job:
             self.cancelled.set()
 
 
-class Engine:
-    """Rank 0's decode thread and its queue."""
+def _ask(lm: Any, request: DecodeRequest, batch: Any, tag: Any = None, **hooks: Any) -> Any:
+    """`request` made ready to join `batch` (W=auto priced beside the sequences already in it)."""
+    others = len(batch.running) + len(batch.waiting)
+    return lm.ask(request.ids, stop=request.stop or None, others=others, tag=tag, **hooks, **request.settings)
 
-    def __init__(self, lm: Any, channel: Channel, max_queue: int, on_failure: Callable[[], None]) -> None:
-        """`on_failure`: called once from the decode thread when a decode failed (stops the server)."""
+
+class Engine:
+    """Rank 0's decode thread, its batch and its queue."""
+
+    def __init__(
+        self, lm: Any, channel: Channel, max_batch: int, max_queue: int, prefill_chunk: int, on_failure: Callable[[], None]
+    ) -> None:
+        """`on_failure`: called once from the decode thread when a step failed (stops the server)."""
         self.lm, self.channel, self.on_failure = lm, channel, on_failure
+        self.batch = lm.decoder.batch(max_batch=max_batch, budget=lm.budget(), prefill_chunk=prefill_chunk)
         self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self.failure: str | None = None  # why the ranks can no longer decode
-        self.decoding = False
-        self.served = 0  # requests decoded
-        self.last: dict[str, Any] = {}  # the last decode: its tokens, steps, end (/health shows it)
+        self.served = 0  # requests answered whole
+        self.last: dict[str, Any] = {}  # the last request that ended: its tokens, steps, end (/health shows it)
         self.most_queued = 0  # the most requests that waited at once
+        self._asks: dict[int, tuple[Job, Any]] = {}  # the batch's requests: their jobs and asks
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lp-decode", daemon=True)
+
+    @property
+    def decoding(self) -> int:
+        """Sequences in the batch (decoding, prefilling or waiting for pages)."""
+        return len(self.batch.running) + len(self.batch.waiting)
 
     def start(self) -> None:
         self._thread.start()
@@ -74,48 +94,67 @@ class Engine:
         return self._thread.is_alive()
 
     def stop(self, timeout: float) -> None:
-        """Stop after the decode in progress (ended at its next step), answer the queued jobs 503,
-        tell the other ranks; wait at most `timeout` seconds for the thread."""
+        """Stop after the step in progress (the batch's sequences ended there), answer the queued
+        jobs 503, tell the other ranks; wait at most `timeout` seconds for the thread."""
         self._stopping.set()
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        current: Job | None = None
         try:
-            while not self._stopping.is_set():
-                try:
-                    current = self.jobs.get(timeout=TICK_S)
-                except queue.Empty:
-                    self.channel.tick()
-                    continue
-                if not current.cancelled.is_set():  # a client that left while queued costs nothing
-                    self._decode(current)
-                current = None
-            self.channel.send(None)
-        except Exception as e:  # a rank died or hung: no further decode can agree
+            while True:
+                stopping = self._stopping.is_set()  # then one last step: the decoding sequences halt in it
+                joins = [] if stopping else self._take()
+                self.channel.send([job.request for job, _ in joins])
+                for job, ask in joins:
+                    self.batch.submit(ask.request)
+                    self._asks[id(job)] = (job, ask)
+                if not self.batch.idle:
+                    for seq in self.batch.step():
+                        self._answer(seq)
+                if stopping:
+                    break
+            self.channel.stop()
+        except Exception as e:  # a rank died or hung: no further step can agree
             self.failure = f"a rank failed, the server stops: {' '.join(str(e).split())}"
-            if current is not None:
-                current.emit("error", ApiError(503, self.failure))
             self.on_failure()
         finally:
             self._stopping.set()
+            error = ApiError(503, self.failure or "the server is shutting down")
+            for job, _ in self._asks.values():
+                job.emit("error", error)
             while not self.jobs.empty():
-                self.jobs.get_nowait().emit("error", ApiError(503, self.failure or "the server is shutting down"))
+                self.jobs.get_nowait().emit("error", error)
 
-    def _decode(self, job: Job) -> None:
-        self.channel.send(job.request)
-        self.decoding = True
-        stopping = self._stopping.is_set
-        try:
-            result = self.lm.generate(
-                job.request.ids,
-                **job.request.settings,
-                stop=job.request.stop,
-                on_text=(lambda text: job.emit("text", text)) if job.stream else None,
-                cancelled=lambda: job.cancelled.is_set() or stopping(),
-            )
-        finally:
-            self.decoding = False
+    def _take(self) -> list[tuple[Job, Any]]:
+        """The queued jobs that join before the next step, while the batch has room (waiting up to
+        TICK_S for one while nothing decodes); a job whose client left costs nothing."""
+        joins = []
+        while self.decoding + len(joins) < self.batch.max_batch:
+            try:
+                job = self.jobs.get(timeout=TICK_S) if self.batch.idle and not joins else self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job.cancelled.is_set():
+                continue
+            try:
+                ask = _ask(
+                    self.lm,
+                    job.request,
+                    self.batch,
+                    tag=id(job),
+                    on_text=(lambda text, job=job: job.emit("text", text)) if job.stream else None,
+                    cancelled=lambda job=job: job.cancelled.is_set() or self._stopping.is_set(),
+                )
+            except LPError as e:  # checked before it was queued: only what the model may still refuse
+                job.emit("error", ApiError(400, str(e)))
+                continue
+            joins.append((job, ask))
+        return joins
+
+    def _answer(self, seq: Any) -> None:
+        """A sequence ended: its job answered."""
+        job, ask = self._asks.pop(seq.request.tag)
+        result = self.lm.result(ask, seq.result)
         self.served += 1
         self.last = {
             "new_tokens": result.new_tokens,
@@ -125,10 +164,20 @@ class Engine:
         job.emit("done", result)
 
 
-def follow(lm: Any, channel: Channel) -> None:
-    """A rank other than 0: decode every request rank 0 hands on, until it stops the server."""
-    while (request := channel.receive()) is not None:
-        lm.generate(request.ids, **request.settings, stop=request.stop, cancelled=lambda: False)
+def follow(lm: Any, channel: Channel, max_batch: int, prefill_chunk: int) -> None:
+    """A rank other than 0: the same requests joining the same batch at the same steps, until rank
+    0 stops the server."""
+    batch = lm.decoder.batch(max_batch=max_batch, budget=lm.budget(), prefill_chunk=prefill_chunk)
+    asks: dict[int, Any] = {}
+    tags = itertools.count()
+    while (joins := channel.receive()) is not None:
+        made = [_ask(lm, request, batch, tag=next(tags), cancelled=lambda: False) for request in joins]
+        for ask in made:
+            batch.submit(ask.request)
+            asks[ask.request.tag] = ask
+        if not batch.idle:
+            for seq in batch.step():
+                lm.result(asks.pop(seq.request.tag), seq.result)  # as rank 0 does: W=auto learns alike
 
 
 __all__ = ["Engine", "Job", "follow"]

@@ -1,7 +1,8 @@
 """From an OpenAI request to what every rank decodes: the prompt's token ids (the chat template's
 for messages), the decoding settings (the request's fields over the server's defaults) and the
-stop strings, all checked on rank 0 before the request is queued, so that a decode never fails
-on bad input on any rank."""
+stop strings, all checked on rank 0 before the request is queued (settings that could never run
+here, a prompt past the context, a cache too small: lp/frontend/runtime.py `LP.check`), so that
+no step ever fails on one request's input and the server serves on."""
 
 from __future__ import annotations
 
@@ -38,10 +39,14 @@ def check_engine_settings(settings: Mapping[str, Any]) -> None:
     try:
         check_settings(settings)
     except LPError as e:
-        message = str(e)
-        for name, key in KEYS.items():
-            message = message.replace(key, name) if key != name else message
-        raise LPError(message) from None
+        raise LPError(_named(str(e))) from None
+
+
+def _named(message: str) -> str:
+    """An error's message naming each setting as a request does (max_tokens, not max_new_tokens)."""
+    for name, key in KEYS.items():
+        message = message.replace(key, name) if key != name else message
+    return message
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,11 @@ class DecodeRequest:
 class Preparer:
     """Checks requests against the model and makes their `DecodeRequest`s (rank 0)."""
 
-    def __init__(self, lm: Any, defaults: dict[str, Any], max_context: int) -> None:
-        """`lm`: the `LP` (its tokenizer and encode); `defaults`: the server's value of each field of
-        KEYS (None: DecodeConfig's own default); `max_context`: the most tokens a sequence holds."""
-        self.lm, self.defaults, self.max_context = lm, defaults, max_context
+    def __init__(self, lm: Any, defaults: dict[str, Any]) -> None:
+        """`lm`: the `LP` (its tokenizer, encode and checks); `defaults`: the server's value of each
+        field of KEYS (None: DecodeConfig's own default)."""
+        self.lm, self.defaults = lm, defaults
+        self.max_context = lm.decoder.worker.max_seq_len  # the most tokens a sequence holds
         self.vocab = min(len(lm.tokenizer), lm.decoder.worker.vocab_size)  # ids the embedding and tokenizer know
 
     def completion(self, request: CompletionRequest) -> DecodeRequest:
@@ -91,6 +97,7 @@ class Preparer:
         return ids
 
     def _request(self, ids: list[int], request: Fields) -> DecodeRequest:
+        request.unsupported()
         given = {name: getattr(request, name) for name in KEYS}
         settings = engine_settings({name: self.defaults[name] if v is None else v for name, v in given.items()})
         if request.seed is not None:
@@ -110,7 +117,12 @@ class Preparer:
                 "max_tokens",
                 "context_length_exceeded",
             )
-        return DecodeRequest(ids, settings, request.stops())
+        stops = request.stops()
+        try:
+            self.lm.check(ids, **settings)
+        except LPError as e:
+            raise ApiError(400, _named(str(e))) from None
+        return DecodeRequest(ids, settings, stops)
 
 
 __all__ = ["KEYS", "DecodeRequest", "Preparer", "check_engine_settings", "engine_settings"]

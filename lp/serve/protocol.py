@@ -1,14 +1,45 @@
 """The OpenAI request bodies lp serves, as pydantic models (strict: a wrong type is a 422 that
 names the field, not a value coerced), lp's own settings among them as extra fields, and the
-one error type its handlers raise (`ApiError`, answered as an OpenAI `error` object)."""
+one error type its handlers raise (`ApiError`, answered as an OpenAI `error` object).
+
+OpenAI fields lp does not implement (penalties, log-probabilities, tools, response formats, ...)
+are taken at their neutral values, as clients such as LangChain and chat front ends send them; any
+other value of one is a 400 that says lp does not support it (`Fields.unsupported`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
+# OpenAI fields lp does not implement, and the values that ask nothing of them
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "parallel_tool_calls": (True, False),
+    "service_tier": ("auto", "default"),
+    "store": (False,),
+    "metadata": ({},),
+    "modalities": (["text"],),
+    "reasoning_effort": (),
+    "prediction": (),
+    "audio": (),
+    "web_search_options": (),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+}
 
 
 class ApiError(Exception):
@@ -43,8 +74,28 @@ class Fields(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1  # lp decodes one sequence per request
     user: str | None = None  # accepted, unused
+    # OpenAI's, not implemented: their neutral values only (NEUTRAL; None: left out)
+    n: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    logit_bias: Any = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    service_tier: Any = None
+    store: Any = None
+    metadata: Any = None
+    modalities: Any = None
+    reasoning_effort: Any = None
+    prediction: Any = None
+    audio: Any = None
+    web_search_options: Any = None
     # lp's own settings (extra body fields; `extra_body=` in the openai client)
     top_k: int | None = Field(None, ge=0)
     mode: Literal["lookahead", "ar"] | None = None
@@ -54,6 +105,14 @@ class Fields(BaseModel):
     step_tokens: int | None = Field(None, ge=1)
     return_token_ids: bool = False  # the completion's token ids beside its text (`token_ids`)
 
+    def unsupported(self) -> None:
+        """ApiError 400 naming the first OpenAI field set to a value lp does not implement."""
+        for name, neutral in NEUTRAL.items():
+            value = getattr(self, name, None)
+            if value is not None and not any(_same(value, v) for v in neutral):
+                takes = " or ".join(json.dumps(v) for v in (None, *neutral))
+                raise ApiError(400, f"{name}: lp does not support {name}={json.dumps(value)} (it takes {takes})", name)
+
     def stops(self) -> list[str]:
         """The stop strings, a list (at most MAX_STOP, none empty)."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -62,10 +121,23 @@ class Fields(BaseModel):
         return stops
 
 
+def _same(value: Any, neutral: Any) -> bool:
+    """Whether a field's value is `neutral`: 0.0 is 0 (JSON does not tell them apart), but no bool
+    is a number."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return value is neutral
+    if isinstance(value, (int, float)) and isinstance(neutral, (int, float)):
+        return value == neutral
+    return type(value) is type(neutral) and value == neutral
+
+
 class CompletionRequest(Fields):
     """POST /v1/completions: one prompt, as text or token ids (a list of one is taken too)."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    echo: Any = None  # OpenAI's, not implemented: neutral values only
+    best_of: Any = None
+    suffix: Any = None
 
     def one_prompt(self) -> str | list[int]:
         p = self.prompt
