@@ -210,7 +210,9 @@ class Worker:
         else:
             self.kv.move(src, dst)
 
-    def prepare(self, most: int, fewest: int = 1) -> None:
-        """At fixed shapes, compile and capture every bucket of steps of `fewest` to `most` tokens now."""
+    def prepare(self, most: int, fewest: int = 1, moves: int = 0) -> None:
+        """At fixed shapes, compile and capture every bucket of steps of `fewest` to `most` tokens
+        now, and the kept drafts' moves of up to `moves` slots."""
         if self.fixed is not None:
             self.fixed.prepare(fewest, most)
+            self.fixed.prepare_moves(moves)

@@ -7,7 +7,8 @@ defined here.
 - the ground truth: transformers' greedy decoding (`reference_greedy`), and `off_greedy`
 - a tiny model directory with an offline word-level tokenizer, for the CLI and the Python API
 - verification on trees and chains (`tree_accept`, `chain_accept`, `sample_accept`, ...)
-- the sampling tests' exact distributions and chi-square goodness of fit"""
+- the sampling tests' exact distributions and chi-square goodness of fit
+- a packed step of two sequences (`two_segments`)"""
 
 from __future__ import annotations
 
@@ -445,3 +446,27 @@ OUTPUT_FIELDS = (
     "G",
     "mode",
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed steps.
+
+
+def two_segments(worker, prompts: list[list[int]]):
+    """Two sequences of `worker` after their prompts and one packed step of both (lp/engine/packed.py):
+    a lookahead step's layout for the first (a window and a tree), a prompt chunk of 5 tokens for
+    the second (logits for its last); the step, the layout and the sequences' KV."""
+    from lp.engine.packed import PackedStep, prompt_chunk, step_segment
+    from lp.lookahead.mask import step_layout
+
+    kvs = [worker.sequence(len(p) + 5, 64) for p in prompts]
+    for kv, p in zip(kvs, prompts):
+        worker.prefill(kv, p)
+    layout = step_layout(2, 5, 3, range(1, 4), (-1, 0, 0, -1, 3, 4))
+    ids = np.random.default_rng(0).integers(3, 200, layout.size)
+    kvs[0].reserve(kvs[0].length + layout.size)
+    kvs[1].reserve(kvs[1].length + 5)
+    first = step_segment(kvs[0].owner, layout, ids, kvs[0].length + 1, kvs[0].length, kvs[0].table)
+    chunk = prompt_chunk(kvs[1].owner, np.arange(5, 10), kvs[1].length, kvs[1].table)
+    chunk.rows = np.array([4])
+    return PackedStep([first, chunk]), layout, kvs

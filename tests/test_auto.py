@@ -107,33 +107,35 @@ def test_calibration_builds_every_bucket_auto_can_use(tiny_models):
     """Fixed-shape steps: calibration times (so compiles and captures, on a GPU) every bucket a
     ladder shape's step uses, before any decode; exact-size steps keep the short sizes."""
     from lp.decode.auto import calibrate
-    from lp.engine.step_tensors import bucket
+    from lp.engine.packed import bucket
     from lp.worker import Worker
 
-    worker = Worker(tiny_models["llama"], graphs=True)
+    worker = Worker(tiny_models["llama"], graphs=True, kv_tokens=1024)
     cost = calibrate(worker, reps=1)
     # every rank's share of a ladder step, one pending token or the most, up to what the cache
-    # holds: the largest shape's 1024-token step does not fit this tiny model's KV slots
-    assert bucket(rank_tokens(LADDER[-1])) == 1024 and worker.step_slots(1024) > worker.capacity - worker.max_seq_len
+    # holds: the largest shape's 1024-token step does not fit this cache after the context
+    assert bucket(rank_tokens(LADDER[-1])) == 1024 and worker.step_slots(1024) > worker.kv_tokens - 256
     assert cost.padded and cost.tokens == (1, 16, 32, 64, 128, 256, 512)
     assert set(cost.tokens) <= set(worker.fixed._buckets)
+    assert worker.kv.pool.lendable == worker.kv.pool.pages - 1  # the calibration's pages given back
     # at 8 ranks a share is cut to 128 tokens (lp/decode/shares.py): no rank builds the buckets it never runs
     eight = calibrate(Worker(tiny_models["llama"], graphs=True), reps=1, world_size=8)
     assert eight.tokens == (1, 16, 32, 64, 128)
     plain = calibrate(Worker(tiny_models["llama"], graphs=False), reps=1)
-    assert not plain.padded and plain.tokens == (*SIZES, 128)
-    assert 0 < cost.plain < math.inf and 0 < plain.plain < math.inf  # a plain step timed as mode=ar runs it
+    assert not plain.padded and plain.tokens == (*SIZES, 128, 256)
+    assert 0 < cost.plain_seconds < math.inf and 0 < plain.plain_seconds < math.inf
 
 
-def test_lookahead_is_priced_against_the_plain_step():
-    """Where a plain step runs faster than the one-token forward (on a GPU: one graph replay of
-    the whole step), every lookahead step costs more relative to it: a shape that the forward's
-    price would take loses to plain decoding."""
-    forward = CostCurve((1, 16, 32, 64), (1.0, 1.1, 1.3, 1.6))
-    assert AutoTuner(forward).choose()[0] is not None
-    fast_plain = CostCurve(forward.tokens, forward.seconds, plain=0.5)
-    assert fast_plain.relative(16) == 2.2 and AutoTuner(fast_plain).expect(None) == (1.0, 2.0, 1.0)
-    assert AutoTuner(fast_plain).choose()[0] is None
+def test_a_shape_is_priced_beside_the_other_sequences():
+    """Beside other sequences in the same steps, a shape's step costs what it adds to theirs: where
+    a step's cost grows with its tokens (a CPU), a shape that pays alone loses to plain decoding
+    beside many; where it hardly grows (a GPU's bucket), it still pays."""
+    steep = CostCurve((1, 16, 32, 64), (1.0, 1.3, 1.9, 3.0))
+    assert AutoTuner(steep).choose()[0] is not None
+    assert AutoTuner(steep).choose(others=31)[0] is None
+    flat = CostCurve((1, 16, 32, 64, 128), (1.0, 1.01, 1.02, 1.04, 1.1))
+    assert AutoTuner(flat).choose(others=31)[0] is not None
+    assert AutoTuner(steep).expect(None, others=31) == (1.0, 32 / steep.seconds_at(32), 1.0)
 
 
 def test_the_runtime_keeps_fixed_shape_costs_padded(tiny_model_dir):
@@ -199,7 +201,7 @@ def test_the_ladder_is_sized_so_shares_fill_buckets(P):
     past a single token), its shares cut to that bucket: W=auto prices what the engine runs."""
     from lp.decode.ladder import LADDER, ladder
     from lp.decode.shares import share_cap
-    from lp.engine.step_tensors import BUCKETS
+    from lp.engine.packed import BUCKETS
 
     for shape, sized in zip(LADDER, ladder(P)):
         assert sized.step_tokens <= shape.step_tokens and sized.name.split("-")[0] == shape.name.split("-")[0]

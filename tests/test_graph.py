@@ -11,15 +11,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
+from helpers import ARCHS, build_tiny, make_prompt, reference_greedy, two_segments
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, Request, StepObserver
-from lp.engine.packed import BUCKETS, PackedStep, bucket, padded, prompt_chunk, step_segment
+from lp.engine.packed import BUCKETS, bucket, padded
 from lp.engine.pages import PAD
 from lp.errors import LPError
-from lp.lookahead.mask import step_layout
 from lp.worker import Worker
 
 
@@ -28,27 +27,11 @@ def test_bucket_sizes():
     assert all(bucket(b) == b for b in BUCKETS)
 
 
-def _two_segments(worker: Worker, prompts: list[list[int]]):
-    """Two sequences after their prompts: one step's layout for the first (a window and a tree),
-    a prompt chunk of 5 tokens for the second (logits for its last), packed in one step."""
-    kvs = [worker.sequence(len(p) + 5, 64) for p in prompts]
-    for kv, p in zip(kvs, prompts):
-        worker.prefill(kv, p)
-    layout = step_layout(2, 5, 3, range(1, 4), (-1, 0, 0, -1, 3, 4))
-    ids = np.random.default_rng(0).integers(3, 200, layout.size)
-    kvs[0].reserve(kvs[0].length + layout.size)
-    kvs[1].reserve(kvs[1].length + 5)
-    first = step_segment(kvs[0].owner, layout, ids, kvs[0].length + 1, kvs[0].length, kvs[0].table)
-    chunk = prompt_chunk(kvs[1].owner, np.arange(5, 10), kvs[1].length, kvs[1].table)
-    chunk.rows = np.array([4])
-    return PackedStep([first, chunk]), layout, kvs
-
-
 def test_padded_packed_step():
     """Pad tokens write to the pad page's first slot and see only it; pad rows read row 0; the
     segments' blocks lie on the diagonal, apart."""
     worker = Worker(build_tiny("llama"), graphs=False)
-    step, layout, _ = _two_segments(worker, [make_prompt(1, 9, 2), make_prompt(2, 4, 3)])
+    step, layout, _ = two_segments(worker, [make_prompt(1, 9, 2), make_prompt(2, 4, 3)])
     T, R = step.tokens, len(step.rows)
     assert T == layout.size + 5 and R == len(layout.logit_rows) + 1
     B = bucket(T)
@@ -71,7 +54,7 @@ def test_fixed_shape_step_equals_eager_step(arch, attention, tiny_models):
     out = []
     for kw in (dict(graphs=False), dict(graphs=True, attention=attention)):
         w = Worker(model, **kw)
-        step, _, _ = _two_segments(w, prompts)
+        step, _, _ = two_segments(w, prompts)
         out.append(w.run(step)[0].clone())
     torch.testing.assert_close(out[1], out[0], rtol=1e-5, atol=1e-5)
 
@@ -130,7 +113,7 @@ def test_compiled_step_equals_eager(tiny_models):
     eager = Worker(model, graphs=True, attention="flex")
     logits = []
     for w in (compiled, eager):
-        step, _, _ = _two_segments(w, [prompt, make_prompt(2, 6, 3)])
+        step, _, _ = two_segments(w, [prompt, make_prompt(2, 6, 3)])
         logits.append(w.run(step)[0].clone())
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
 
@@ -187,7 +170,7 @@ def test_failed_capture_leaves_the_worker_as_it_was(monkeypatch, tiny_models):
     model = tiny_models["llama"]
     prompts = [make_prompt(3, 10, 2), make_prompt(1, 5, 3)]
     eager = Worker(model, graphs=True)
-    step, _, _ = _two_segments(eager, prompts)
+    step, _, _ = two_segments(eager, prompts)
     want = eager.run(step)[0].clone()
 
     w = Worker(model, graphs=True)
@@ -212,7 +195,7 @@ def test_failed_capture_leaves_the_worker_as_it_was(monkeypatch, tiny_models):
     w.prepare(20, 20)
     assert list(w.fixed._buckets) == [32]
     w.fixed.capture = False  # the prompts' prefills, eagerly; the packed step replays the "graph"
-    step, _, _ = _two_segments(w, prompts)
+    step, _, _ = two_segments(w, prompts)
     w.fixed.capture = True
     torch.testing.assert_close(w.run(step)[0], want)
 

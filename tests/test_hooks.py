@@ -1,9 +1,11 @@
-"""lp/decode/hooks.py through the decode loops (lookahead, plain, plain one step ahead): every
+"""lp/decode/hooks.py through the decode (lookahead and plain): every
 step's committed tokens reach `on_tokens` in order, `stop` ends the decode after the step where
 it holds, and rank 0's `cancelled` travels in the step's message (its halt slot) and ends the
 decode after that step, the tokens so far exactly greedy decoding's."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,11 +22,7 @@ from lp.worker import Worker
 
 MAX_NEW = 32
 PROMPT = make_prompt()
-LOOPS = {  # name: (DecodeConfig settings, ahead)
-    "lookahead": (dict(W=5, N=3, G=5), False),
-    "plain": (dict(mode="ar"), False),
-    "plain ahead": (dict(mode="ar"), True),
-}
+LOOPS = {"lookahead": dict(W=5, N=3, G=5), "plain": dict(mode="ar")}  # name: DecodeConfig settings
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +31,8 @@ def ref(tiny_models):
 
 
 def decode(model, loop: str, **hooks):
-    settings, ahead = LOOPS[loop]
-    dec = Decoder(Worker(model), Collective(), set(), 512, ahead=ahead)
-    return dec.generate(PROMPT, DecodeConfig(max_new_tokens=MAX_NEW, **settings), **hooks)
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    return dec.generate(PROMPT, DecodeConfig(max_new_tokens=MAX_NEW, **LOOPS[loop]), **hooks)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -71,10 +68,15 @@ def test_cancelled_ends_after_the_step_it_answers(loop, tiny_models, ref):
     assert g.steps == 3 and g.output_ids == ref[: g.new_tokens]
 
 
-def test_the_halt_slot_is_rank_0s_answer():
-    message = torch.zeros(HEADER + 4, dtype=torch.long)
-    assert StepHooks.of(None, None, lambda: True, rank=1, tp=ALONE).stamp(message.clone())[HALT] == 0
-    assert StepHooks.of(None, None, lambda: True, rank=0, tp=ALONE).stamp(message.clone())[HALT] == 1
+def test_the_halt_slot_is_rank_0s_answer(tiny_models):
+    """Each sequence's message carries rank 0's answer to its `cancelled` (another rank's: 0), and
+    a gathered halt ends the decode on every rank."""
+    batch = Decoder(Worker(tiny_models["llama"]), Collective(), set(), 512).batch()
+    seqs = [SimpleNamespace(hooks=StepHooks.of(None, None, lambda: True, rank=r, tp=ALONE)) for r in (1, 0)]
+    seqs.append(SimpleNamespace(hooks=StepHooks.of(None, None, None, rank=0, tp=ALONE)))  # no cancel
+    messages = [torch.zeros(HEADER + 4, dtype=torch.long) for _ in seqs]
+    stamped = batch._stamped(messages, seqs).view(3, -1)
+    assert stamped[:, HALT].tolist() == [0, 1, 0]
     gathered = np.zeros((3, HEADER + 4), dtype=np.int64)
     hooks = StepHooks.of(None, None, lambda: False, rank=2, tp=ALONE)
     assert not hooks.ended([1], gathered)

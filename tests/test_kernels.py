@@ -171,10 +171,10 @@ def test_the_forward_under_each_formulation_is_transformers(name):
         want = model(ids[None]).logits[0]
     w = Worker(model, graphs=False, kernels=name)
     assert w.kernels.names == {name}
-    w.reset(len(ids), 8)
-    w.prefill(ids[:32])
+    kv = w.sequence(len(ids), 8)
+    w.prefill(kv, ids[:32].numpy())
     for T in (1, 3, 8):  # steps of T causal tokens after the prefill, logits of each
-        got = w.step(ids[32 : 32 + T], step_layout(T, 1, 2, range(0), 0), 31 + T)
+        got = w.step(kv, step_layout(T, 1, 2, range(0), 0), ids[32 : 32 + T].numpy())
         torch.testing.assert_close(got[0], want[31 + T], rtol=1e-4, atol=1e-4)
 
 

@@ -44,7 +44,7 @@ def test_rotation_is_transformers_bit_for_bit(dtype):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     model = build_tiny(VARIANTS["llama"][0], **VARIANTS["llama"][1]).to(dtype)
-    forward = LlamaForward(model, Worker(model, graphs=False).kv, "sdpa")
+    forward = LlamaForward(model, Worker(model, graphs=False).kv, 64)
     positions = torch.tensor([3, 4, 9, 40])
     q = torch.randn(1, 4, len(positions), forward.head_dim, generator=torch.Generator().manual_seed(0)).to(dtype)
     cos, sin = model.model.rotary_emb(q, positions[None])
@@ -62,10 +62,10 @@ def test_lean_forward_logits_match_transformers(variant):
         want = model(ids[None]).logits[0]
     w = Worker(model, graphs=False)
     assert isinstance(w.forward, LlamaForward)
-    w.reset(len(ids), 8)
-    w.prefill(ids[:32])
+    kv = w.sequence(len(ids), 8)
+    w.prefill(kv, ids[:32].numpy())
     layout = step_layout(8, 1, 2, range(0), 0)  # 8 causal tokens; logits at the last
-    got = w.step(ids[32:], layout, 39)
+    got = w.step(kv, layout, ids[32:].numpy())
     torch.testing.assert_close(got[0], want[39], rtol=1e-4, atol=1e-4)
 
 
@@ -82,14 +82,19 @@ def test_other_architectures_run_through_their_own_modules(graphs):
 
 
 def test_cache_is_sized_once():
-    model = build_tiny("llama")
-    assert Worker(model).max_seq_len == TINY["max_position_embeddings"]
-    w = Worker(model, max_seq_len=40)
-    assert w.max_seq_len == 40 and w.capacity == 640  # 40 + STEP_ROOM, in whole 128-slot blocks
-    dec = Decoder(w, Collective(), set(), 512)
+    """The cache's pages are allocated once (`kv_tokens`, whole key blocks of 128 with the pad
+    page); a sequence past max_seq_len or past the cache is refused before it decodes."""
     from lp.errors import LPError
 
-    with pytest.raises(LPError, match="more than max_seq_len=40"):
+    model = build_tiny("llama")
+    assert Worker(model).max_seq_len == TINY["max_position_embeddings"]
+    w = Worker(model, max_seq_len=40, kv_tokens=300)
+    assert w.max_seq_len == 40 and w.kv.slots == 384 and w.kv_tokens == 384 - 16
+    dec = Decoder(w, Collective(), set(), 512)
+    with pytest.raises(LPError, match="exceeds the 40 tokens"):
         dec.generate(make_prompt(1, 8, 3), DecodeConfig(W=5, N=3, G=5, max_new_tokens=24))
     short = dec.generate(make_prompt(1, 4, 2), DecodeConfig(W=2, N=3, G=2, max_new_tokens=8))
     assert short.output_ids == reference_greedy(model, make_prompt(1, 4, 2), 8)
+    small = Decoder(Worker(model, kv_tokens=128), Collective(), set(), 512)
+    with pytest.raises(LPError, match="more than the cache's"):
+        small.generate(make_prompt(1, 20, 4), DecodeConfig(W=5, N=3, G=5, max_new_tokens=200))

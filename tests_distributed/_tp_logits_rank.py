@@ -23,9 +23,9 @@ from lp.worker import Worker
 
 def logits(worker: Worker, ids: torch.Tensor) -> torch.Tensor:
     layout = step_layout(2, 4, 3, range(4), 3)  # 2 pending tokens, a window of 4 x 2, 3 n-grams of 2
-    worker.reset(64, layout.size)
-    worker.prefill(ids[:20])
-    return worker.step(ids[20 : 20 + layout.size], layout, 21)  # any tokens: both see the same
+    kv = worker.sequence(20, layout.size)
+    worker.prefill(kv, ids[:20].numpy())
+    return worker.step(kv, layout, ids[20 : 20 + layout.size].numpy())  # any tokens: both see the same
 
 
 def main() -> None:

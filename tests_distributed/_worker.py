@@ -10,11 +10,11 @@ report exactly which communication happened during its `generate`.
 
 Fault injection (every mode), from the environment:
   LP_TEST_FAULT=die|hang  LP_TEST_FAULT_RANK=r  LP_TEST_FAULT_STEP=k  LP_TEST_FAULT_MARK=FILE
-On rank r, the k-th call of `Worker.step` first writes time.time() to FILE, then either
+On rank r, the k-th call of `Worker.run` (a step's forward) first writes time.time() to FILE, then either
 `os._exit(3)` (die) or sleeps forever (hang). With LP_TEST_FAULT_WHEN=FILE2 instead of a step
 count, the first call once FILE2 exists (a server's test decides when). LP_TEST_TUNER=ar (--cli
 mode) makes the W/N/G auto-tuner choose plain decoding, as it does by timing on a loaded CPU.
-LP_TEST_DELAY=FILE (--cli and --serve modes): while FILE exists, every `Worker.step` first waits the seconds
+LP_TEST_DELAY=FILE (--cli and --serve modes): while FILE exists, every `Worker.run` (a step's forward) first waits the seconds
 it holds, or until it is removed (a server's queue fills while a decode is held).
 """
 
@@ -192,7 +192,7 @@ def install_fault() -> None:
     when = os.environ.get("LP_TEST_FAULT_WHEN")
     from lp.worker import Worker
 
-    original = Worker.step
+    original = Worker.run
     seen = [0]
 
     def step(self, *args, **kwargs):
@@ -206,7 +206,7 @@ def install_fault() -> None:
                 time.sleep(1000)
         return original(self, *args, **kwargs)
 
-    Worker.step = step
+    Worker.run = step
 
 
 def install_delay() -> None:
@@ -217,7 +217,7 @@ def install_delay() -> None:
         return
     from lp.worker import Worker
 
-    original = Worker.step
+    original = Worker.run
 
     def step(self, *args, **kwargs):
         start = time.time()
@@ -231,7 +231,7 @@ def install_delay() -> None:
             time.sleep(0.01)
         return original(self, *args, **kwargs)
 
-    Worker.step = step
+    Worker.run = step
 
 
 def install_tuner_choice() -> None:

@@ -92,22 +92,27 @@ def test_real_model_equals_transformers_greedy(world_size, real_runs, real_refer
     assert steps < N_PROMPTS * MAX_NEW, "no draft was ever accepted on the real model"
 
 
-def test_real_model_ar_one_step_ahead(real_reference):
-    """`mode=ar` with the device a step ahead of the host (lp's default on CUDA), forced on here
-    on the CPU: the two prompts' output equals transformers' greedy decoding."""
+def test_real_model_in_a_batch(real_reference):
+    """The prompts decoded together, each twice (plain decoding and lookahead), three at a time,
+    joining as others end: every output equals transformers' greedy decoding."""
     if not (REAL_MODEL / "config.json").exists() or not SPEC_BENCH.exists():
         pytest.skip(f"needs {REAL_MODEL} and {SPEC_BENCH}")
     from transformers import AutoTokenizer
 
     from lp.collective import Collective
     from lp.config import DecodeConfig
-    from lp.decode.loop import Decoder
+    from lp.decode.loop import Decoder, Request
     from lp.worker import Worker
 
     tok = AutoTokenizer.from_pretrained(REAL_MODEL)
-    dec = Decoder(Worker(load(REAL_MODEL)), Collective(), set(), 2048, ahead=True)
+    dec = Decoder(Worker(load(REAL_MODEL)), Collective(), set(), 2048)
+    prompts = []
     for q in spec_bench_questions(N_PROMPTS):
         ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        out = dec.generate(ids, DecodeConfig(mode="ar", max_new_tokens=MAX_NEW)).output_ids
-        assert out == real_reference(ids)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    shapes = (DecodeConfig(mode="ar", max_new_tokens=MAX_NEW), DecodeConfig(W=5, N=3, G=5, max_new_tokens=MAX_NEW))
+    requests = [Request(ids, cfg, tag=i) for i, ids in enumerate(prompts) for cfg in shapes]
+    done = list(dec.run(requests, dec.batch(3)))
+    assert len(done) == len(requests)
+    for seq in done:
+        assert seq.result.output_ids == real_reference(prompts[seq.request.tag]), seq.request.tag

@@ -2,7 +2,8 @@
 raw HTTP: completions and chat, streamed and not, the same tokens as `LP.generate` and
 transformers' greedy `generate`; stop strings; every bad input answered with its status and one
 error object while the server keeps serving; the bounded queue (429); a client that leaves has
-its decode stopped; 32 concurrent streaming clients all answered; a clean shutdown."""
+its decode stopped; 32 concurrent streaming clients all answered, decoded two at a time; a clean
+shutdown."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from helpers import load, reference_greedy
 from tools import serve_load
 
 KEY = "test-key"
+MAX_BATCH = 2
 MAX_QUEUE = 4
 MAX_BODY = 4096
 MAX_NEW = 24
@@ -36,7 +38,8 @@ def held(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tiny_text_model, held):
     args = [f"model.name={tiny_text_model}", "served_model_name=tiny", *(f"{k}={v}" for k, v in SHAPE.items())]
-    args += [f"max_tokens={MAX_NEW}", f"max_queue={MAX_QUEUE}", f"max_body_bytes={MAX_BODY}", f"api_key={KEY}"]
+    args += [f"max_tokens={MAX_NEW}", f"max_batch={MAX_BATCH}", f"max_queue={MAX_QUEUE}"]
+    args += [f"max_body_bytes={MAX_BODY}", f"api_key={KEY}"]
     s = Server([*args, "timeout_s=30"], env={"LP_TEST_DELAY": str(held)}).wait_ready()
     yield s
     s.stop()
@@ -122,6 +125,7 @@ def test_stop_strings_end_the_decode(client, lm):
 
 def _bad_inputs(server: Server) -> dict[str, tuple[int, httpx.Response]]:
     ok = {"model": "tiny", "prompt": "hello"}
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
     send = lambda body, **kw: post(server, json.dumps(body), **kw)  # noqa: E731
     return {
         "malformed JSON": (400, post(server, b'{"model": "tiny", "prompt": ')),
@@ -129,8 +133,15 @@ def _bad_inputs(server: Server) -> dict[str, tuple[int, httpx.Response]]:
         "wrong type": (422, send({**ok, "max_tokens": "ten"})),
         "bool for int": (422, send({**ok, "max_tokens": True})),
         "missing prompt": (422, send({"model": "tiny"})),
-        "unknown field": (422, send({**ok, "best_of": 3})),
-        "n > 1": (422, send({**ok, "n": 2})),
+        "unknown field": (422, send({**ok, "frobnicate": 3})),
+        "n > 1": (400, send({**ok, "n": 2})),
+        "best_of > 1": (400, send({**ok, "best_of": 3})),
+        "a penalty": (400, send({**ok, "presence_penalty": 0.5})),
+        "log-probabilities": (400, send({**chat, "logprobs": True}, path="/v1/chat/completions")),
+        "tools": (400, send({**chat, "tools": [{"type": "function"}]}, path="/v1/chat/completions")),
+        "a huge window": (400, send({**ok, "W": 5000})),
+        "a huge n-gram": (400, send({**ok, "N": 200})),
+        "a huge step": (400, send({**ok, "W": 60, "N": 5, "G": 60, "step_tokens": 100000})),
         "unknown model": (404, send({**ok, "model": "gpt-4"})),
         "past the context": (400, send({**ok, "max_tokens": 5000})),
         "empty prompt": (400, send({**ok, "prompt": ""})),
@@ -151,6 +162,9 @@ def test_bad_input_gets_one_error_object_and_the_server_serves_on(server, client
         assert r.status_code == status, (name, r.status_code, body)
         assert list(body) == ["error"] and set(body["error"]) == {"message", "type", "param", "code"}, (name, body)
         assert body["error"]["message"] and "Traceback" not in r.text, (name, body)
+    named = {name: r.json()["error"]["message"] for name, (_, r) in _bad_inputs(server).items()}
+    assert "W=5000" in named["a huge window"] and "N=200" in named["a huge n-gram"], named
+    assert "presence_penalty" in named["a penalty"] and "lp does not support" in named["a penalty"]
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="hi")
     with pytest.raises(openai.AuthenticationError):
@@ -161,9 +175,20 @@ def test_bad_input_gets_one_error_object_and_the_server_serves_on(server, client
     assert server.health()["status"] == "ok"
 
 
+def test_openai_fields_at_their_neutral_values_are_taken(client, lm):
+    """What clients such as LangChain send by default: the same completion as without them."""
+    neutral = dict(presence_penalty=0, frequency_penalty=0.0, n=1, logprobs=False, top_logprobs=None)
+    extra = dict(response_format={"type": "text"}, logit_bias={}, tool_choice="none", parallel_tool_calls=True)
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    r = client.chat.completions.create(model="tiny", messages=messages, **neutral, extra_body=extra)
+    assert r.choices[0].message.content == lm.generate(lm.encode(messages), max_new_tokens=MAX_NEW, **SHAPE).text
+    c = client.completions.create(model="tiny", prompt=PROMPTS[0], echo=False, best_of=1, suffix=None)
+    assert c.usage.completion_tokens == MAX_NEW
+
+
 def test_a_full_queue_answers_429(server, client, held):
-    """One decode held at its first step, MAX_QUEUE requests queued behind it: the next is a 429;
-    released, all are answered in order, and the same."""
+    """One decode held at its first step (no request joins the batch until it ends), MAX_QUEUE
+    requests queued behind it: the next is a 429; released, all are answered, and the same."""
     expected = client.completions.create(model="tiny", prompt=PROMPTS[0]).choices[0].text
     held.write_text("120")
     answers: list[str] = []
@@ -231,7 +256,7 @@ def test_32_concurrent_streaming_clients(server):
     )
     assert serve_load.wrong(records, refs) == []
     summary = serve_load.summarize(records)
-    assert summary["answered"] == 32 and summary["rejected_429"] > 0  # more clients than the queue holds
+    assert summary["answered"] == 32 and summary["rejected_429"] > 0  # more clients than the batch and queue hold
     assert server.health()["most_queued"] == MAX_QUEUE
 
 

@@ -13,6 +13,14 @@ heads, 3 KV heads) at tp=3:
     python -m tools.exactness --tp 3 --world-sizes 3,6 --prompts 6 --max-new-tokens 64 \
         --configs W15N5G15 --out results/exactness/tp3
 
+`--batch B` decodes the prompt x config jobs B at a time in one batch per world size (continuous
+batching: each job joins as another ends, lp/decode/batch.py), so every output is checked inside a
+batch whose sequences join and leave around it; `--same-steps DIR` then compares each job's steps
+with another run's (its decode alone: `--batch 1`):
+
+    python -m tools.exactness --prompts 48 --world-sizes 1,2 --configs auto,W3N3G15-L128-D14 --batch 8 \
+        --out results/exactness/batch8
+
 A quick slice for CI (about 1-2 minutes on 2 CPU cores):
 
     python -m tools.exactness --quick          # = --prompts 2 --max-new-tokens 24
@@ -86,15 +94,14 @@ def pick_prompts(k: int, path: Path = DATA) -> list[dict]:
 
 
 def parse_configs(text: str) -> list[str]:
-    """Configs as lp.bench names them ("W15N5G15", "W3N3G15-L128-D14"), checked."""
+    """Configs as lp.bench names them ("W15N5G15", "W3N3G15-L128-D14", "auto": W=auto's shapes, their
+    trees cut by the step's budget), checked."""
     out = []
     for part in text.split(","):
         try:
-            c = parse_lookahead(part)
+            parse_lookahead(part)
         except ValueError as e:
             raise SystemExit(f"exactness: {e}") from None
-        if c["W"] == "auto":
-            raise SystemExit(f"exactness: a config names its shape (W<w>N<n>G<g> and options), got {part!r}")
         out.append(part)
     return out
 
@@ -148,7 +155,7 @@ def worker(args) -> None:
     out = open(args.results, "a" if args.resume else "w", encoding="utf-8") if main else None
     try:
         bar = tqdm(
-            todo,
+            total=len(todo),
             disable=not main,
             desc=f"ws{lm.comm.world_size}",
             file=sys.stderr,
@@ -156,11 +163,14 @@ def worker(args) -> None:
             dynamic_ncols=False,
             ncols=100,
         )
-        for p, c in bar:
-            settings = parse_lookahead(c)
+        batch = spec.get("batch", 1)
+        items = [{"prompt": p["ids"], "max_new_tokens": spec["max_new_tokens"], **parse_lookahead(c)} for p, c in todo]
+        for r in lm.stream(items, batch=batch):
+            p, c = todo[r.index]
+            bar.update()
             bar.set_postfix_str(f"q{p['question_id']} {c}")
-            r = lm.generate(p["ids"], max_new_tokens=spec["max_new_tokens"], **settings)
             if main:
+                settings = parse_lookahead(c)
                 row = {
                     "key": p["key"],
                     "question_id": p["question_id"],
@@ -171,6 +181,7 @@ def worker(args) -> None:
                     "G": settings["G"],
                     "world_size": r.world_size,
                     "tp": r.tp,
+                    "batch": batch,
                     "output_ids": r.output_ids,
                     "steps": r.steps,
                     "S": r.S,
@@ -460,6 +471,7 @@ def orchestrate(args) -> int:
                 "max_new_tokens": args.max_new_tokens,
                 "timeout_s": args.timeout_s,
                 "tp": args.tp,
+                "batch": args.batch,
                 "configs": configs,
                 "prompts": [{k: p[k] for k in ("key", "question_id", "group", "ids")} for p in prompts],
             }
@@ -515,6 +527,7 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tp", type=int, default=1, help="ranks per replica (tensor parallelism)")
+    ap.add_argument("--batch", type=int, default=1, help="jobs decoded together, each joining as another ends")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="threads per rank = max(1, cores // P)")
     ap.add_argument("--threads", type=int, default=0, help="force OMP_NUM_THREADS per rank")
     ap.add_argument("--timeout-s", type=float, default=900, help="collective timeout per step")

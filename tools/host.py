@@ -175,7 +175,8 @@ class _NoForward(Worker):
         B = bucket(max(step.tokens, len(step.rows)))
         padded(step, B)
         flex_blocks(step, B, self.kv.slots // FLEX_BLOCK)
-        self.packing.append(time.perf_counter() - t)
+        if len(step.rows):  # a decode step's (a prefill's returns no logits)
+            self.packing.append(time.perf_counter() - t)
         on = exact(step, self.kv.pool.owner, self.kv.pool.index, 0)
         return torch.zeros(len(step.rows), self.columns), on
 

@@ -55,7 +55,7 @@ def bucket_costs(path: Path) -> tuple[CostCurve, dict]:
     if doc.get("tool") != "tools.steps" or not doc.get("graphs") or not doc.get("steps"):
         raise LPError(f"costs: {path} is not a tools.steps run with fixed-shape steps (graphs=true)")
     rows: dict[int, list[float]] = {}
-    for row in doc["steps"]:
+    for row in (r for r in doc["steps"] if r.get("kind") != "packed"):  # one sequence's steps
         rows.setdefault(bucket(int(row["tokens"])), []).append(float(row["median_ms"]) / 1e3)
     sizes = sorted(rows)
     curve = CostCurve(tuple(sizes), tuple(statistics.median(rows[B]) for B in sizes), padded=True)

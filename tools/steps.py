@@ -186,6 +186,7 @@ class Settings(Engine):
     new_tokens: int = 128
     runs: int = 3
     copy_mib: int = 0
+    batches: list[int] = field(default_factory=list)
     out: str = ""
 
     def validate(self) -> Settings:
@@ -202,6 +203,8 @@ class Settings(Engine):
                 raise LPError(f"{key} must be >= {low}, got {getattr(self, key)}")
         if not self.tokens or min(self.tokens) < 1:
             raise LPError(f"tokens must be step sizes >= 1, got {self.tokens}")
+        if any(b < 1 for b in self.batches):
+            raise LPError(f"batches must be sequence counts >= 1, got {self.batches}")
         if self.prompt_len + self.new_tokens > ARCHS[self.arch].max_context:
             raise LPError(
                 f"prompt_len + new_tokens exceeds {self.arch}'s context here ({ARCHS[self.arch].max_context})"
@@ -220,8 +223,9 @@ HELP = {
     "new_tokens": "tokens each decoder generates in the tokens/s comparison (128)",
     "runs": "timed runs of each decoder in that comparison, after one warm-up each (3; 0: no comparison)",
     "graphs": "auto | true | false: lp's fixed-shape steps, CUDA graphs on a GPU (auto: on cuda)",
-    "attention": "auto | sdpa | flex | split: lp's attention backend (auto: flex with graphs on cuda)",
+    "attention": "auto | sdpa | flex: lp's attention backend (auto: flex with graphs on cuda)",
     "copy_mib": "MiB copied per bandwidth repetition (0: 2048 on cuda, 256 on cpu)",
+    "batches": "packed steps of B sequences to time too, each after its own prompt_len tokens, a step's tokens split among them (e.g. 1,8,32; default none)",
     "seed": "seed of the random weights and token ids (0)",
     "out": "results directory (default $LP_CACHE/bench/steps/ARCH-DEVICE-DTYPE-TIME, $LP_CACHE = ~/.cache/lp)",
 }
@@ -378,6 +382,53 @@ def step_latencies(worker, prompt: torch.Tensor, cfg: Settings, vocab: int) -> t
     return rows, memory
 
 
+@torch.inference_mode()
+def packed_latencies(worker, cfg: Settings, vocab: int, memory: dict[int, dict]) -> list[dict]:
+    """Latency of packed steps of B sequences (each of `batches`), each sequence after its own
+    `prompt_len` committed tokens, a step of T tokens (each of `tokens` from B up) split evenly among
+    them as causal blocks, a logits row a token (as a tree's nodes have): the batched step's cost
+    per bucket."""
+    from lp.engine.packed import PackedStep, prompt_chunk
+
+    gen = torch.Generator().manual_seed(cfg.seed + 2)
+    rows = []
+    for B in cfg.batches:
+        kvs = [worker.sequence(cfg.prompt_len, max(cfg.tokens)) for _ in range(B)]
+        for kv in kvs:
+            worker.prefill(kv, torch.randint(0, vocab, (cfg.prompt_len,), generator=gen).numpy())
+        for T in (t for t in cfg.tokens if t >= B):
+            segments = []
+            for i, kv in enumerate(kvs):
+                n = T // B + (i < T % B)
+                kv.reserve(kv.length + n)
+                chunk = prompt_chunk(
+                    kv.owner, torch.randint(0, vocab, (n,), generator=gen).numpy(), kv.length, kv.table
+                )
+                chunk.rows = np.arange(n)
+                segments.append(chunk)
+            step = PackedStep(segments)
+            with _graph_memory(worker, memory):
+                seconds = timed(
+                    lambda step=step: worker.run(step)[0].argmax().item(), worker.device, cfg.reps, cfg.warmup
+                )
+            rows.append(
+                {
+                    "kind": "packed",
+                    "sequences": B,
+                    "W": None,
+                    "N": None,
+                    "G": None,
+                    "step_tokens": None,
+                    "tokens": T,
+                    **_percentiles(seconds),
+                }
+            )
+            _progress(f"packed step, {B} sequences, {T} tokens: {rows[-1]['median_ms']:.3f} ms")
+        for kv in kvs:
+            kv.release()
+    return rows
+
+
 @contextmanager
 def _graph_memory(worker, memory: dict[int, dict]) -> Iterator[None]:
     """Around work that may capture a bucket (a GPU's fixed-shape steps): the memory a bucket new
@@ -463,6 +514,9 @@ def run(cfg: Settings) -> dict:
     prompt = torch.randint(0, vocab, (cfg.prompt_len,), generator=gen)
     worker = cfg.worker(model)
     steps, memory = step_latencies(worker, prompt.to(device), cfg, vocab)
+    one = next((r["median_ms"] for r in steps if r["tokens"] == 1), None)
+    for row in packed_latencies(worker, cfg, vocab, memory):  # cost relative to one sequence's 1-token step
+        steps.append({**row, "relative": row["median_ms"] / one if one else None})
     decode = decode_rates(model, worker, prompt.tolist(), cfg) if cfg.runs else None
     floor_tok_s = bandwidth / read
     lp_tok_s = decode["lp_ar"]["tok_s"] if decode else None
@@ -527,8 +581,9 @@ def markdown(r: dict) -> str:
     ]
     for s in r["steps"]:
         shape = _shape(s) if s["kind"] == "ladder" else ""
+        kind = f"packed, {s['sequences']} sequences" if s["kind"] == "packed" else s["kind"]
         lines.append(
-            f"| {s['kind']} | {shape} | {s['tokens']} | {s['median_ms']:.3f} | {s['p10_ms']:.3f} | "
+            f"| {kind} | {shape} | {s['tokens']} | {s['median_ms']:.3f} | {s['p10_ms']:.3f} | "
             f"{s['p90_ms']:.3f} | {_opt(s['relative'], '.2f')} |"
         )
     if r.get("graph_memory"):
@@ -593,6 +648,15 @@ def plot(r: dict, path: Path) -> Path:
         label="W=auto ladder step (W,N,G,size)",
         zorder=3,
     )
+    for B in sorted({s["sequences"] for s in r["steps"] if s["kind"] == "packed"}):
+        packed = [s for s in r["steps"] if s["kind"] == "packed" and s["sequences"] == B]
+        ax.plot(
+            [s["tokens"] for s in packed],
+            [s["median_ms"] for s in packed],
+            marker="x",
+            ls=":",
+            label=f"packed: {B} sequences",
+        )
     for s in ladder:
         ax.annotate(
             _shape(s),

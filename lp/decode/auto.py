@@ -21,15 +21,16 @@ import torch
 from lp.collective import Collective
 from lp.decode.ladder import LADDER, Shape, ladder, rank_tokens
 from lp.engine.packed import PackedStep, bucket, prompt_chunk
-from lp.worker import Worker
+from lp.worker import STEP_ROOM, Worker
 
 # S - 1 per doubling of a step's tokens before anything is decoded: the least-squares slope
 # (through the origin, against log2 of the largest step) of the ladder's S in the budget sweep
 # (results/sweep/spec_bench_48, 48 prompts at every size). `auto` refits it to what it decodes.
 PRIOR_SLOPE = 0.30
-# A bigger step must promise this factor more tokens/s than the cheaper choice to replace it.
-# Calibration timings on a shared machine vary by a few percent between runs; without a margin,
-# near ties between shapes flip from run to run on the same input.
+# A bigger step must promise this factor more tokens/s than the cheaper choice to replace it
+# (beside other sequences, this factor more of the one sequence's share of them). Calibration
+# timings on a shared machine vary by a few percent between runs; without a margin, near ties
+# between shapes flip from run to run on the same input.
 MARGIN = 1.1
 
 
@@ -86,9 +87,9 @@ def calibrate(
         sizes = tuple(sorted({bucket(T) for T in shares} | {1}))
     elif sizes is None:
         sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    context = max(1, min(context, worker.max_seq_len - 1))
-    room = worker.kv_tokens - context
-    sizes = tuple(T for T in sizes if worker.step_slots(T) <= room) or (1, 2)
+    positions = worker.max_seq_len + STEP_ROOM  # RoPE's table
+    sizes = tuple(T for T in sizes if worker.step_slots(T) < min(worker.kv_tokens, positions)) or (1, 2)
+    context = max(1, min(context, worker.max_seq_len - 1, positions - sizes[-1], worker.kv_tokens - sizes[-1]))
     gen = torch.Generator().manual_seed(0)
     kv = worker.sequence(context, sizes[-1])
     try:
@@ -158,10 +159,11 @@ class AutoTuner:
         expected tokens/s (None: plain decoding), and why, in plain words; `others`: sequences
         decoding beside it in the same steps (a step's tokens cost more where it has many)."""
         best, best_rate = None, 1.0 if allow_plain else -math.inf
+        margin = 1 + (MARGIN - 1) / (others + 1)
         # shapes whose steps the calibration timed (a longer one's cost would be extrapolated)
         for shape in (s for s in ladder(self.world_size) if rank_tokens(s, self.world_size) <= self.cost.tokens[-1]):
             rate = self.expect(shape, others)[2]
-            if rate > best_rate * MARGIN:
+            if rate > best_rate * margin:
                 best, best_rate = shape, rate
         b, n = self.slope(), len(self.seen)
         basis = (

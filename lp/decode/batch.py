@@ -116,7 +116,7 @@ class Batch:
         shape = f"W={W} N={N} G={G}" + (f" step_tokens={cfg.step_tokens}" if cfg.step_tokens else "")
         share = largest_share(cfg, self.comm.world_size)
         if share > MAX_STEP:
-            raise LPError(f"{shape}: a step of this shape feeds up to {share} tokens a rank, more than {MAX_STEP}: lower W, N or G")
+            raise LPError(f"{shape}: a step of this shape feeds up to {share} tokens a rank, more than {MAX_STEP}: lower W, N, G or step_tokens")
         deepest = max(W + N - 3, cfg.max_draft) if cfg.lookahead else 0
         if deepest >= STEP_ROOM:
             raise LPError(f"{shape}: a step of this shape reaches {deepest} positions past x0, lp at most {STEP_ROOM - 1}: lower W or N")
@@ -231,13 +231,14 @@ class Batch:
 
     def _prepare(self, seq: Sequence) -> None:
         """At fixed shapes, compile (and capture) now every bucket of the decoding steps the running
-        sequences can take together, so that none is compiled inside a decode's clock (prompt
-        chunks may compile theirs while they prefill)."""
+        sequences can take together, and their kept drafts' moves, so that none is compiled inside
+        a decode's clock (prompt chunks may compile theirs while they prefill)."""
         P = self.comm.world_size
         W, N, _, _ = seq.cfg.step_shape
         fewest = RankPlan(range(W), range(0)).cost(N, pending=1, candidate_tokens=1) if P == 1 else 1
         most = sum(largest_share(s.cfg, P) for s in self.running)
-        self.worker.prepare(most, fewest + len(self.running) - 1)
+        moves = sum(s.cfg.max_commit - 1 for s in self.running if s.keep)
+        self.worker.prepare(most, fewest + len(self.running) - 1, moves)
 
     def _handshake(self, request: Request) -> None:
         """Refuse to decode unless every rank got the same prompt and settings (one all-gather per

@@ -169,7 +169,23 @@ class FixedSteps:
         if not self.capture:
             self.kv.move(src, dst)
             return
-        n = bucket(src.shape[0])
+        src_in, dst_in, graph = self._ready_move(src.shape[0])
+        src_in.zero_()
+        dst_in.zero_()
+        src_in[: src.shape[0]].copy_(src)
+        dst_in[: dst.shape[0]].copy_(dst)
+        graph.replay()
+
+    @torch.inference_mode()
+    def prepare_moves(self, most: int) -> None:
+        """Capture the moves of up to `most` slots now (on a GPU), not inside a decode."""
+        if self.capture:
+            for n in sorted({bucket(t) for t in range(1, most + 1)}):
+                self._ready_move(n)
+
+    def _ready_move(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.CUDAGraph]:
+        """The captured move of a bucket of `count` slots and its static inputs (from, to)."""
+        n = bucket(count)
         if n not in self._moves:
             ins = [torch.zeros(n, dtype=torch.long, device=self.device) for _ in range(2)]
 
@@ -181,12 +197,7 @@ class FixedSteps:
                 return graph, ins[0]
 
             self._moves[n] = (*ins, self._capture("the kept drafts' KV move", record)[0])
-        src_in, dst_in, graph = self._moves[n]
-        src_in.zero_()
-        dst_in.zero_()
-        src_in[: src.shape[0]].copy_(src)
-        dst_in[: dst.shape[0]].copy_(dst)
-        graph.replay()
+        return self._moves[n]
 
 
 __all__ = ["FixedSteps"]

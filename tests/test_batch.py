@@ -1,0 +1,257 @@
+"""The batch (lp/decode/batch.py): many sequences decoded together, one packed forward a step, each
+joining when there is room and leaving the step it ends, its prompt prefilled in chunks beside the
+others' decoding, its KV in pages it gives back; and the step's budget (lp/decode/budget.py) that
+shares tree nodes among them. Every greedy output stays transformers' greedy decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import build_tiny, make_prompt, reference_greedy
+
+from lp.collective import Collective
+from lp.config import DecodeConfig
+from lp.decode.auto import CostCurve
+from lp.decode.batch import StepObserver
+from lp.decode.budget import Budget, Calibration, Claim
+from lp.decode.loop import Decoder, Request
+from lp.decode.phases import first_grown
+from lp.engine.pages import PAGE
+from lp.errors import LPError
+from lp.worker import Worker
+
+MAX_NEW = 32
+SHAPES = [
+    dict(W=5, N=3, G=5),
+    dict(mode="ar"),
+    dict(W=7, N=5, G=7),
+    dict(W=1, N=2, G=15, step_tokens=11, tree_tokens=9, lone_matches=True),
+    dict(W=3, N=3, G=15, step_tokens=64),
+    dict(W=5, N=3, G=5, tree=False),
+]
+
+
+def _prompts(n: int) -> list[list[int]]:
+    """n prompts of 1 to 150 tokens (a one-token prompt among them)."""
+    return [[17]] + [make_prompt(i, 2 + (i * 11) % 50, 2 + i % 2) for i in range(1, n)]
+
+
+class _Sizes(StepObserver):
+    def __init__(self, batch) -> None:
+        self.batch, self.running, self.forwards = batch, [], 0
+
+    def forward_start(self) -> None:
+        self.running.append(len(self.batch.running))
+        self.forwards += 1
+
+
+@pytest.mark.parametrize("max_batch,prefill_chunk", [(4, 512), (6, 7)])
+def test_many_sequences_together_each_greedy(max_batch, prefill_chunk, tiny_models):
+    """12 prompts of 6 shapes, `max_batch` at a time, joining as others end, long prompts prefilled
+    in chunks beside the others' steps: each output is its own decode's and greedy decoding's."""
+    model = tiny_models["llama"]
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    prompts = _prompts(12)
+    cfgs = [DecodeConfig(max_new_tokens=MAX_NEW - i, **SHAPES[i % len(SHAPES)]) for i in range(12)]
+    batch = dec.batch(max_batch, prefill_chunk=prefill_chunk)
+    sizes = _Sizes(batch)
+    batch.observe = sizes
+    done = {
+        s.request.tag: s.result
+        for s in dec.run([Request(p, c, tag=i) for i, (p, c) in enumerate(zip(prompts, cfgs))], batch)
+    }
+    for i, (p, cfg) in enumerate(zip(prompts, cfgs)):
+        alone = dec.generate(p, cfg)
+        assert done[i].output_ids == alone.output_ids == reference_greedy(model, p, cfg.max_new_tokens), i
+        assert done[i].accepted_per_step == alone.accepted_per_step, i  # the same steps, whatever shares its forwards
+    assert max(sizes.running) == max_batch and sizes.forwards < sum(r.steps for r in done.values())
+    pool = dec.worker.kv.pool
+    assert pool.free == pool.pages - 1 and pool.promised == 0  # every page given back
+
+
+def test_prompts_are_prefilled_in_chunks_beside_the_decodes(tiny_models):
+    """No step feeds more than `prefill_chunk` prompt tokens, a long prompt's chunks share steps with
+    a decoding sequence, and the decoding sequence never waits a step for them."""
+    model = tiny_models["qwen2"]
+    worker = Worker(model)
+    dec = Decoder(worker, Collective(), set(), 512)
+    batch = dec.batch(2, prefill_chunk=10)
+    short, long_ = make_prompt(1, 4, 2), make_prompt(5, 60, 2)  # 8 and 120 tokens
+    fed = []
+    run = worker.run
+
+    def counting(step):
+        fed.append(
+            sum(len(s.rows) == 0 for s in step.segments) and sum(s.size for s in step.segments if not len(s.rows))
+        )
+        return run(step)
+
+    worker.run = counting
+    batch.submit(Request(short, DecodeConfig(mode="ar", max_new_tokens=20), tag="short"))
+    batch.step()  # the short prompt's prefill
+    batch.submit(Request(long_, DecodeConfig(W=5, N=3, G=5, max_new_tokens=20), tag="long"))
+    (short_seq,) = batch.running
+    ended = []
+    while not batch.idle:
+        before = len(short_seq.state.output)
+        ended += batch.step()
+        if short_seq.result is None and short_seq in batch.running:
+            assert len(short_seq.state.output) == before + 1  # it decoded in every step
+    assert max(fed) == 10 and sorted(s.request.tag for s in ended) == ["long", "short"]
+    for seq, p in zip(sorted(ended, key=lambda s: s.request.tag), (long_, short)):
+        assert seq.result.output_ids == reference_greedy(model, p, 20)
+
+
+def test_pages_grow_with_the_tokens_held_and_come_back(tiny_models):
+    """A sequence holds the pages its tokens (and a step's) reach, not its promise; admission waits
+    while the cache cannot promise a sequence its worst case, then goes on."""
+    model = tiny_models["llama"]
+    worker = Worker(model, kv_tokens=256)  # 24 pages of 16: the pad page and 23 lent
+    dec = Decoder(worker, Collective(), set(), 512)
+    batch = dec.batch(8)
+    cfg = DecodeConfig(W=5, N=3, G=5, max_new_tokens=100)
+    prompts = [make_prompt(i, 10, 2) for i in range(4)]  # 20 tokens: 20 + 100 + a step in 9 pages each
+    for i, p in enumerate(prompts):
+        batch.submit(Request(p, cfg, tag=i))
+    batch.step()
+    pool = worker.kv.pool
+    assert len(batch.running) == 2 and len(batch.waiting) == 2  # 2 promises of 9 pages fit in 23, not 3
+    held = [len(s.kv.pages) for s in batch.running]
+    assert held == [2, 2] and pool.free == pool.pages - 1 - 4  # 20 prompt tokens: 2 pages each
+    done = list(batch.drain())
+    assert len(done) == 4 and [len(s.kv.pages) for s in done] == [0] * 4
+    assert pool.free == pool.pages - 1 and pool.promised == 0
+    for s in done:
+        assert s.result.output_ids == reference_greedy(model, prompts[s.request.tag], 100)
+
+
+def test_a_sequence_that_never_fits_is_refused_at_once(tiny_models):
+    worker = Worker(tiny_models["llama"], kv_tokens=128)
+    batch = Decoder(worker, Collective(), set(), 512).batch()
+    with pytest.raises(LPError, match="more than the cache's"):
+        batch.submit(Request(make_prompt(1, 40, 2), DecodeConfig(max_new_tokens=200)))
+    assert batch.idle
+
+
+def test_a_cancelled_sequence_leaves_the_others_decode(tiny_models):
+    model = tiny_models["llama"]
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    asked = []
+
+    def cancel() -> bool:
+        asked.append(1)
+        return len(asked) >= 3
+
+    prompts = [make_prompt(2, 8, 2), make_prompt(3, 6, 3)]
+    cfg = DecodeConfig(W=5, N=3, G=5, max_new_tokens=MAX_NEW)
+    requests = [Request(prompts[0], cfg, cancelled=cancel, tag=0), Request(prompts[1], cfg, tag=1)]
+    done = {s.request.tag: s.result for s in dec.run(requests, dec.batch(2))}
+    assert done[0].steps == 3 and done[0].output_ids == reference_greedy(model, prompts[0], done[0].new_tokens)
+    assert done[1].output_ids == reference_greedy(model, prompts[1], MAX_NEW)
+
+
+@pytest.mark.parametrize("policy", ["shared", "even", "none", "auto"])
+def test_the_steps_budget_keeps_every_output_greedy(policy, tiny_models):
+    """Whatever the budget gives each sequence's tree (the step's likeliest nodes, an even split,
+    none, the cost model's count), the outputs stay greedy; at a fixed size no step feeds more."""
+    model = tiny_models["qwen2"]
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    cost = CostCurve((1, 16, 64, 256), (1.0, 1.05, 1.2, 2.0))
+    budget = Budget(policy, step_tokens=40, cost=cost if policy == "auto" else None)
+    prompts = _prompts(6)[1:]
+    cfg = DecodeConfig(W=1, N=2, G=15, step_tokens=40, lone_matches=True, max_new_tokens=MAX_NEW)
+    batch = dec.batch(5, budget=budget)
+    sizes = []
+    run = dec.worker.run
+    dec.worker.run = lambda step: sizes.append(step.tokens) or run(step)
+    done = {
+        s.request.tag: s.result
+        for s in dec.run([Request(p, cfg, shared=True, tag=i) for i, p in enumerate(prompts)], batch)
+    }
+    for i, p in enumerate(prompts):
+        assert done[i].output_ids == reference_greedy(model, p, MAX_NEW), (policy, i)
+    decoding = sizes[-10:]  # late steps: every prompt is in
+    if policy in ("shared", "even"):
+        assert max(decoding) <= 40
+    if policy == "none":
+        assert all(r.S == 1.0 for r in done.values())
+    else:
+        assert sum(r.new_tokens for r in done.values()) > sum(r.steps for r in done.values())
+
+
+def test_the_shared_budget_takes_the_likeliest_nodes_of_all():
+    """The step's nodes go best first across sequences, each a prefix of its own growth (its
+    chances made non-increasing): the likeliest overall, ties by sequence."""
+    claims = [
+        Claim(1, np.array([0.9, 0.5, 0.6, 0.1]), True),  # 0.6 after 0.5: counts as 0.5
+        Claim(1, np.array([0.8, 0.7, 0.2]), True),
+        Claim(3, np.array([0.95]), False),  # its own tree: all of it
+    ]
+    b = Budget("shared", step_tokens=1 + 1 + 3 + 1 + 4)  # 5 fixed tokens and the own node: 4 shared
+    assert b.allocate(claims) == [2, 2, 1]  # 0.9, 0.8, 0.7, then 0.5 (the first sequence's, by ties)
+    assert Budget("even", step_tokens=11).allocate(claims) == [3, 2, 1]  # 5 nodes: 3 + 2, then its cap
+    assert Budget("none").allocate(claims) == [0, 0, 1]
+
+
+def test_the_cost_model_takes_the_nodes_that_pay():
+    """With a flat cost (a GPU's bucket) every node pays; with a steep one (a CPU) only likely ones
+    do; the calibration's factor prices what chances promise."""
+    chances = [np.array([0.9, 0.6, 0.3, 0.1]), np.array([0.8, 0.05])]
+    claims = [Claim(1, c, True) for c in chances]
+    flat = Budget("auto", cost=CostCurve((1, 16, 64), (1.0, 1.0, 1.0)))
+    assert flat.allocate(claims) == [4, 2]
+    steep = Budget("auto", cost=CostCurve((1, 2, 64), (1.0, 1.4, 26.2)))  # 0.4 a token past 1
+    assert steep.allocate(claims) == [1, 1]  # 0.9 and 0.8 pay; 0.6 of 2.7 tokens for 0.4 more does not
+    assert steep.allocate(claims, factor=0.1) == [0, 0]
+    c = Calibration()
+    assert c.factor == 0.5
+    for _ in range(200):
+        c.observe(2.0, 1)
+    assert c.factor == pytest.approx(0.5)
+    for _ in range(500):
+        c.observe(1.0, 1)
+    assert c.factor == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_trees_first_grown_nodes_are_a_tree():
+    """The budget's cut: the first k nodes of the growth, in subtree order, parents remapped, root
+    subtrees recounted."""
+    # subtree order: root 0 (grown 0) with children 1 (grown 2) and 2 (grown 4); root 3 (grown 1) with 4 (grown 3)
+    tokens = np.array([10, 11, 12, 20, 21])
+    parents = np.array([-1, 0, 0, -1, 3])
+    labels = np.array([0, 1, 2, 3, 4])
+    growth = np.array([0, 2, 4, 1, 3])
+    groups = np.array([3, 2])
+    for k, want_tokens, want_parents, want_groups in (
+        (5, [10, 11, 12, 20, 21], [-1, 0, 0, -1, 3], [3, 2]),
+        (4, [10, 11, 20, 21], [-1, 0, -1, 2], [2, 2]),
+        (2, [10, 20], [-1, -1], [1, 1]),
+        (1, [10], [-1], [1]),
+        (0, [], [], []),
+    ):
+        t, p, lab, g, sizes = first_grown(tokens, parents, labels, growth, groups, k)
+        assert (t.tolist(), p.tolist(), sizes.tolist()) == (want_tokens, want_parents, want_groups), k
+        assert (g < k).all() and lab.tolist() == [int(x) - 10 if x < 20 else int(x) - 17 for x in t]
+
+
+def test_one_token_prompts_and_max_batch_one(tiny_models):
+    model = tiny_models["mistral"]
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    cfg = DecodeConfig(W=5, N=3, G=5, max_new_tokens=16)
+    prompts = [[5], [9], make_prompt(1, 5, 2)]
+    done = sorted(
+        dec.run([Request(p, cfg, tag=i) for i, p in enumerate(prompts)], dec.batch(1)), key=lambda s: s.request.tag
+    )
+    assert [s.result.output_ids for s in done] == [reference_greedy(model, p, 16) for p in prompts]
+
+
+def test_bad_batch_settings_are_refused(tiny_models):
+    dec = Decoder(Worker(build_tiny("llama")), Collective(), set(), 512)
+    for kw, fragment in ((dict(max_batch=0), "max_batch"), (dict(prefill_chunk=0), "prefill_chunk")):
+        with pytest.raises(LPError, match=fragment):
+            dec.batch(**kw)
+    with pytest.raises(LPError, match="budget must be one of"):
+        Budget("greedy")
+    with pytest.raises(LPError, match="W=600 N=3 G=5"):
+        dec.batch().submit(Request([1, 2, 3], DecodeConfig(W=600, max_new_tokens=4)))
+    assert PAGE == 16

@@ -1,0 +1,243 @@
+"""`python -m tools.budget`: the step's shared budget (lp/decode/budget.py) measured where hardware
+does not matter: the tokens a step commits, over the sequences decoding together.
+
+    python -m tools.budget [--sizes 64,128,256] [--sequences 1,4,8,16] [--prompts 16]
+        [--max-new-tokens 128] [--out results/budget]
+
+Spec-Bench prompts (SmolLM2-135M, chat, greedy) decode B at a time, each joining as another ends,
+every sequence with the same windowless shape (W1 N2 G15, text drafts of up to 14 tokens, lone
+matches, the model's top 8 successors), so that all a step spends beyond its pending tokens is
+tree nodes. At a fixed step size T the nodes go
+  * `shared`: best first across the sequences, by each node's chance (the budget lp serves with);
+  * `even`: an even split of the same nodes among the sequences;
+  * `none`: to no one (plain batched decoding).
+The figure is the tokens a step commits in all, over the steps where B sequences decode (the tail
+where fewer are left is left out), and per sequence; every output is checked against the first
+run's (each sequence's greedy output does not depend on the budget).
+
+Then the cost model's choice (`auto`, the server's default), against plain batched decoding, at
+each B: measured on this CPU with its own step costs (calibrated here: tokens/s of the decode
+steps), and priced with one GPU's measured step costs (a tools.steps run: each decode step at its
+bucket's cost; a projection, labelled as one: its steps' sizes are what the cost model chose with
+that GPU's costs, their S measured here, their seconds not).
+
+Writes OUT/budget.json, OUT/budget.md and OUT/budget.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from lp.decode.budget import Budget
+from lp.decode.loop import Request
+from lp.engine.kernel_choice import cpu_name
+from tools.pricing import COSTS, bucket_costs, rel
+
+SHAPE = dict(W=1, N=2, G=15, lone_matches=True, draft_len=14)
+POLICIES = ("shared", "even", "none")
+
+
+def decode(lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, tree: int) -> dict:
+    """The prompts decoded B at a time under `budget`, each sequence's tree of at most `tree` nodes:
+    per step, the sequences that decoded in it, the tokens they committed and fed, and its seconds;
+    every output."""
+    from lp.config import DecodeConfig
+
+    cfg = DecodeConfig(**SHAPE, tree_tokens=tree, max_new_tokens=max_new)
+    batch = lm.decoder.batch(max_batch=B, budget=budget)
+    for i, ids in enumerate(prompts):
+        batch.submit(Request(ids, cfg, shared=True, tag=i))
+    steps, outputs = [], {}
+    while not batch.idle:
+        seqs = list(batch.running)
+        before = {id(s): (len(s.state.output), len(s.state.accepted)) for s in seqs}
+        t0 = time.perf_counter()
+        ended = batch.step()
+        seconds = time.perf_counter() - t0
+        every = {id(s): s for s in seqs + ended + batch.running}.values()  # those admitted in the step too
+        decoded = [s for s in every if len(s.state.accepted) > before.get(id(s), (0, 0))[1]]
+        if decoded:
+            steps.append(
+                {
+                    "sequences": len(decoded),
+                    "committed": sum(len(s.state.output) - before.get(id(s), (0, 0))[0] for s in decoded),
+                    "fed": sum(s.state.fed_per_step[-1] for s in decoded),
+                    "seconds": seconds,
+                }
+            )
+        for s in ended:
+            outputs[s.request.tag] = s.result.output_ids
+    return {"steps": steps, "outputs": [outputs[i] for i in range(len(prompts))]}
+
+
+def full(run: dict, B: int) -> dict:
+    """The run's figures over its steps where B sequences decoded."""
+    rows = [s for s in run["steps"] if s["sequences"] == B] or run["steps"]
+    committed = sum(s["committed"] for s in rows)
+    return {
+        "steps": len(rows),
+        "tokens_per_step": committed / len(rows),
+        "per_sequence": committed / sum(s["sequences"] for s in rows),
+        "fed_per_step": statistics.mean(s["fed"] for s in rows),
+    }
+
+
+def rate(run: dict, seconds_of) -> float:
+    """Tokens per second of a run's decode steps, each step's seconds `seconds_of(step)`."""
+    return sum(s["committed"] for s in run["steps"]) / sum(seconds_of(s) for s in run["steps"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.budget", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="64,128,256")
+    ap.add_argument("--sequences", default="1,4,8,16")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--costs", type=Path, default=COSTS, help="a tools.steps run on a GPU (the projection's)")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--out", type=Path, default=Path("results/budget"))
+    args = ap.parse_args(argv)
+    from lp import LP
+    from lp.bench.datasets import load
+
+    sizes = [int(x) for x in args.sizes.split(",")]
+    counts = [int(x) for x in args.sequences.split(",")]
+    lm = LP(args.model)
+    prompts = [lm.encode(p.text, chat=True) for p in load("spec_bench", limit=args.prompts)]
+    gpu, about = bucket_costs(args.costs)
+    cpu = lm.calibrate()
+    doc: dict = {
+        "command": "python -m tools.budget " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "device": cpu_name(),
+        "date": datetime.date.today().isoformat(),
+        "model": args.model,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "shape": SHAPE,
+        "gpu_costs": about,
+        "cpu_costs": {"tokens": list(cpu.tokens), "seconds": list(cpu.seconds)},
+        "fixed": [],
+        "auto": [],
+    }
+    reference = None
+
+    def same(run: dict) -> bool:
+        nonlocal reference
+        reference = reference or run["outputs"]
+        return run["outputs"] == reference
+
+    for T in sizes:
+        for B in counts:
+            row: dict = {"step_tokens": T, "sequences": B}
+            for policy in POLICIES:
+                run = decode(lm, prompts, B, Budget(policy, step_tokens=T), args.max_new_tokens, T - 1)
+                row[policy] = full(run, B) | {"identical": same(run)}
+                print(f"budget: T={T} B={B} {policy}: {row[policy]}", file=sys.stderr, flush=True)
+            doc["fixed"].append(row)
+    for B in counts:
+        row = {"sequences": B}
+        for name, budget in (
+            ("none", Budget("none")),
+            ("auto_cpu", Budget("auto", cost=cpu)),
+            ("auto_gpu", Budget("auto", cost=gpu)),
+        ):
+            run = decode(lm, prompts, B, budget, args.max_new_tokens, 255)
+            row[name] = full(run, B) | {
+                "identical": same(run),
+                "cpu_tokens_per_s": rate(run, lambda s: s["seconds"]),
+                "gpu_tokens_per_s_projected": rate(run, lambda s: gpu.seconds_at(s["fed"])),
+            }
+            print(f"budget: B={B} {name}: {row[name]}", file=sys.stderr, flush=True)
+        doc["auto"].append(row)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "budget.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (args.out / "budget.md").write_text(markdown(doc))
+    plot(doc, args.out / "budget.png")
+    print(markdown(doc))
+    ok = all(r["shared"]["tokens_per_step"] >= r["even"]["tokens_per_step"] for r in doc["fixed"])
+    ok = ok and all(p["identical"] for r in doc["fixed"] + doc["auto"] for p in r.values() if isinstance(p, dict))
+    return 0 if ok else 1
+
+
+def markdown(doc: dict) -> str:
+    gpu = doc["gpu_costs"]
+    lines = [
+        "# The step's shared budget: tokens committed per step",
+        "",
+        f"- command: `{doc['command']}`",
+        f"- device: {doc['device']} (the tokens a step commits do not depend on it); date: {doc['date']}",
+        f"- {doc['prompts']} Spec-Bench prompts, {doc['model']}, chat, greedy, {doc['max_new_tokens']} new tokens, B at "
+        f"a time (each joining as another ends); every sequence W1 N2 G15, text drafts of up to 14, lone matches, "
+        f"8 successors: a step spends beyond its pending tokens on tree nodes only",
+        "- figures over the steps where B sequences decode; every output identical to the first run's "
+        f"({'yes' if all(p['identical'] for r in doc['fixed'] for p in r.values() if isinstance(p, dict)) else 'NO'})",
+        "",
+        "## At a fixed step size: tokens a step commits (per sequence)",
+        "",
+        "| step tokens | sequences | shared (best first) | even split | plain batched | shared / even |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in doc["fixed"]:
+        cell = lambda p: f"{r[p]['tokens_per_step']:.2f} ({r[p]['per_sequence']:.2f})"  # noqa: E731
+        ratio = r["shared"]["tokens_per_step"] / r["even"]["tokens_per_step"]
+        lines.append(
+            f"| {r['step_tokens']} | {r['sequences']} | {cell('shared')} | {cell('even')} | {cell('none')} | {ratio:.2f}x |"
+        )
+    lines += [
+        "",
+        "## The cost model's choice (`auto`) against plain batched decoding",
+        "",
+        f"Measured on this CPU with its own step costs (calibrated in this run); **projected** with the step costs of "
+        f"{gpu.get('device_name')} ({gpu.get('arch')}, {gpu.get('dtype')}, {gpu.get('started', '')[:10]}: "
+        f"`{gpu.get('path')}`): the sizes are what the cost model chose with those costs, the tokens a step commits "
+        "were measured here, the seconds are each step's bucket at that GPU's measured cost, not timed.",
+        "",
+        "| sequences | plain: tokens/step | auto (CPU): tokens/step, step tokens | CPU tokens/s: plain, auto | "
+        "auto (GPU costs): tokens/step, step tokens | projected GPU tokens/s: plain, auto |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in doc["auto"]:
+        p, c, g = r["none"], r["auto_cpu"], r["auto_gpu"]
+        lines.append(
+            f"| {r['sequences']} | {p['tokens_per_step']:.2f} | {c['tokens_per_step']:.2f}, {c['fed_per_step']:.0f} | "
+            f"{p['cpu_tokens_per_s']:.1f}, {c['cpu_tokens_per_s']:.1f} ({c['cpu_tokens_per_s'] / p['cpu_tokens_per_s']:.2f}x) | "
+            f"{g['tokens_per_step']:.2f}, {g['fed_per_step']:.0f} | {p['gpu_tokens_per_s_projected']:.0f}, "
+            f"{g['gpu_tokens_per_s_projected']:.0f} ({g['gpu_tokens_per_s_projected'] / p['gpu_tokens_per_s_projected']:.2f}x) |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({r["step_tokens"] for r in doc["fixed"]})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4 * len(sizes), 3.6), sharey=True)
+    for ax, T in zip([axes] if len(sizes) == 1 else axes, sizes):
+        rows = [r for r in doc["fixed"] if r["step_tokens"] == T]
+        xs = [r["sequences"] for r in rows]
+        for policy, label in (("shared", "shared, best first"), ("even", "even split"), ("none", "plain batched")):
+            ax.plot(xs, [r[policy]["tokens_per_step"] for r in rows], marker="o", label=label)
+        ax.set_title(f"{T}-token steps")
+        ax.set_xlabel("sequences decoding together")
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    (axes if len(sizes) == 1 else axes[0]).set_ylabel("tokens committed per step")
+    (axes if len(sizes) == 1 else axes[0]).legend()
+    fig.suptitle(f"{doc['model']}, {doc['prompts']} Spec-Bench prompts: the step's nodes shared best first")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
