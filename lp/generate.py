@@ -125,7 +125,9 @@ def run(cfg: DictConfig) -> None:
         lm.close()
         raise LPError(f"cannot write out={cfg.out}: {e.strerror}") from None
     try:
-        bar = tqdm(total=len(prompts), disable=not main or cfg.quiet or len(prompts) < 2, desc="prompts", file=sys.stderr)
+        bar = tqdm(
+            total=len(prompts), disable=not main or cfg.quiet or len(prompts) < 2, desc="prompts", file=sys.stderr
+        )
         if cfg.batch == 1:  # one at a time: a terminal sees each text as it is committed
             results = (
                 lm.generate(p.text, chat=cfg.chat, sample_stream=i, on_text=_print if live else None, **settings)

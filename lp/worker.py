@@ -167,7 +167,8 @@ class Worker:
         an LPError where it could not fit the model or the cache."""
         if tokens > self.max_seq_len:
             raise LPError(
-                f"the sequence needs {tokens} tokens (prompt + max_new_tokens), more than max_seq_len={self.max_seq_len}"
+                f"the sequence needs {tokens} tokens (prompt + max_new_tokens), "
+                f"more than max_seq_len={self.max_seq_len}"
             )
         self._owners += 1
         return SequenceKV(self.kv.pool, self._owners, tokens + step_tokens)
@@ -194,7 +195,9 @@ class Worker:
         kv.length += len(ids)
 
     @torch.inference_mode()
-    def step(self, kv: SequenceKV, layout: StepLayout, ids: np.ndarray | list[int], x0: int | None = None) -> torch.Tensor:
+    def step(
+        self, kv: SequenceKV, layout: StepLayout, ids: np.ndarray | list[int], x0: int | None = None
+    ) -> torch.Tensor:
         """One sequence's step of `layout` after its committed tokens, nothing committed (tools,
         tests): logits `[R, vocab]` of `layout.logit_rows`. `x0`: x0's position (default: the
         last pending token's, right after the committed ones)."""

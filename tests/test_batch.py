@@ -5,6 +5,8 @@ shares tree nodes among them. Every greedy output stays transformers' greedy dec
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from helpers import build_tiny, make_prompt, reference_greedy
@@ -13,7 +15,7 @@ from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.auto import CostCurve
 from lp.decode.batch import StepObserver
-from lp.decode.budget import Budget, Calibration, Claim
+from lp.decode.budget import Budget, Claim
 from lp.decode.loop import Decoder, Request
 from lp.decode.phases import first_grown
 from lp.engine.pages import PAGE
@@ -179,38 +181,40 @@ def test_the_steps_budget_keeps_every_output_greedy(policy, tiny_models):
         assert sum(r.new_tokens for r in done.values()) > sum(r.steps for r in done.values())
 
 
+def _grown(claims: list[Claim]) -> list[Claim]:
+    return [c if c.chances is not None else replace(c, chances=np.linspace(0.9, 0.1, c.cap)) for c in claims]
+
+
 def test_the_shared_budget_takes_the_likeliest_nodes_of_all():
     """The step's nodes go best first across sequences, each a prefix of its own growth (its
     chances made non-increasing): the likeliest overall, ties by sequence."""
     claims = [
-        Claim(1, np.array([0.9, 0.5, 0.6, 0.1]), True),  # 0.6 after 0.5: counts as 0.5
-        Claim(1, np.array([0.8, 0.7, 0.2]), True),
-        Claim(3, np.array([0.95]), False),  # its own tree: all of it
+        Claim(1, 4, True, np.array([0.9, 0.5, 0.6, 0.1])),  # 0.6 after 0.5: counts as 0.5
+        Claim(1, 3, True, np.array([0.8, 0.7, 0.2])),
+        Claim(3, 1, False, np.array([0.95])),  # its own tree: all of it
     ]
     b = Budget("shared", step_tokens=1 + 1 + 3 + 1 + 4)  # 5 fixed tokens and the own node: 4 shared
-    assert b.allocate(claims) == [2, 2, 1]  # 0.9, 0.8, 0.7, then 0.5 (the first sequence's, by ties)
-    assert Budget("even", step_tokens=11).allocate(claims) == [3, 2, 1]  # 5 nodes: 3 + 2, then its cap
-    assert Budget("none").allocate(claims) == [0, 0, 1]
+    assert b.total(claims) == 4 and b.split(claims, 4) == [2, 2, 1]  # 0.9, 0.8, 0.7, then 0.5 (ties: the first)
+    even = Budget("even", step_tokens=11)
+    assert even.total(claims) == 5 and even.split(claims, 5) == [3, 2, 1]  # 5 nodes: 3 + 2, then its cap
+    assert Budget("none").total(claims) == 0 and Budget("none").split(claims, 0) == [0, 0, 1]
 
 
 def test_the_cost_model_takes_the_nodes_that_pay():
-    """With a flat cost (a GPU's bucket) every node pays; with a steep one (a CPU) only likely ones
-    do; the calibration's factor prices what chances promise."""
-    chances = [np.array([0.9, 0.6, 0.3, 0.1]), np.array([0.8, 0.05])]
-    claims = [Claim(1, c, True) for c in chances]
-    flat = Budget("auto", cost=CostCurve((1, 16, 64), (1.0, 1.0, 1.0)))
-    assert flat.allocate(claims) == [4, 2]
-    steep = Budget("auto", cost=CostCurve((1, 2, 64), (1.0, 1.4, 26.2)))  # 0.4 a token past 1
-    assert steep.allocate(claims) == [1, 1]  # 0.9 and 0.8 pay; 0.6 of 2.7 tokens for 0.4 more does not
-    assert steep.allocate(claims, factor=0.1) == [0, 0]
-    c = Calibration()
-    assert c.factor == 0.5
-    for _ in range(200):
-        c.observe(2.0, 1)
-    assert c.factor == pytest.approx(0.5)
-    for _ in range(500):
-        c.observe(1.0, 1)
-    assert c.factor == pytest.approx(1.0, abs=0.01)
+    """With a flat cost (a GPU's bucket) the step takes every node; with a steep one (a CPU) one
+    sequence takes a few and many sequences none: W=auto's S(T) against the measured cost, which
+    a steeper slope (more S per doubling) moves to more nodes."""
+    one = [Claim(1, 40, True)]
+    many = [Claim(1, 40, True) for _ in range(32)]
+    flat = Budget("auto", cost=CostCurve((1, 16, 64, 1024, 2048), (1.0, 1.0, 1.0, 1.0, 1.5)))
+    assert flat.total(one) == 40 and flat.total(many) == 1024 - 32  # to the costs' edge
+    steep = Budget("auto", cost=CostCurve((1, 2, 4, 8, 16, 32, 64), (1.0, 1.05, 1.27, 1.55, 1.82, 2.45, 3.72)))
+    alone = steep.total(one)
+    assert 0 < alone < 40 and steep.total(many) == 0
+    eager = Budget("auto", cost=steep.cost, slope=lambda: 0.6)
+    assert eager.total(one) > alone
+    assert eager.total(one, base=500) == eager.total(one)  # a prompt chunk in the step changes nothing
+    assert eager.split(_grown(one + [Claim(3, 1, False)]), eager.total(one))[1] == 1  # its own tree: all
 
 
 def test_a_trees_first_grown_nodes_are_a_tree():

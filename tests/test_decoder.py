@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from helpers import ARCHS, build_tiny, make_prompt, reference_greedy
+from helpers import ARCHS, make_prompt, reference_greedy
 
 from lp.collective import Collective
 from lp.config import DecodeConfig

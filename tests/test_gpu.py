@@ -118,7 +118,9 @@ def test_real_model_fp32_equals_transformers_greedy():
         wants.append(want)
         assert lm.generate(ids, W=7, N=5, G=7, max_new_tokens=64).output_ids == want, p.id
         assert lm.generate(ids, mode="ar", max_new_tokens=64).output_ids == want, p.id
-    batched = lm.generate([p.text for p in prompts], chat=True, batch=4, max_new_tokens=64, W="auto", N="auto", G="auto")
+    batched = lm.generate(
+        [p.text for p in prompts], chat=True, batch=4, max_new_tokens=64, W="auto", N="auto", G="auto"
+    )
     assert [r.output_ids for r in batched] == wants
 
 

@@ -38,7 +38,9 @@ def test_padded_packed_step():
     p = padded(step, B)
     assert (p["slots"][T:] == 0).all() and (p["owner"][T:] == PAD).all() and (p["length"][T:] == 1).all()
     assert (p["size"][T:] == 0).all() and p["rows"][:R].tolist() == step.rows.tolist() and (p["rows"][R:] == 0).all()
-    assert np.array_equal(p["block"][:T, :T], step.block) and np.array_equal(p["block"][T:, T:], np.eye(B - T, dtype=bool))
+    assert np.array_equal(p["block"][:T, :T], step.block) and np.array_equal(
+        p["block"][T:, T:], np.eye(B - T, dtype=bool)
+    )
     n = layout.size
     assert np.array_equal(step.block[:n, :n], layout.mask) and not step.block[:n, n:].any()
     assert np.array_equal(step.block[n:, n:], np.tri(5, dtype=bool))
@@ -70,7 +72,9 @@ def test_fixed_shape_decoding_equals_greedy(arch, N, W, G, tiny_models):
     cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=40)
     buffers = [t.data_ptr() for t in worker.kv.k]
     prompts = (make_prompt(1, 8, 3), make_prompt(2, 5, 2), make_prompt(4, 30, 2))
-    done = {s.request.tag: s.result for s in dec.run([Request(p, cfg, tag=i) for i, p in enumerate(prompts)], dec.batch(2))}
+    done = {
+        s.request.tag: s.result for s in dec.run([Request(p, cfg, tag=i) for i, p in enumerate(prompts)], dec.batch(2))
+    }
     assert [done[i].output_ids for i in range(3)] == [reference_greedy(model, p, 40) for p in prompts]
     assert dec.generate(prompts[0], cfg).output_ids == done[0].output_ids
     assert worker.fixed._buckets and all(S in BUCKETS for S in worker.fixed._buckets)

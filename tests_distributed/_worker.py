@@ -14,8 +14,9 @@ On rank r, the k-th call of `Worker.run` (a step's forward) first writes time.ti
 `os._exit(3)` (die) or sleeps forever (hang). With LP_TEST_FAULT_WHEN=FILE2 instead of a step
 count, the first call once FILE2 exists (a server's test decides when). LP_TEST_TUNER=ar (--cli
 mode) makes the W/N/G auto-tuner choose plain decoding, as it does by timing on a loaded CPU.
-LP_TEST_DELAY=FILE (--cli and --serve modes): while FILE exists, every `Worker.run` (a step's forward) first waits the seconds
-it holds, or until it is removed (a server's queue fills while a decode is held).
+LP_TEST_DELAY=FILE (--cli and --serve modes): while FILE exists, every `Worker.run` (a step's
+forward) first waits the seconds it holds, or until it is removed (a server's queue fills while a
+decode is held).
 """
 
 from __future__ import annotations
@@ -245,6 +246,10 @@ def install_tuner_choice() -> None:
 
 
 # ---------------------------------------------------------------- API tasks
+class _Done(Exception):
+    """A batch task's results are in."""
+
+
 def run_spec(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", "0"))
@@ -279,6 +284,13 @@ def run_spec(spec_path: str) -> int:
             res: dict = {}
             t = time.time()
             try:
+                if "prompts" in mine:  # several prompts decoded together (each item: a prompt and its settings)
+                    done = lm.generate(mine["prompts"], batch=mine["batch"], **mine.get("settings", {}))
+                    res["batch"] = [
+                        {"output_ids": r.output_ids, "steps": r.steps, "accepted_per_step": r.accepted_per_step}
+                        for r in done
+                    ]
+                    raise _Done
                 r = lm.generate(mine["prompt"], chat=mine.get("chat", False), **mine.get("settings", {}))
                 res.update(
                     prompt_ids=r.prompt_ids,
@@ -293,6 +305,8 @@ def run_spec(spec_path: str) -> int:
                     mode=r.mode,
                     tp=r.tp,
                 )
+            except _Done:
+                pass
             except LPError as e:
                 res["error"] = {"type": type(e).__name__, "message": str(e)}
             res.update(calls=CALLS[n_calls:], pg_calls=PG_CALLS[n_pg:], seconds=time.time() - t)

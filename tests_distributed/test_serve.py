@@ -248,14 +248,17 @@ def test_a_client_that_leaves_has_its_decode_stopped(server, client, held):
 def test_32_concurrent_streaming_clients(server):
     """tools/serve_load.py's load, shortened: every answer complete and the same as alone."""
     settings = {"max_tokens": 8, "temperature": 0}
-    refs = asyncio.run(serve_load.alone(server.url, "tiny", prompts=4, settings=settings, api_key=KEY))
-    records = asyncio.run(
+    alone, _ = asyncio.run(
+        serve_load.load(server.url, "tiny", clients=1, requests=8, settings=settings, deadline_s=90, api_key=KEY)
+    )
+    refs = {r.prompt: r for r in alone}
+    records, wall = asyncio.run(
         serve_load.load(
-            server.url, "tiny", clients=32, prompts=4, settings=settings, deadline_s=90, retry_s=0.05, api_key=KEY
+            server.url, "tiny", clients=32, requests=32, settings=settings, deadline_s=90, retry_s=0.05, api_key=KEY
         )
     )
     assert serve_load.wrong(records, refs) == []
-    summary = serve_load.summarize(records)
+    summary = serve_load.summarize(records, wall)
     assert summary["answered"] == 32 and summary["rejected_429"] > 0  # more clients than the batch and queue hold
     assert server.health()["most_queued"] == MAX_QUEUE
 

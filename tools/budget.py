@@ -38,7 +38,7 @@ from pathlib import Path
 from lp.decode.budget import Budget
 from lp.decode.loop import Request
 from lp.engine.kernel_choice import cpu_name
-from tools.pricing import COSTS, bucket_costs, rel
+from tools.pricing import COSTS, bucket_costs
 
 SHAPE = dict(W=1, N=2, G=15, lone_matches=True, draft_len=14)
 POLICIES = ("shared", "even", "none")
@@ -173,9 +173,9 @@ def markdown(doc: dict) -> str:
         "",
         f"- command: `{doc['command']}`",
         f"- device: {doc['device']} (the tokens a step commits do not depend on it); date: {doc['date']}",
-        f"- {doc['prompts']} Spec-Bench prompts, {doc['model']}, chat, greedy, {doc['max_new_tokens']} new tokens, B at "
-        f"a time (each joining as another ends); every sequence W1 N2 G15, text drafts of up to 14, lone matches, "
-        f"8 successors: a step spends beyond its pending tokens on tree nodes only",
+        f"- {doc['prompts']} Spec-Bench prompts, {doc['model']}, chat, greedy, {doc['max_new_tokens']} new tokens, "
+        "B at a time (each joining as another ends); every sequence W1 N2 G15, text drafts of up to 14, lone "
+        "matches, 8 successors: a step spends beyond its pending tokens on tree nodes only",
         "- figures over the steps where B sequences decode; every output identical to the first run's "
         f"({'yes' if all(p['identical'] for r in doc['fixed'] for p in r.values() if isinstance(p, dict)) else 'NO'})",
         "",
@@ -185,11 +185,9 @@ def markdown(doc: dict) -> str:
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["fixed"]:
-        cell = lambda p: f"{r[p]['tokens_per_step']:.2f} ({r[p]['per_sequence']:.2f})"  # noqa: E731
+        cells = [f"{r[p]['tokens_per_step']:.2f} ({r[p]['per_sequence']:.2f})" for p in POLICIES]
         ratio = r["shared"]["tokens_per_step"] / r["even"]["tokens_per_step"]
-        lines.append(
-            f"| {r['step_tokens']} | {r['sequences']} | {cell('shared')} | {cell('even')} | {cell('none')} | {ratio:.2f}x |"
-        )
+        lines.append(f"| {r['step_tokens']} | {r['sequences']} | {' | '.join(cells)} | {ratio:.2f}x |")
     lines += [
         "",
         "## The cost model's choice (`auto`) against plain batched decoding",
@@ -205,11 +203,12 @@ def markdown(doc: dict) -> str:
     ]
     for r in doc["auto"]:
         p, c, g = r["none"], r["auto_cpu"], r["auto_gpu"]
+        cpu = (p["cpu_tokens_per_s"], c["cpu_tokens_per_s"])
+        gpu = (p["gpu_tokens_per_s_projected"], g["gpu_tokens_per_s_projected"])
         lines.append(
             f"| {r['sequences']} | {p['tokens_per_step']:.2f} | {c['tokens_per_step']:.2f}, {c['fed_per_step']:.0f} | "
-            f"{p['cpu_tokens_per_s']:.1f}, {c['cpu_tokens_per_s']:.1f} ({c['cpu_tokens_per_s'] / p['cpu_tokens_per_s']:.2f}x) | "
-            f"{g['tokens_per_step']:.2f}, {g['fed_per_step']:.0f} | {p['gpu_tokens_per_s_projected']:.0f}, "
-            f"{g['gpu_tokens_per_s_projected']:.0f} ({g['gpu_tokens_per_s_projected'] / p['gpu_tokens_per_s_projected']:.2f}x) |"
+            f"{cpu[0]:.1f}, {cpu[1]:.1f} ({cpu[1] / cpu[0]:.2f}x) | {g['tokens_per_step']:.2f}, "
+            f"{g['fed_per_step']:.0f} | {gpu[0]:.0f}, {gpu[1]:.0f} ({gpu[1] / gpu[0]:.2f}x) |"
         )
     lines.append("")
     return "\n".join(lines)

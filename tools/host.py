@@ -52,8 +52,8 @@ import torch
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder, StepObserver
-from lp.engine.kernel_choice import cpu_name
 from lp.engine.attention import FLEX_BLOCK
+from lp.engine.kernel_choice import cpu_name
 from lp.engine.packed import PackedStep, PackedTensors, bucket, exact, flex_blocks, padded
 from lp.errors import LPError
 from lp.lookahead.mask import step_layout

@@ -13,6 +13,8 @@ Servers, each started here on a free port of 127.0.0.1 and stopped (SIGTERM) bef
           by `--cb-num-blocks` (unbounded it asks for more memory than such a machine has).
 Per server, after one warm-up request: for each client count c, c clients send requests one after
 another (each its next when its last is answered) until `--requests` (at least c) are answered;
+`--rounds` times, the servers in turn (the order reversed each round: a slow spell of a shared
+machine touches every server), each level's figures the median of its rounds;
 prompt i of a level is PROMPTS[i mod 8], chat, greedy, `--max-tokens` new tokens. A 429 is retried
 after `--retry-s`. Per request: the time to first token (from the attempt the server took, its
 queue and prefill included) and the time between tokens after the first; per level: their medians
@@ -259,20 +261,22 @@ def _free_port() -> int:
 
 
 def server_command(kind: str, port: int, keys: list[str], model_dir: str, cb_blocks: int) -> list[str]:
-    """The command line that starts server `kind` on `port`."""
+    """The command line that starts server `kind` on `port` (hf-cb: `cb_blocks` KV blocks of 64 tokens)."""
     if kind == "hf-cb":
         transformers = str(Path(sys.executable).with_name("transformers"))
         return [
-            transformers, "serve", "--continuous-batching", "--cb-num-blocks", str(cb_blocks), "--device", "cpu",
-            "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port), model_dir,
+            transformers, "serve", "--continuous-batching", "--cb-num-blocks", str(cb_blocks), "--cb-block-size", "64",
+            "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port), model_dir,
         ]  # fmt: skip
     mode = ["mode=ar"] if kind == "lp-ar" else []
     return [sys.executable, "-m", "lp.serve", "host=127.0.0.1", f"port={port}", *mode, *keys]
 
 
-def start_server(cmd: list[str], port: int, ready: str = "/health") -> tuple[subprocess.Popen, str]:
-    """Start `cmd` and wait until `ready` answers 200: its process and URL."""
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
+def start_server(cmd: list[str], port: int, log: Path, ready: str = "/health") -> tuple[subprocess.Popen, str]:
+    """Start `cmd` (its output appended to `log`) and wait until `ready` answers 200: its process and URL."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 900
     while time.time() < deadline and proc.poll() is None:
@@ -318,7 +322,7 @@ def run_server(kind: str, args, model_dir: str, levels: list[int]) -> dict:
     """One server: started, warmed up, loaded at each client count, stopped."""
     port = _free_port()
     cmd = server_command(kind, port, args.server, model_dir, args.cb_blocks)
-    proc, url = start_server(cmd, port)
+    proc, url = start_server(cmd, port, args.out / f"server-{kind}.log")
     model = model_dir if kind == "hf-cb" else args.model
     settings = {"max_tokens": args.max_tokens, "temperature": 0}
     out: dict = {"command": shlex.join(cmd), "levels": {}}
@@ -355,6 +359,28 @@ def _line(level: dict) -> str:
     )
 
 
+def median_of(runs: list[dict]) -> dict:
+    """One server's rounds as one: each level's figures their median over the rounds (every
+    round's kept in `rounds`), its records all of theirs."""
+    out = {"command": runs[0]["command"], "levels": {}, "survivors": sorted({p for r in runs for p in r["survivors"]})}
+    out["health"] = runs[-1].get("health")
+    for clients in runs[0]["levels"]:
+        each = [r["levels"][clients] for r in runs]
+        level = {k: statistics.median(lv[k] for lv in each) for k in ("tokens_per_s", "wall_s")}
+        for k in ("ttft_s", "tbt_s"):
+            parts = [lv[k] for lv in each if lv[k]]
+            level[k] = {q: statistics.median(p[q] for p in parts) for q in ("median", "p95")} if parts else None
+        S = [lv["S"] for lv in each if lv["S"]]
+        level["S"] = statistics.median(S) if S else None
+        for k in ("requests", "answered", "rejected_429", "tokens"):
+            level[k] = sum(lv[k] for lv in each)
+        level["errors"] = sorted({e for lv in each for e in lv["errors"]})
+        level["rounds"] = [{k: lv[k] for k in ("tokens_per_s", "ttft_s", "tbt_s", "S", "rejected_429")} for lv in each]
+        level["records"] = [rec for lv in each for rec in lv["records"]]
+        out["levels"][clients] = level
+    return out
+
+
 def check(servers: dict, levels: list[int]) -> dict:
     """Every lp answer against the answers its server gave at one client; hf-cb's agreement with lp's."""
     refs: dict[str, dict[int, Record]] = {}
@@ -388,9 +414,11 @@ def report(doc: dict) -> str:
         f"- device: {doc['device']} ({doc['cores']} cores, load average {doc['load_average'][0]} at the start, "
         f"{doc['load_average'][1]} at the end); date: {doc['date']}",
         f"- load: chat, greedy, {doc['max_tokens']} new tokens a request, closed loop: each client sends its next "
-        f"request when its last is answered, at least {doc['requests']} requests a level",
-        f"- weight-read floor: copy {doc['floor']['copy_gb_s']:.1f} GB/s over {doc['floor']['bytes_per_token'] / 1e6:.0f}"
-        f" MB a token = {doc['floor']['floor_tokens_per_s']:.1f} tokens/s for one sequence",
+        f"request when its last is answered, at least {doc['requests']} requests a level; {doc['rounds']} rounds of "
+        "every server in turn, each figure the median of its rounds (the sums: answered, 429s)",
+        f"- weight-read floor: copy {doc['floor']['copy_gb_s']:.1f} GB/s over "
+        f"{doc['floor']['bytes_per_token'] / 1e6:.0f} MB a token = {doc['floor']['floor_tokens_per_s']:.1f} tokens/s "
+        "for one sequence",
     ]
     lines += [f"- {kind}: `{s['command']}`" for kind, s in servers.items()]
     lines += ["", "| clients | server | tokens/s | TTFT ms median / p95 | TBT ms median / p95 | S | 429s | answered |"]
@@ -435,7 +463,8 @@ def plot(doc: dict, path: Path) -> None:
     for kind, s in doc["servers"].items():
         xs = [int(c) for c in s["levels"]]
         a.plot(xs, [lv["tokens_per_s"] for lv in s["levels"].values()], marker="o", label=kind)
-        b.plot(xs, [lv["ttft_s"]["median"] for lv in s["levels"].values()], marker="o", label=kind)
+        ttft = [(x, lv["ttft_s"]["median"]) for x, lv in zip(xs, s["levels"].values()) if lv["ttft_s"]]
+        b.plot([x for x, _ in ttft], [t for _, t in ttft], marker="o", label=kind)
     a.axhline(doc["floor"]["floor_tokens_per_s"], color="grey", ls=":", label="one sequence's weight-read floor")
     for ax, name in ((a, "aggregate tokens/s"), (b, "time to first token, median (s)")):
         ax.set_xscale("log", base=2)
@@ -453,7 +482,7 @@ def soak(args, model_dir: str) -> int:
     """`--soak N`: random lengths and disconnects against one lp server; its KV and memory after."""
     port = _free_port()
     cmd = server_command("lp", port, args.server, model_dir, args.cb_blocks)
-    proc, url = start_server(cmd, port)
+    proc, url = start_server(cmd, port, args.out / "server-soak.log")
     settings = {"temperature": 0}
     try:
         first, _ = asyncio.run(
@@ -462,9 +491,17 @@ def soak(args, model_dir: str) -> int:
         time.sleep(2)
         idle = rss_mib(proc.pid)
         t0 = time.perf_counter()
-        records, wall = asyncio.run(
-            load(url, args.model, clients=16, requests=args.soak, settings=settings, deadline_s=args.deadline_s, drop=0.25, seed=1)
+        soaked = load(
+            url,
+            args.model,
+            clients=16,
+            requests=args.soak,
+            settings=settings,
+            deadline_s=args.deadline_s,
+            drop=0.25,
+            seed=1,
         )
+        records, wall = asyncio.run(soaked)
         time.sleep(2)
         after = rss_mib(proc.pid)
         health = httpx.get(url + "/health").json()
@@ -501,10 +538,10 @@ def soak(args, model_dir: str) -> int:
         "",
         f"- command: `{doc['command']}`; server: `{doc['server']}`",
         f"- device: {doc['device']}; date: {doc['date']}",
-        f"- {doc['requests']} requests (1 to 128 new tokens, 16 clients), {dropped} dropped by their client after 1 to 4 "
-        f"events, {len(failed)} failed; {doc['tokens']} tokens in {doc['seconds']} s",
-        f"- after the drain: {doc['kv_pages_held_after']} KV pages held, {doc['decoding_after']} sequences in the batch, "
-        f"{doc['queued_after']} queued",
+        f"- {doc['requests']} requests (1 to 128 new tokens, 16 clients), {dropped} dropped by their client after "
+        f"1 to 4 events, {len(failed)} failed; {doc['tokens']} tokens in {doc['seconds']} s",
+        f"- after the drain: {doc['kv_pages_held_after']} KV pages held, {doc['decoding_after']} sequences in the "
+        f"batch, {doc['queued_after']} queued",
         f"- server memory (VmRSS): {doc['rss_mib_after_a_first_round']} MiB after a first drained round of 64, "
         f"{doc['rss_mib_after_the_soak']} MiB after the soak",
         f"- processes left after the stop: {survivors}",
@@ -524,7 +561,8 @@ def main() -> None:
     ap.add_argument("--servers", default=",".join(SERVERS), help=f"of {', '.join(SERVERS)}")
     ap.add_argument("--server", nargs="*", default=[], help="lp.serve keys of the lp servers")
     ap.add_argument("--model", default="smollm2-135m", help="the lp model name; hf-cb serves its local directory")
-    ap.add_argument("--cb-blocks", type=int, default=1024, help="hf-cb's KV blocks (--cb-num-blocks)")
+    ap.add_argument("--cb-blocks", type=int, default=128, help="hf-cb's KV blocks of 64 tokens (--cb-num-blocks)")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of every server, in turn")
     ap.add_argument("--retry-s", type=float, default=RETRY_S)
     ap.add_argument("--deadline-s", type=float, default=3600)
     ap.add_argument("--soak", type=int, default=0, help="requests of the soak (random lengths, disconnects)")
@@ -541,7 +579,11 @@ def main() -> None:
         raise SystemExit(f"--servers: unknown {sorted(unknown)}; known: {', '.join(SERVERS)}")
     start_load = os.getloadavg()[0]
     floor = weight_read_floor(model_dir)
-    servers = {kind: run_server(kind, args, model_dir, levels) for kind in kinds}
+    rounds: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    for r in range(args.rounds):
+        for kind in kinds if r % 2 == 0 else kinds[::-1]:
+            rounds[kind].append(run_server(kind, args, model_dir, levels))
+    servers = {kind: median_of(runs) for kind, runs in rounds.items()}
     doc = {
         "command": "python -m tools.serve_load " + shlex.join(sys.argv[1:]),
         "device": cpu_name(),
@@ -550,6 +592,7 @@ def main() -> None:
         "load_average": [round(start_load, 1), round(os.getloadavg()[0], 1)],
         "max_tokens": args.max_tokens,
         "requests": args.requests,
+        "rounds": args.rounds,
         "levels": levels,
         "floor": floor,
         "servers": servers,

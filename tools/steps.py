@@ -225,7 +225,8 @@ HELP = {
     "graphs": "auto | true | false: lp's fixed-shape steps, CUDA graphs on a GPU (auto: on cuda)",
     "attention": "auto | sdpa | flex: lp's attention backend (auto: flex with graphs on cuda)",
     "copy_mib": "MiB copied per bandwidth repetition (0: 2048 on cuda, 256 on cpu)",
-    "batches": "packed steps of B sequences to time too, each after its own prompt_len tokens, a step's tokens split among them (e.g. 1,8,32; default none)",
+    "batches": "packed steps of B sequences to time too, each after its own prompt_len tokens, a step's tokens "
+    "split among them (e.g. 1,8,32; default none)",
     "seed": "seed of the random weights and token ids (0)",
     "out": "results directory (default $LP_CACHE/bench/steps/ARCH-DEVICE-DTYPE-TIME, $LP_CACHE = ~/.cache/lp)",
 }

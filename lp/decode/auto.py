@@ -27,6 +27,10 @@ from lp.worker import STEP_ROOM, Worker
 # (through the origin, against log2 of the largest step) of the ladder's S in the budget sweep
 # (results/sweep/spec_bench_48, 48 prompts at every size). `auto` refits it to what it decodes.
 PRIOR_SLOPE = 0.30
+# The prior weighs as this many steps of a 128-token shape in the fit (each sequence weighs its
+# steps): a short decode (a server's warm-up, a 4-token answer) moves the slope a little, not to
+# its own S, and a couple of real sequences outweigh it.
+PRIOR_STEPS = 8
 # A bigger step must promise this factor more tokens/s than the cheaper choice to replace it
 # (beside other sequences, this factor more of the one sequence's share of them). Calibration
 # timings on a shared machine vary by a few percent between runs; without a margin, near ties
@@ -97,7 +101,9 @@ def calibrate(
         kv.reserve(context + sizes[-1])
         steps = []
         for T in sizes:  # T causal tokens after the context, logits for each (as a tree's nodes need)
-            chunk = prompt_chunk(kv.owner, torch.randint(0, worker.vocab_size, (T,), generator=gen).numpy(), context, kv.table)
+            chunk = prompt_chunk(
+                kv.owner, torch.randint(0, worker.vocab_size, (T,), generator=gen).numpy(), context, kv.table
+            )
             chunk.rows = np.arange(T)
             steps.append(PackedStep([chunk]))
         seconds = [math.inf] * len(sizes)
@@ -132,14 +138,18 @@ class AutoTuner:
     cost: CostCurve
     world_size: int = 1
     explore_every: int = 8  # after this many plain sequences, try the cheapest shape again
-    seen: list[tuple[int, float]] = field(default_factory=list)  # (step tokens, S) per sequence
+    seen: list[tuple[float, float, int]] = field(default_factory=list)  # (a step's tokens, S, steps) a sequence
     plain_streak: int = 0
 
     def slope(self) -> float:
-        """Least-squares slope of S - 1 against log2(step tokens) through the origin."""
-        xs = [(math.log2(T), s - 1) for T, s in self.seen if T > 1]
-        den = sum(x * x for x, _ in xs)
-        return sum(x * y for x, y in xs) / den if den else PRIOR_SLOPE
+        """Least-squares slope of S - 1 against log2(step tokens) through the origin, each sequence
+        weighing its steps, the prior `PRIOR_STEPS` steps at 128 tokens."""
+        x0 = math.log2(128)
+        num, den = PRIOR_STEPS * x0 * x0 * PRIOR_SLOPE, PRIOR_STEPS * x0 * x0
+        for T, S, steps in self.seen:
+            x = math.log2(T)
+            num, den = num + steps * x * (S - 1), den + steps * x * x
+        return num / den
 
     def expect(self, shape: Shape | None, others: int = 0) -> tuple[float, float, float]:
         """(expected S, tokens/s, tokens/s relative to plain decoding) of a shape (None: plain): S
@@ -201,7 +211,8 @@ class AutoTuner:
             f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding"
         )
 
-    def observe(self, shape: Shape | None, S: float) -> None:
-        """Record the S a sequence achieved with `shape` (plain sequences teach nothing)."""
-        if shape is not None:
-            self.seen.append((rank_tokens(shape), S))
+    def observe(self, tokens: float, S: float, steps: int = 1) -> None:
+        """Record the S a sequence achieved in `steps` steps of `tokens` tokens on average (a plain
+        sequence's single tokens teach nothing)."""
+        if tokens > 1:
+            self.seen.append((tokens, S, steps))

@@ -21,20 +21,21 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from lp.collective import Collective
-from lp.decode.budget import Budget, Calibration, Claim
+from lp.decode.budget import Budget, Claim
 from lp.decode.sequence import Request, Sequence, StepOutputs
 from lp.decode.shares import largest_share
 from lp.decode.state import fingerprint
 from lp.engine.packed import PackedStep
 from lp.engine.pages import pages_for
 from lp.errors import LPError
-from lp.partition import RankPlan
 from lp.message import HALT
+from lp.partition import RankPlan
 from lp.worker import MAX_STEP, STEP_ROOM, Worker
 
 PREFILL_CHUNK = 512  # prompt tokens a step prefills at most, by default
@@ -65,8 +66,9 @@ class StepObserver:
 
 class Batch:
     """Sequences decoded together on this rank (all ranks build one alike and submit the same
-    requests in the same order). `max_context`: the longest sequence, prompt included; `max_batch`: sequences decoding at once (the rest wait);
-    `prefill_chunk`: prompt tokens a step prefills at most; `budget`: how a step's tree nodes are
+    requests in the same order). `max_context`: the longest sequence, prompt included;
+    `max_batch`: sequences decoding at once (the rest wait); `prefill_chunk`: prompt tokens a step
+    prefills at most; `budget`: how a step's tree nodes are
     shared (lp/decode/budget.py; requests whose trees are not `shared` verify all of theirs);
     `rehearse`: rehearse a lone sequence's next plan while the device computes (a GPU's host)."""
 
@@ -90,7 +92,6 @@ class Batch:
         self.eos = np.array(sorted(eos_ids), dtype=np.int64)  # as the compiled merge reads them
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
         self.budget = budget or Budget("none")
-        self.calibration = Calibration()
         self.observe = observer or StepObserver()
         self.rehearse = rehearse
         self.waiting: deque[Request] = deque()
@@ -116,10 +117,16 @@ class Batch:
         shape = f"W={W} N={N} G={G}" + (f" step_tokens={cfg.step_tokens}" if cfg.step_tokens else "")
         share = largest_share(cfg, self.comm.world_size)
         if share > MAX_STEP:
-            raise LPError(f"{shape}: a step of this shape feeds up to {share} tokens a rank, more than {MAX_STEP}: lower W, N, G or step_tokens")
+            raise LPError(
+                f"{shape}: a step of this shape feeds up to {share} tokens a rank, more than {MAX_STEP}: "
+                "lower W, N, G or step_tokens"
+            )
         deepest = max(W + N - 3, cfg.max_draft) if cfg.lookahead else 0
         if deepest >= STEP_ROOM:
-            raise LPError(f"{shape}: a step of this shape reaches {deepest} positions past x0, lp at most {STEP_ROOM - 1}: lower W or N")
+            raise LPError(
+                f"{shape}: a step of this shape reaches {deepest} positions past x0, lp at most "
+                f"{STEP_ROOM - 1}: lower W or N"
+            )
         most = self._most(request)
         if pages_for(most) > self.worker.kv.pool.pages - 1:
             raise LPError(
@@ -174,17 +181,12 @@ class Batch:
                 seq.drafter.before_read(self.rehearse and len(decoding) == 1)
             gathered = self.comm.all_gather(self._stamped(messages, decoding)).cpu().numpy()
             self.observe.message_read()
-            at, promised, accepted = 0, 0.0, 0
+            at = 0
             for seq, mine in zip(decoding, messages):
                 size = mine.shape[0]
                 if seq.advance(np.ascontiguousarray(gathered[:, at : at + size]), self.eos):
                     ended.append(seq)
                 at += size
-                if seq.promised is not None:
-                    promised += seq.promised
-                    accepted += seq.state.accepted[-1] - 1
-            if promised:
-                self.calibration.observe(promised, accepted)
         for seq in ended:
             seq.finish()
             self.running.remove(seq)
@@ -218,7 +220,9 @@ class Batch:
             if self.comm.world_size > 1:
                 self._handshake(request)
             cfg = request.cfg
-            kv = self.worker.sequence(len(request.prompt) + cfg.max_new_tokens, largest_share(cfg, self.comm.world_size))
+            kv = self.worker.sequence(
+                len(request.prompt) + cfg.max_new_tokens, largest_share(cfg, self.comm.world_size)
+            )
             seq = Sequence(
                 request, kv, self.worker.vocab_size, P=self.comm.world_size, rank=self.comm.rank, tp=self.worker.tp
             )
@@ -268,18 +272,25 @@ class Batch:
         return out
 
     def _plan(self, base: int) -> None:
-        """Every decoding sequence's next step: its tree grown, cut to its part of the step's budget
-        (with `base` prompt tokens in the step), laid out."""
+        """Every decoding sequence's next step: its part of the step's budget (with `base` prompt
+        tokens in the step), its tree grown (not at all where the budget gives none), cut, laid out."""
         seqs = [s for s in self.running if s.decoding]
-        claims = []
-        for seq in seqs:
-            chances = seq.drafter.grow(len(seq.state.pending))
-            shared = chances is not None and seq.request.shared
-            claims.append(Claim(seq.fixed_tokens(), np.zeros(0) if chances is None else chances, shared))
-        counts = self.budget.allocate(claims, base, self.calibration.factor)
-        for seq, claim, k in zip(seqs, claims, counts):
+        claims = [
+            Claim(
+                seq.fixed_tokens(),
+                seq.drafter.cap(len(seq.state.pending)),
+                seq.request.shared and seq.drafter.shape.shared,
+            )
+            for seq in seqs
+        ]
+        total = self.budget.total(claims, base)
+        grown = []
+        for seq, claim in zip(seqs, claims):
+            chances = seq.drafter.grow(len(seq.state.pending), claim.cap if total or not claim.shared else 0)
+            grown.append(replace(claim, chances=np.zeros(0) if chances is None else chances))
+        counts = self.budget.split(grown, total)
+        for seq, claim, k in zip(seqs, grown, counts):
             seq.plan = seq.drafter.plan(seq.state.pending, k if claim.shared else None)
-            seq.promised = float(claim.chances[:k].sum()) if len(claim.chances) else None
             self.observe.planned(seq.plan, seq.state.length - 1)
 
     def drain(self) -> Iterator[Sequence]:

@@ -4,36 +4,38 @@ next step verifies (docs/design.md section 3).
 Every sequence of a step feeds its pending tokens (and its window, if its shape has one); what the
 step spends beyond them goes to tree nodes. Each sequence's tree was grown best first, and each
 node carries its estimated chance of being on the accepted path (its parent's times its source's
-counted rate: lp/lookahead/rates.py), so a sequence's expected tokens from a step are 1 plus the
-chances of the nodes it verifies. The shared budget therefore takes the likeliest nodes of all
+counted rate: lp/lookahead/rates.py). The shared budget takes the likeliest nodes of all
 sequences together: a sequence verifies the first k of its nodes in growth order (a tree: a node
 grows after its parent), and the k's are those of the step's likeliest nodes overall.
 
 How many nodes the step takes in all:
-* `auto`: the count that maximises the step's expected tokens per second, its cost measured on
-  this machine (lp/decode/auto.py `CostCurve`: one forward of T tokens); the tokens every step
-  feeds anyway (prompt chunks, pending tokens, windows) are the base it adds to. One sequence on a
-  GPU gets the whole tree where a bucket has room; many sequences on a CPU, where a step of more
-  tokens costs more at once, get only the drafts that pay. Nothing depends on the batch's size.
+* `auto`: the count that maximises the step's expected tokens per second, as W=auto prices one
+  sequence's step (lp/decode/auto.py): a sequence whose step feeds T tokens commits S(T) =
+  1 + slope x log2(T) of them, the slope fitted on what the decodes achieved, and a step of T
+  tokens costs what this machine measured; the tokens every decoding step feeds anyway (pending
+  tokens, windows) are the base it adds to. A prompt chunk in the step is left out of the price:
+  it is paid whatever the nodes, and a step it makes long would make them look free. One
+  sequence on a GPU gets the whole tree where a bucket has room; many sequences on a CPU, where a
+  step of more tokens costs more at once, get nodes only where they pay. Nothing depends on the
+  batch's size but through the cost.
+  (The nodes' own chances decide who gets them, not how many: a node verified is also a successor
+  row computed and a path the next trees can draw on, a worth the achieved S counts and a chance
+  does not.)
 * `shared` / `even` (measurements): a step of `step_tokens` tokens, its nodes taken best first
   across sequences, or split evenly among them.
 * `none`: no nodes (plain batched decoding).
 Sequences whose trees are not `shared` (a shape the caller fixed, drafts of one chain each) verify
-their whole tree and are part of the base.
-
-The chances are estimates: each sequence's rates start from a prior, and nodes of one tree are not
-independent. So `auto` prices them with a correction counted over the batch's steps
-(`Calibration`: the drafts accepted over the drafts the verified nodes' chances promised), which
-every rank counts alike from the same outcomes."""
+their whole tree and are part of the base."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from lp.decode.auto import CostCurve
+from lp.decode.auto import PRIOR_SLOPE, CostCurve
 from lp.errors import LPError
 
 POLICIES = ("auto", "shared", "even", "none")
@@ -42,23 +44,27 @@ POLICIES = ("auto", "shared", "even", "none")
 @dataclass(frozen=True)
 class Claim:
     """One sequence's part in the next step: the tokens it feeds whatever its tree (`fixed`: its
-    pending tokens and window, this rank's share), its grown tree's chances in growth order, and
-    whether those nodes compete for the step's budget (`shared`; else all of them are verified)."""
+    pending tokens and window, this rank's share), the most nodes its tree may have (`cap`),
+    whether they compete for the step's budget (`shared`; else all of them are verified), and once
+    grown, the tree's chances in growth order."""
 
     fixed: int
-    chances: np.ndarray
+    cap: int
     shared: bool
+    chances: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class Budget:
     """How a step's nodes are shared (module docstring). `step_tokens`: the step's size for
-    `shared` and `even`; `cost`: the machine's step costs for `auto`; `P`: the replicas that
-    split each tree (a rank's share of the nodes is 1/P of them)."""
+    `shared` and `even`; `cost`: the machine's step costs for `auto`, and `slope`: the S-vs-step-
+    size slope it prices with (W=auto's tuner's, as it learns); `P`: the replicas that split each
+    tree (a rank's share of the nodes is 1/P of them)."""
 
     policy: str = "auto"
     step_tokens: int | None = None
     cost: CostCurve | None = None
+    slope: Callable[[], float] = lambda: PRIOR_SLOPE
     P: int = 1
 
     def __post_init__(self) -> None:
@@ -69,71 +75,55 @@ class Budget:
         if self.policy == "auto" and self.cost is None:
             raise LPError("budget=auto needs the machine's step costs")
 
-    def allocate(self, claims: list[Claim], base: int = 0, factor: float = 1.0) -> list[int]:
-        """The nodes each claim's next step verifies; `base`: the step's other tokens (prompt chunks);
-        `factor`: what a promised draft is worth (`Calibration.factor`)."""
+    def total(self, claims: list[Claim], base: int = 0) -> int:
+        """The nodes the shared claims' trees verify in all (before any is grown: the claims' caps
+        bound it); `base`: the step's other tokens (prompt chunks)."""
+        shared = [c for c in claims if c.shared and c.cap]
+        if not shared or self.policy == "none":
+            return 0
+        available = sum(c.cap for c in shared)
+        fixed = sum(c.fixed for c in claims) + math.ceil(sum(c.cap for c in claims if not c.shared) / self.P)
+        if self.policy in ("shared", "even"):
+            return min(available, max(0, (self.step_tokens - base - fixed) * self.P))
+        # priced as a step of decodes alone: a prompt chunk's cost is paid whatever the nodes
+        return self._best_count(available, len(shared), len(claims) - len(shared), fixed)
+
+    def split(self, claims: list[Claim], total: int) -> list[int]:
+        """The nodes each grown claim's next step verifies: every node of a tree that is not shared;
+        `total` among the shared ones, best first (`even`: evenly)."""
         counts = [len(c.chances) for c in claims]
         shared = [i for i, c in enumerate(claims) if c.shared and len(c.chances)]
-        if not shared:
-            return counts
-        competing = set(shared)
-        own = sum(n for i, n in enumerate(counts) if i not in competing)
-        fixed = base + sum(c.fixed for c in claims) + math.ceil(own / self.P)
         for i in shared:
             counts[i] = 0
-        if self.policy == "none":
+        total = min(total, sum(len(claims[i].chances) for i in shared))
+        if not shared or not total:
             return counts
-        total = sum(len(claims[i].chances) for i in shared)
         if self.policy == "even":
-            room = max(0, (self.step_tokens - fixed) * self.P)
             for j, i in enumerate(shared):
-                counts[i] = min(len(claims[i].chances), room // len(shared) + (j < room % len(shared)))
+                counts[i] = min(len(claims[i].chances), total // len(shared) + (j < total % len(shared)))
             return counts
-        # the shared nodes best first: each sequence's in growth order (its chances made
-        # non-increasing, so the step's likeliest are a prefix of each), ties by sequence
+        # best first: each sequence's nodes in growth order (its chances made non-increasing, so the
+        # step's likeliest are a prefix of each), ties by sequence
         keys = np.concatenate([np.minimum.accumulate(claims[i].chances) for i in shared])
         owner = np.concatenate([np.full(len(claims[i].chances), j) for j, i in enumerate(shared)])
         place = np.concatenate([np.arange(len(claims[i].chances)) for i in shared])
         order = np.lexsort((place, owner, -keys))
-        if self.policy == "shared":
-            K = min(total, max(0, (self.step_tokens - fixed) * self.P))
-        else:
-            gains = factor * np.concatenate([claims[i].chances for i in shared])[order]
-            K = self._best_count(gains, len(claims), fixed)
-        taken = np.bincount(owner[order[:K]], minlength=len(shared))
+        taken = np.bincount(owner[order[:total]], minlength=len(shared))
         for j, i in enumerate(shared):
             counts[i] = int(taken[j])
         return counts
 
-    def _best_count(self, gains: np.ndarray, sequences: int, fixed: int) -> int:
-        """The count of nodes (the likeliest first, `gains` their chances) that maximises the
-        step's expected tokens (each sequence 1, and its nodes' chances) per second."""
-        expected = sequences + np.concatenate(([0.0], np.cumsum(gains)))
-        counts = np.arange(len(expected))
+    def _best_count(self, available: int, sequences: int, others: int, fixed: int) -> int:
+        """The count of nodes (at most `available`) that maximises the step's expected tokens per
+        second: each of the `sequences` sharing them commits S of its share plus a pending token
+        (W=auto's S(T), module docstring), each of `others` one token; the step feeds `fixed`
+        tokens and a rank's share of the nodes."""
+        counts = np.arange(available + 1)
+        expected = others + sequences * (1 + self.slope() * np.log2(1 + counts / sequences))
         shares = fixed + np.ceil(counts / self.P)
-        seconds = np.array([self.cost.seconds_at(T) for T in np.unique(shares)])
-        per = seconds[np.searchsorted(np.unique(shares), shares)]
-        return int(np.argmax(expected / per))
+        sizes = np.unique(shares)
+        seconds = np.array([self.cost.seconds_at(T) for T in sizes])
+        return int(np.argmax(expected / seconds[np.searchsorted(sizes, shares)]))
 
 
-@dataclass
-class Calibration:
-    """The drafts accepted against the drafts the verified nodes' chances promised, over the
-    batch's recent steps (each step's counts weigh `1 - decay` of the rest), from a prior of half."""
-
-    promised: float = 4.0
-    accepted: float = 2.0
-    decay: float = 0.98
-
-    @property
-    def factor(self) -> float:
-        """What a promised draft is worth: accepted / promised."""
-        return self.accepted / self.promised
-
-    def observe(self, promised: float, accepted: int) -> None:
-        """A step's promise (the sum of its verified nodes' chances) and its accepted drafts."""
-        self.promised = self.decay * self.promised + promised
-        self.accepted = self.decay * self.accepted + accepted
-
-
-__all__ = ["POLICIES", "Budget", "Calibration", "Claim"]
+__all__ = ["POLICIES", "Budget", "Claim"]

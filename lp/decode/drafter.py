@@ -79,18 +79,27 @@ class Drafter:
         `rehearse`, a plan rehearsed (an asynchronous device's host: lp/decode/batch.py)."""
         phases.before_read(self.state, rehearse)
 
-    def after_read(self, gathered: np.ndarray, step: StepPlan, remaining: int, eos: np.ndarray) -> tuple[list[int], bool]:
+    def after_read(
+        self, gathered: np.ndarray, step: StepPlan, remaining: int, eos: np.ndarray
+    ) -> tuple[list[int], bool]:
         """The step's gathered messages `[P, K]` (of ranks whose shares are `step`'s) merged and fed
         to the sources (`phases.after_read`): the committed tokens (at most `remaining`) and
         whether an EOS ended them."""
         new, stopped = phases.after_read(self.state, gathered, step.bounds, step.order, remaining, eos)
         return new.tolist(), stopped
 
-    def grow(self, pending: int) -> np.ndarray | None:
-        """Grow the tree of the next step, which feeds `pending` tokens first: its nodes' chances in
-        growth order, for the step's budget (lp/decode/budget.py); None for drafts of one chain each
-        (`tree=False`), which the budget does not cut."""
-        return phases.grow_next(self.state, pending) if self.shape.shared else None
+    def cap(self, pending: int) -> int:
+        """The most nodes the tree of a step that feeds `pending` tokens first may have."""
+        return int(self.budgets[pending - 1]) if 1 <= pending <= len(self.budgets) else 0
+
+    def grow(self, pending: int, nodes: int | None = None) -> np.ndarray | None:
+        """Grow the tree of the next step, which feeds `pending` tokens first (`nodes` 0: none, the
+        step's budget gives it none): its nodes' chances in growth order, for the step's budget
+        (lp/decode/budget.py); None for drafts of one chain each (`tree=False`), which the budget
+        does not cut."""
+        if not self.shape.shared:
+            return None
+        return phases.grow_next(self.state, pending, nodes != 0)
 
     def plan(self, pending: list[int], k: int | None = None) -> StepPlan:
         """The next step's plan: it feeds `pending` (x0 last) and verifies the first `k` nodes of

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from lp.engine.tp import TensorGroup
 from lp.message import HALT
 

@@ -48,7 +48,6 @@ from lp.lookahead.window import JacobiWindow, ready, update
 from lp.message import HEADER, merge_messages
 
 
-
 class DraftShape(NamedTuple):
     """A decode's constants for the drafter's compiled calls (from its DecodeConfig and world)."""
 
@@ -156,9 +155,14 @@ def _planned(
 
 
 @compiled
-def grow_next(d: DraftState, pending: int) -> np.ndarray:
+def grow_next(d: DraftState, pending: int, any_node: bool) -> np.ndarray:
     """Grow the tree of the next step, which feeds `pending` tokens, and keep it (`grown`) until
-    the step's budget says how much of it the step verifies (`plan`): its chances in growth order."""
+    the step's budget says how much of it the step verifies (`plan`): its chances in growth order.
+    Without `any_node` (the budget gives it none), no tree is grown."""
+    if not any_node:
+        none = np.zeros(0, np.int64)
+        d.grown = (none, none, none, none, none)
+        return np.zeros(0, np.float64)
     tokens, parents, labels, growth, groups, chances = grow_tree(d, pending)
     d.grown = (tokens, parents, labels, growth, groups)
     return chances
@@ -187,7 +191,12 @@ def first_grown(
         if growth[v] < k:
             where[v] = m
             m += 1
-    out_t, out_p, out_l, out_g = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
+    out_t, out_p, out_l, out_g = (
+        np.empty(m, np.int64),
+        np.empty(m, np.int64),
+        np.empty(m, np.int64),
+        np.empty(m, np.int64),
+    )
     sizes = np.zeros(len(groups), np.int64)
     v = 0
     for r in range(len(groups)):
@@ -304,4 +313,14 @@ def step_chains(d: DraftState) -> Chains:
     return step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, 0)
 
 
-__all__ = ["DraftShape", "DraftState", "after_read", "before_read", "first_grown", "grow_next", "new_state", "plan", "plan_given"]
+__all__ = [
+    "DraftShape",
+    "DraftState",
+    "after_read",
+    "before_read",
+    "first_grown",
+    "grow_next",
+    "new_state",
+    "plan",
+    "plan_given",
+]

@@ -19,7 +19,17 @@ from lp.partition import RankPlan, Split, plans_of, search, search_split
 # lay_out_step's answer: the tree (tokens, parents, root groups), every rank's bounds, this rank's
 # layout (its nodes' parents, gather, depth, logit rows), its ids, the pre-order, and its mask
 PLANNED = tuple[
-    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
 ]
 
 

@@ -71,7 +71,6 @@ class Sequence:
         self.P = P
         self.prefilled = 0
         self.plan: StepPlan | None = None
-        self.promised: float | None = None  # the drafts its planned step's chances promise
         self.result: Generation | None = None
         self.admitted = self.decoding_since = time.perf_counter()
         self._message_rows = successor_rows(cfg.step_shape[0], cfg.step_shape[3])

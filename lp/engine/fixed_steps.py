@@ -25,10 +25,9 @@ from collections.abc import Callable
 
 import torch
 
-from lp.engine.attention import Dense, FlexMask, Visibility
+from lp.engine.attention import FLEX_BLOCK, Dense, FlexMask, Visibility
 from lp.engine.forward import Forward, StepInputs
 from lp.engine.kv import KVCache
-from lp.engine.attention import FLEX_BLOCK
 from lp.engine.packed import PackedStep, PackedTensors, bucket, flex_blocks, padded
 from lp.errors import LPError
 from lp.models import cache_dir

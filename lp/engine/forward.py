@@ -16,7 +16,6 @@ import torch
 
 from lp.engine.kv import KVCache
 
-
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]  # lp/engine/attention.py's
 
 

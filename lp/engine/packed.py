@@ -146,7 +146,9 @@ class PackedStep:
         buckets: dict[int, list[int]] = {}
         for i, s in enumerate(self.segments):
             buckets.setdefault(bucket(s.size), []).append(i)
-        return [(np.asarray(members, np.int64), max(self.segments[i].size for i in members)) for members in buckets.values()]
+        return [
+            (np.asarray(members, np.int64), max(self.segments[i].size for i in members)) for members in buckets.values()
+        ]
 
 
 @dataclass(eq=False)

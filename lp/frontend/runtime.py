@@ -231,7 +231,7 @@ class LP:
         trees of shapes W=auto chose are cut by it)."""
         if self._tuner is None:
             return Budget("none", P=self.lp.world_size)
-        return Budget("auto", cost=self._tuner.cost, P=self.lp.world_size)
+        return Budget("auto", cost=self._tuner.cost, slope=self._tuner.slope, P=self.lp.world_size)
 
     def calibrate(self) -> CostCurve:
         """This rank's step costs; under LP the slowest rank's, so all ranks choose alike."""
@@ -334,7 +334,9 @@ class LP:
             for i, item in enumerate(prompts):
                 own = dict(item) if isinstance(item, Mapping) else {"prompt": item}
                 text = own.pop("prompt")
-                ask = self.ask(text, chat=chat, stop=stop, sample_stream=i, others=batch - 1, tag=i, **{**settings, **own})
+                ask = self.ask(
+                    text, chat=chat, stop=stop, sample_stream=i, others=batch - 1, tag=i, **{**settings, **own}
+                )
                 asks[i] = ask
                 yield ask.request
 
@@ -351,7 +353,8 @@ class LP:
         if ask.reason is not None:
             S, tokens_per_s, _ = self._tuner.expect(shape)  # before this sequence teaches the tuner
             predicted = {"S": S, "tokens_per_s": tokens_per_s}
-            self._tuner.observe(shape, g.S)
+            if shape is not None and g.fed_per_step:  # the S it achieved at the steps it fed
+                self._tuner.observe(sum(g.fed_per_step) / len(g.fed_per_step), g.S, g.steps)
         return Result(
             **{f.name: getattr(g, f.name) for f in fields(Generation)},
             prompt_ids=ask.request.prompt,

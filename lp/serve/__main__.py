@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import socket
 import sys
+import threading
 from typing import Any
 
 import uvicorn
@@ -53,21 +54,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _terminated(signum: int, frame: object) -> None:
-    """SIGTERM after the HTTP server has drained (uvicorn raises it again): end through the
-    cleanup, which stops the other ranks, rather than at once."""
-    raise SystemExit(0)
-
-
 def serve(lm: Any, channel: Channel, sock: socket.socket, cfg: DictConfig, defaults: dict[str, Any]) -> None:
-    """Rank 0: HTTP in this thread, the decodes in the engine's, until a signal or a failed decode."""
+    """Rank 0: the decodes in this thread (the main one: torch's OpenMP workers spin for it alone;
+    from another thread a small matmul took 1.6x as long on a 2-core CPU), HTTP in another,
+    until a signal or a failed step."""
     name = str(cfg.served_model_name or cfg.model.name)
     config = uvicorn.Config(
         app=None, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=SHUTDOWN_S
     )
     http = uvicorn.Server(config)
 
-    def failed() -> None:  # from the decode thread: uvicorn's main loop reads the flag and shuts down
+    def failed() -> None:  # the engine's steps failed: uvicorn's loop reads the flag and shuts down
         http.should_exit = True
 
     engine = Engine(lm, channel, cfg.max_batch, cfg.max_queue, cfg.prefill_chunk, on_failure=failed)
@@ -77,17 +74,24 @@ def serve(lm: Any, channel: Channel, sock: socket.socket, cfg: DictConfig, defau
     server = Server(engine, Preparer(lm, defaults), name, info)
     api_key = None if cfg.api_key is None else str(cfg.api_key)
     config.app = build_app(server, api_key, cfg.max_body_bytes)
-    engine.start()
+    web = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, name="lp-http", daemon=True)
+
+    def stop(signum: int, frame: object) -> None:
+        """SIGTERM or Ctrl-C: open responses get SHUTDOWN_S, the batch ends at its next step."""
+        http.should_exit = True
+        engine.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)  # uvicorn installs no handler outside the main thread
+    web.start()
     host, port = sock.getsockname()[:2]
     ranks = f"{lm.comm.world_size} rank{'s' if lm.comm.world_size > 1 else ''}, tp={lm.tp.size}"
     print(f"lp: serving {name} at http://{host}:{port}/v1 ({ranks})", file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, _terminated)
     try:
-        http.run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
+        engine.run(stop_when=lambda: not web.is_alive())
     finally:
-        engine.stop(cfg.timeout_s + 2 * TICK_S)  # a hung collective fails within timeout_s
+        http.should_exit = True
+        web.join(SHUTDOWN_S + 2)
     if engine.failure is not None:
         raise LPError(engine.failure)
 

@@ -1,4 +1,4 @@
-"""The decoder side of the server: continuous batching. One thread of rank 0 (`Engine`) runs a batch
+"""The decoder side of the server: continuous batching. Rank 0's main thread (`Engine.run`) runs a batch
 (lp/decode/batch.py): before each step it takes queued requests while the batch has room
 (`max_batch` sequences), hands them to every rank (lp/serve/channel.py), and they join the running
 sequences at that step; their prompts are prefilled in chunks that share steps with the others'
@@ -57,7 +57,13 @@ class Engine:
     """Rank 0's decode thread, its batch and its queue."""
 
     def __init__(
-        self, lm: Any, channel: Channel, max_batch: int, max_queue: int, prefill_chunk: int, on_failure: Callable[[], None]
+        self,
+        lm: Any,
+        channel: Channel,
+        max_batch: int,
+        max_queue: int,
+        prefill_chunk: int,
+        on_failure: Callable[[], None],
     ) -> None:
         """`on_failure`: called once from the decode thread when a step failed (stops the server)."""
         self.lm, self.channel, self.on_failure = lm, channel, on_failure
@@ -69,18 +75,16 @@ class Engine:
         self.most_queued = 0  # the most requests that waited at once
         self._asks: dict[int, tuple[Job, Any]] = {}  # the batch's requests: their jobs and asks
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lp-decode", daemon=True)
+        self._ended = threading.Event()  # `run` has ended: it answered every job it took or found queued
 
     @property
     def decoding(self) -> int:
         """Sequences in the batch (decoding, prefilling or waiting for pages)."""
         return len(self.batch.running) + len(self.batch.waiting)
 
-    def start(self) -> None:
-        self._thread.start()
-
     def submit(self, job: Job) -> None:
-        """Queue a job; ApiError 429 when the queue is full, 503 when the server cannot decode."""
+        """Queue a job (from the HTTP thread); ApiError 429 when the queue is full, 503 when the
+        server cannot decode."""
         if self.failure is not None or self._stopping.is_set():
             raise ApiError(503, self.failure or "the server is shutting down")
         try:
@@ -90,18 +94,20 @@ class Engine:
         self.most_queued = max(self.most_queued, self.jobs.qsize())
 
     def alive(self) -> bool:
-        """Whether the decode thread runs (it answers every job it takes or finds queued when it ends)."""
-        return self._thread.is_alive()
+        """Whether the engine runs, or is about to (it answers every job it takes or finds queued)."""
+        return not self._ended.is_set()
 
-    def stop(self, timeout: float) -> None:
-        """Stop after the step in progress (the batch's sequences ended there), answer the queued
-        jobs 503, tell the other ranks; wait at most `timeout` seconds for the thread."""
+    def stop(self) -> None:
+        """Stop `run` after its next step (the batch's decoding sequences halt in it); the queued
+        jobs are answered 503 and the other ranks told."""
         self._stopping.set()
-        self._thread.join(timeout)
 
-    def _run(self) -> None:
+    def run(self, stop_when: Callable[[], bool] = lambda: False) -> None:
+        """Decode until `stop`, or `stop_when()` (the HTTP side has ended), or a failed step."""
         try:
             while True:
+                if stop_when():
+                    self._stopping.set()
                 stopping = self._stopping.is_set()  # then one last step: the decoding sequences halt in it
                 joins = [] if stopping else self._take()
                 self.channel.send([job.request for job, _ in joins])
@@ -119,6 +125,7 @@ class Engine:
             self.on_failure()
         finally:
             self._stopping.set()
+            self._ended.set()
             error = ApiError(503, self.failure or "the server is shutting down")
             for job, _ in self._asks.values():
                 job.emit("error", error)

@@ -1,0 +1,52 @@
+"""Many sequences decoded together under Lookahead Parallelism (lp/decode/batch.py) on 1-3 gloo
+ranks: prompts of mixed lengths and shapes (a one-token prompt, plain decoding, lookahead with and
+without verification, W=auto's budget-cut trees), three at a time, each joining as another ends.
+Every output equals transformers' greedy decoding and the same on every rank; the step's one
+all-gather carries every sequence's message."""
+
+from __future__ import annotations
+
+import pytest
+from _cases import COLLECTIVE_TIMEOUT_S, MAX_NEW, PROMPTS
+from _launch import run_api_worker
+
+ITEMS = [
+    (0, {"W": 5, "N": 3, "G": 5}),
+    (1, {"mode": "ar"}),
+    (2, {"W": 7, "N": 5, "G": 7}),
+    (0, {"W": 3, "N": 3, "G": 0}),
+    (1, {"W": "auto", "N": "auto", "G": "auto"}),
+    (0, {"W": 5, "N": 3, "G": 5, "tree": False}),
+    (1, {"W": 3, "N": 3, "G": 15, "step_tokens": 64}),
+]
+
+
+@pytest.fixture(scope="module")
+def batch_runs(tiny_models, tmp_path_factory):
+    runs = {}
+    for P in (1, 2, 3):
+        items = [{"prompt": PROMPTS[p], "max_new_tokens": MAX_NEW, **s} for p, s in ITEMS]
+        spec = {
+            "models": {"llama": str(tiny_models["llama"])},
+            "timeout_s": COLLECTIVE_TIMEOUT_S,
+            "tasks": [{"id": "batch", "model": "llama", "prompts": items, "batch": 3}],
+        }
+        runs[P] = run_api_worker(spec, P, timeout=240, tmp=tmp_path_factory.mktemp(f"batch_p{P}"))
+    return runs
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
+def test_a_batch_on_several_ranks_is_greedy_on_every_rank(P, batch_runs, references):
+    launch, docs = batch_runs[P]
+    assert launch.returncode == 0, launch.describe()
+    results = [doc["results"]["batch"] for doc in docs]
+    for r, res in enumerate(results):
+        assert "error" not in res, (r, res.get("error"))
+        outputs = [b["output_ids"] for b in res["batch"]]
+        assert outputs == [references["llama", p] for p, _ in ITEMS], r
+    assert all(res["batch"] == results[0]["batch"] for res in results)  # the same steps on every rank
+    calls = results[0]["calls"]
+    gathers = sum(c["name"].startswith("all_gather") for c in calls)
+    steps = [b["steps"] for b in results[0]["batch"]]
+    if P > 1:  # one handshake a sequence, then one all-gather a step for all the sequences in it
+        assert max(steps) + len(ITEMS) <= gathers < sum(steps) + len(ITEMS) + 16, (gathers, steps)
