@@ -22,6 +22,9 @@
 #   smollm2  lp.bench on SmolLM2 bf16, Spec-Bench (PER_CATEGORY prompts a category): W=auto and
 #            lp mode=ar, CUDA graphs, each step's latency (a W=auto step against its prompt's median).
 # Optional parts (a second command, `bash launch/gpu.sh setup PART ...`):
+#   batched  tools.steps for llama-7b with packed steps of 1, 8 and 32 sequences (each after its own
+#            prompt, a step's tokens split among them): the batched step's cost per bucket, beside
+#            one sequence's causal steps, and the CUDA graph memory of each bucket.
 #   replay2  the replayed 7B decodes on two ranks sharing the GPU (gloo, host-staged; the recording
 #            of two ranks): the exact path of LP replicas, shares cut to buckets.
 #   real     the real-model CUDA tests alone (where the model came with the second command).
@@ -46,7 +49,7 @@ set -uo pipefail
 DRY=0
 [[ "${1:-}" == --dry-run ]] && { DRY=1; shift; }
 DEFAULT=(setup steps replay tests smollm2)
-OPTIONAL=(replay2 real host sweep bench ranks)
+OPTIONAL=(batched replay2 real host sweep bench ranks)
 BUDGET=540 # the default plan's most: one 10-minute command, the machine's start and transfers beside
 PARTS=("$@")
 for p in "${PARTS[@]}"; do
@@ -130,6 +133,12 @@ steps() {
   step "steps-$STEPS_ARCH" 100 "$PYTHON" -m tools.steps "arch=$STEPS_ARCH" "device=$DEVICE" "runs=$STEPS_RUNS" \
     "out=$OUT/steps-$STEPS_ARCH"
   keep "$OUT/steps-$STEPS_ARCH/steps.md" "steps-$STEPS_ARCH.md"
+}
+
+batched() {
+  step "steps-$STEPS_ARCH-batched" 180 "$PYTHON" -m tools.steps "arch=$STEPS_ARCH" "device=$DEVICE" runs=0 \
+    tokens=1,8,16,32,64,128,256,512 batches=1,8,32 "out=$OUT/steps-$STEPS_ARCH-batched"
+  keep "$OUT/steps-$STEPS_ARCH-batched/steps.md" "steps-$STEPS_ARCH-batched.md"
 }
 
 replay() {

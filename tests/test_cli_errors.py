@@ -98,7 +98,7 @@ def test_cli_malformed_jsonl_names_the_line(cli_runs):
 
 def test_cli_success_writes_the_contract(cli_runs):
     """Control for the error tests: the same command line with good values works, and each
-    output line carries the keys of docs/design.md section 5."""
+    output line carries the keys of docs/design.md section 6."""
     rc, out, err = cli_runs["ok"]
     assert rc == 0, err
     assert not error_lines(err)

@@ -12,7 +12,7 @@ from lp.partition import RankPlan, partition
 
 def tokens_of(cols: list[int], cands: list[int], N: int, pending: int = 1) -> int:
     """Independent cost of a rank: pending tokens, row-0 prefix r0[1..max column], N-2 levels
-    per column, N-1 tokens per candidate (docs/design.md sections 2-3)."""
+    per column, N-1 tokens per candidate (docs/design.md sections 2 and 4)."""
     prefix = max(cols) if cols else 0
     return pending + prefix + (N - 2) * len(cols) + (N - 1) * len(cands)
 

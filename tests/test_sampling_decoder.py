@@ -1,6 +1,7 @@
-"""Lossless sampling end to end (paper Algorithm 4): lp's lookahead samples, lp's autoregressive
-samples and transformers' samples all follow the exact distribution of the first tokens, and a
-wrong acceptance rule is caught by the same test. Each test has a false-alarm rate of ALPHA."""
+"""Lossless sampling end to end (paper Algorithm 4): lp's lookahead samples, alone and inside a batch
+of many sequences, lp's autoregressive samples and transformers' samples all follow the exact
+distribution of the first tokens, and a wrong acceptance rule is caught by the same test. Each
+test has a false-alarm rate of ALPHA."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from helpers import RECYCLED, SAMPLING, chi_square_pvalue, follow_first_drafts, 
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
-from lp.decode.loop import Decoder
+from lp.decode.loop import Decoder, Request
 from lp.verify.verifier import SamplingVerifier
 from lp.worker import Worker
 
@@ -58,6 +59,26 @@ def _lp_samples(model, prompt, rule=None, **overrides) -> tuple[list[tuple[int, 
 def test_lookahead_sampling_matches_the_model(model, prompt, expected):
     samples, multi = _lp_samples(model, prompt)
     assert multi > 0.3, f"drafts accepted in only {multi:.0%} of the decodes: the test would be weak"
+    assert chi_square_pvalue(samples, expected) > ALPHA
+
+
+def test_sampling_inside_a_batch_matches_the_model(model, prompt, expected):
+    """The same decodes 16 at a time beside greedy ones, each sampled sequence joining as another
+    ends (lp/decode/batch.py): each keeps its own stream, and together the model's distribution."""
+    dec = Decoder(Worker(model), Collective(), set(), 128)
+    cfg = DecodeConfig(**SAMPLING)
+    greedy = DecodeConfig(**{**SAMPLING, "temperature": 0.0})
+    requests = []
+    for i in range(SAMPLES):
+        requests.append(Request(prompt, cfg, stream=i, tag=i))
+        if i % 8 == 0:  # a greedy sequence among every eight sampled ones
+            requests.append(Request(prompt, greedy, tag=-1))
+    samples, multi = [], 0
+    for seq in dec.run(requests, dec.batch(16)):
+        if seq.request.tag >= 0:
+            samples.append(tuple(seq.result.output_ids))
+            multi += max(seq.result.accepted_per_step) > 1
+    assert len(samples) == SAMPLES and multi > 0.3 * SAMPLES
     assert chi_square_pvalue(samples, expected) > ALPHA
 
 

@@ -12,12 +12,12 @@ How many nodes the step takes in all:
 * `auto`: the count that maximises the step's expected tokens per second, as W=auto prices one
   sequence's step (lp/decode/auto.py): a sequence whose step feeds T tokens commits S(T) =
   1 + slope x log2(T) of them, the slope fitted on what the decodes achieved, and a step of T
-  tokens costs what this machine measured; the tokens every decoding step feeds anyway (pending
-  tokens, windows) are the base it adds to. A prompt chunk in the step is left out of the price:
-  it is paid whatever the nodes, and a step it makes long would make them look free. One
-  sequence on a GPU gets the whole tree where a bucket has room; many sequences on a CPU, where a
-  step of more tokens costs more at once, get nodes only where they pay. Nothing depends on the
-  batch's size but through the cost.
+  tokens costs what this machine measured (nodes at all only where they promise `MARGIN` more);
+  the tokens every decoding step feeds anyway (pending tokens, windows) are the base it adds to.
+  A prompt chunk in the step is left out of the price: it is paid whatever the nodes, and a step
+  it makes long would make them look free. One sequence on a GPU gets the whole tree where a
+  bucket has room; many sequences on a CPU, where a step of more tokens costs more at once, get
+  nodes only where they pay. Nothing depends on the batch's size but through the cost.
   (The nodes' own chances decide who gets them, not how many: a node verified is also a successor
   row computed and a path the next trees can draw on, a worth the achieved S counts and a chance
   does not.)
@@ -39,6 +39,10 @@ from lp.decode.auto import PRIOR_SLOPE, CostCurve
 from lp.errors import LPError
 
 POLICIES = ("auto", "shared", "even", "none")
+# `auto` takes nodes only where they promise this factor more tokens/s than none: the price is a
+# model (a slope fitted over whole decodes, costs timed apart), and a draft that promises less than
+# its error gains nothing sure.
+MARGIN = 1.05
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,9 @@ class Budget:
         shares = fixed + np.ceil(counts / self.P)
         sizes = np.unique(shares)
         seconds = np.array([self.cost.seconds_at(T) for T in sizes])
-        return int(np.argmax(expected / seconds[np.searchsorted(sizes, shares)]))
+        rates = expected / seconds[np.searchsorted(sizes, shares)]
+        best = int(np.argmax(rates))
+        return best if rates[best] > MARGIN * rates[0] else 0
 
 
 __all__ = ["POLICIES", "Budget", "Claim"]

@@ -1,4 +1,4 @@
-"""Shares that fill their buckets: a greedy step split over P > 1 ranks (docs/design.md section 3).
+"""Shares that fill their buckets: a greedy step split over P > 1 ranks (docs/design.md section 4).
 
 A step's tree is grown best first, so its root subtrees are as uneven as the drafts' chances: on
 Spec-Bench a 1,024-token step often hangs nearly all its nodes below one root. Ranks that must

@@ -1,6 +1,6 @@
 """The KV cache's pages: its slots in pages of PAGE, lent to the sequences as they grow and given
 back when they leave, so the cache's memory holds what the sequences hold, not a slot of the
-longest context per sequence (docs/design.md section 4).
+longest context per sequence (docs/design.md section 5).
 
 A sequence's KV lies in its pages in order (its page table, `SequenceKV.pages`): storage index i
 (its i-th token: committed ones at their sequence positions, a step's tokens after them in step

@@ -45,7 +45,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(frozen=True)
 class Result(Generation):
-    """One prompt's generation, as written to the output JSONL (docs/design.md section 5)."""
+    """One prompt's generation, as written to the output JSONL (docs/design.md section 6)."""
 
     prompt_ids: list[int]
     text: str
