@@ -94,7 +94,9 @@ def merge(
     its own). Rank 0's y1 is authoritative: a candidate counts only if its rank computed the same
     y1. The longest acceptance wins, ties to the lowest candidate."""
     order = np.zeros(0, np.int64) if order is None else order
-    best, new, successors = merge_messages(gathered, bounds_of(plans), HEADER + max_commit, k, order)
+    bounds = bounds_of(plans)
+    slots = int((bounds[:, 1] - bounds[:, 0]).sum())
+    best, new, successors = merge_messages(gathered, bounds, HEADER + max_commit, k, order, slots)
     if best < 0:
         return Outcome([int(gathered[0, 0])], new, 0, successors)
     accepted = int(gathered[best, 2])
@@ -109,11 +111,12 @@ def bounds_of(plans: tuple[RankPlan, ...]) -> np.ndarray:
 
 @compiled
 def merge_messages(
-    gathered: np.ndarray, bounds: np.ndarray, start: int, k: int, order: np.ndarray
+    gathered: np.ndarray, bounds: np.ndarray, start: int, k: int, order: np.ndarray, slots: int
 ) -> tuple[int, np.ndarray, np.ndarray]:
     """`merge`'s work on the messages of ranks whose plans are the rows of `bounds` (first
     column, column stop, first candidate, candidate stop; the candidates the tree's nodes in
-    `order`, empty: their own, lp/decode/shares.py), their window slots from `start`: the
+    `order`, empty: their own, lp/decode/shares.py), their `slots` window slots from `start` (a
+    step without its window fills none of them: its level is empty): the
     rank whose path wins (-1: none; an LPError where the ranks' output lengths or checksums
     differ: they drifted apart), the window's new level, and
     the successor rows (none, `[0, 1]`, without k) in the order that every rank applies them:
@@ -147,7 +150,7 @@ def merge_messages(
             i += 1
     if not k:
         return best, new, np.zeros((0, 1), np.int64)
-    width, base = 1 + k, start + W  # rank r's row c at [r, base + c * width]
+    width, base = 1 + k, start + slots  # rank r's row c at [r, base + c * width]
     n = 1 + W + nodes.sum()
     at = np.empty(n, np.int64)  # each row's first element in the flat messages, in order
     at[0], i = base, 1

@@ -189,9 +189,9 @@ def test_the_shared_budget_takes_the_likeliest_nodes_of_all():
     """The step's nodes go best first across sequences, each a prefix of its own growth (its
     chances made non-increasing): the likeliest overall, ties by sequence."""
     claims = [
-        Claim(1, 4, True, np.array([0.9, 0.5, 0.6, 0.1])),  # 0.6 after 0.5: counts as 0.5
-        Claim(1, 3, True, np.array([0.8, 0.7, 0.2])),
-        Claim(3, 1, False, np.array([0.95])),  # its own tree: all of it
+        Claim(1, 4, True, chances=np.array([0.9, 0.5, 0.6, 0.1])),  # 0.6 after 0.5: counts as 0.5
+        Claim(1, 3, True, chances=np.array([0.8, 0.7, 0.2])),
+        Claim(3, 1, False, chances=np.array([0.95])),  # its own tree: all of it
     ]
     b = Budget("shared", step_tokens=1 + 1 + 3 + 1 + 4)  # 5 fixed tokens and the own node: 4 shared
     assert b.total(claims) == 4 and b.split(claims, 4) == [2, 2, 1]  # 0.9, 0.8, 0.7, then 0.5 (ties: the first)
@@ -215,6 +215,28 @@ def test_the_cost_model_takes_the_nodes_that_pay():
     assert eager.total(one) > alone
     assert eager.total(one, base=500) == eager.total(one)  # a prompt chunk in the step changes nothing
     assert eager.split(_grown(one + [Claim(3, 1, False)]), eager.total(one))[1] == 1  # its own tree: all
+
+
+def test_windows_are_priced_only_with_nodes():
+    """A step of no node feeds no window of the sequences sharing the nodes: the cost model prices
+    it so (one sequence whose window would cost as much as its nodes buy takes them anyway) and
+    a sequence given no node decodes as plain decoding does, one token fed a step."""
+    steep = Budget("auto", cost=CostCurve((1, 2, 4, 8, 16, 32, 64), (1.0, 1.05, 1.27, 1.55, 1.82, 2.45, 3.72)))
+    assert steep.total([Claim(6, 40, True, window=5)]) == steep.total([Claim(6, 40, True)]) > 0
+    # four such: their windows would cost more than the nodes they come with make
+    assert steep.total([Claim(6, 40, True, window=5)] * 4) == 0 < steep.total([Claim(6, 40, True)] * 4)
+
+
+def test_a_shared_tree_given_no_node_feeds_its_pending_tokens_alone(tiny_models):
+    model = tiny_models["llama"]
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    prompt = make_prompt(2, 20, 3)
+    cfg = DecodeConfig(W=3, N=3, G=15, step_tokens=64, max_new_tokens=MAX_NEW)
+    plain = dec.generate(prompt, cfg, budget=Budget("none"), shared=True)
+    assert plain.output_ids == reference_greedy(model, prompt, MAX_NEW)
+    assert set(plain.fed_per_step) == {1} and plain.steps == MAX_NEW
+    full = dec.generate(prompt, cfg, budget=Budget("none"), shared=False)  # its own tree: window and all
+    assert full.output_ids == plain.output_ids and min(full.fed_per_step) > 1
 
 
 def test_a_trees_first_grown_nodes_are_a_tree():

@@ -269,6 +269,10 @@ def run_spec(spec_path: str) -> int:
 
     from lp import LP, LPError
 
+    if spec.get("budget"):  # every step's budget this policy (W=auto's trees cut by it)
+        from lp.decode.budget import Budget
+
+        LP.budget = lambda self: Budget(spec["budget"], P=self.lp.world_size)
     models: dict[str, LP] = {}
     t0 = time.time()
     try:

@@ -2,7 +2,8 @@
 ranks: prompts of mixed lengths and shapes (a one-token prompt, plain decoding, lookahead with and
 without verification, W=auto's budget-cut trees), three at a time, each joining as another ends.
 Every output equals transformers' greedy decoding and the same on every rank; the step's one
-all-gather carries every sequence's message."""
+all-gather carries every sequence's message. Under a budget of no node, W=auto's sequences feed
+their pending tokens alone (no window) on every rank: still greedy, one token a step."""
 
 from __future__ import annotations
 
@@ -21,17 +22,21 @@ ITEMS = [
 ]
 
 
+def _spec(tiny_models, **more) -> dict:
+    items = [{"prompt": PROMPTS[p], "max_new_tokens": MAX_NEW, **s} for p, s in ITEMS]
+    return {
+        "models": {"llama": str(tiny_models["llama"])},
+        "timeout_s": COLLECTIVE_TIMEOUT_S,
+        "tasks": [{"id": "batch", "model": "llama", "prompts": items, "batch": 3}],
+        **more,
+    }
+
+
 @pytest.fixture(scope="module")
 def batch_runs(tiny_models, tmp_path_factory):
     runs = {}
     for P in (1, 2, 3):
-        items = [{"prompt": PROMPTS[p], "max_new_tokens": MAX_NEW, **s} for p, s in ITEMS]
-        spec = {
-            "models": {"llama": str(tiny_models["llama"])},
-            "timeout_s": COLLECTIVE_TIMEOUT_S,
-            "tasks": [{"id": "batch", "model": "llama", "prompts": items, "batch": 3}],
-        }
-        runs[P] = run_api_worker(spec, P, timeout=240, tmp=tmp_path_factory.mktemp(f"batch_p{P}"))
+        runs[P] = run_api_worker(_spec(tiny_models), P, timeout=240, tmp=tmp_path_factory.mktemp(f"batch_p{P}"))
     return runs
 
 
@@ -50,3 +55,15 @@ def test_a_batch_on_several_ranks_is_greedy_on_every_rank(P, batch_runs, referen
     steps = [b["steps"] for b in results[0]["batch"]]
     if P > 1:  # one handshake a sequence, then one all-gather a step for all the sequences in it
         assert max(steps) + len(ITEMS) <= gathers < sum(steps) + len(ITEMS) + 16, (gathers, steps)
+
+
+def test_no_node_no_window_on_two_ranks(tiny_models, references, tmp_path):
+    launch, docs = run_api_worker(_spec(tiny_models, budget="none"), 2, timeout=240, tmp=tmp_path)
+    assert launch.returncode == 0, launch.describe()
+    for doc in docs:
+        res = doc["results"]["batch"]
+        assert "error" not in res, res.get("error")
+        assert [b["output_ids"] for b in res["batch"]] == [references["llama", p] for p, _ in ITEMS]
+        auto = res["batch"][4]  # W=auto: its tree the budget's, which gives none
+        assert auto["steps"] == len(auto["output_ids"]) and set(auto["accepted_per_step"]) == {1}
+    assert docs[0]["results"]["batch"]["batch"] == docs[1]["results"]["batch"]["batch"]

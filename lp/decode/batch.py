@@ -275,14 +275,11 @@ class Batch:
         """Every decoding sequence's next step: its part of the step's budget (with `base` prompt
         tokens in the step), its tree grown (not at all where the budget gives none), cut, laid out."""
         seqs = [s for s in self.running if s.decoding]
-        claims = [
-            Claim(
-                seq.fixed_tokens(),
-                seq.drafter.cap(len(seq.state.pending)),
-                seq.request.shared and seq.drafter.shape.shared,
-            )
-            for seq in seqs
-        ]
+        claims = []
+        for seq in seqs:
+            fixed, pending = seq.fixed_tokens(), len(seq.state.pending)
+            shared = seq.request.shared and seq.drafter.shape.shared
+            claims.append(Claim(fixed, seq.drafter.cap(pending), shared, window=fixed - pending))
         total = self.budget.total(claims, base)
         grown = []
         for seq, claim in zip(seqs, claims):
@@ -290,7 +287,8 @@ class Batch:
             grown.append(replace(claim, chances=np.zeros(0) if chances is None else chances))
         counts = self.budget.split(grown, total)
         for seq, claim, k in zip(seqs, grown, counts):
-            seq.plan = seq.drafter.plan(seq.state.pending, k if claim.shared else None)
+            # a shared tree given no node: no window either (lp/decode/budget.py)
+            seq.plan = seq.drafter.plan(seq.state.pending, k if claim.shared else None, not claim.shared or k > 0)
             self.observe.planned(seq.plan, seq.state.length - 1)
 
     def drain(self) -> Iterator[Sequence]:

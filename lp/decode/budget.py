@@ -2,7 +2,9 @@
 next step verifies (docs/design.md section 3).
 
 Every sequence of a step feeds its pending tokens (and its window, if its shape has one); what the
-step spends beyond them goes to tree nodes. Each sequence's tree was grown best first, and each
+step spends beyond them goes to tree nodes. A sequence whose tree competes for them and gets none
+feeds its pending tokens alone: its window waits for a step that verifies its drafts (a window's
+n-grams are worth only the drafts they make), so a step with no node is plain batched decoding. Each sequence's tree was grown best first, and each
 node carries its estimated chance of being on the accepted path (its parent's times its source's
 counted rate: lp/lookahead/rates.py). The shared budget takes the likeliest nodes of all
 sequences together: a sequence verifies the first k of its nodes in growth order (a tree: a node
@@ -13,7 +15,8 @@ How many nodes the step takes in all:
   sequence's step (lp/decode/auto.py): a sequence whose step feeds T tokens commits S(T) =
   1 + slope x log2(T) of them, the slope fitted on what the decodes achieved, and a step of T
   tokens costs what this machine measured (nodes at all only where they promise `MARGIN` more);
-  the tokens every decoding step feeds anyway (pending tokens, windows) are the base it adds to.
+  the tokens every decoding step feeds anyway (pending tokens, windows) are the base it adds to,
+  and a step of no node feeds no window of the sequences that share the nodes.
   A prompt chunk in the step is left out of the price: it is paid whatever the nodes, and a step
   it makes long would make them look free. One sequence on a GPU gets the whole tree where a
   bucket has room; many sequences on a CPU, where a step of more tokens costs more at once, get
@@ -47,14 +50,16 @@ MARGIN = 1.05
 
 @dataclass(frozen=True)
 class Claim:
-    """One sequence's part in the next step: the tokens it feeds whatever its tree (`fixed`: its
-    pending tokens and window, this rank's share), the most nodes its tree may have (`cap`),
-    whether they compete for the step's budget (`shared`; else all of them are verified), and once
-    grown, the tree's chances in growth order."""
+    """One sequence's part in the next step: the tokens it feeds with its tree (`fixed`: its
+    pending tokens and window, this rank's share; `window` of them its window's, which a shared
+    claim given no node does not feed), the most nodes its tree may have (`cap`), whether they
+    compete for the step's budget (`shared`; else all of them are verified), and once grown, the
+    tree's chances in growth order."""
 
     fixed: int
     cap: int
     shared: bool
+    window: int = 0
     chances: np.ndarray | None = None
 
 
@@ -90,7 +95,8 @@ class Budget:
         if self.policy in ("shared", "even"):
             return min(available, max(0, (self.step_tokens - base - fixed) * self.P))
         # priced as a step of decodes alone: a prompt chunk's cost is paid whatever the nodes
-        return self._best_count(available, len(shared), len(claims) - len(shared), fixed)
+        windows = sum(c.window for c in shared)
+        return self._best_count(available, len(shared), len(claims) - len(shared), fixed, windows)
 
     def split(self, claims: list[Claim], total: int) -> list[int]:
         """The nodes each grown claim's next step verifies: every node of a tree that is not shared;
@@ -117,14 +123,15 @@ class Budget:
             counts[i] = int(taken[j])
         return counts
 
-    def _best_count(self, available: int, sequences: int, others: int, fixed: int) -> int:
+    def _best_count(self, available: int, sequences: int, others: int, fixed: int, windows: int) -> int:
         """The count of nodes (at most `available`) that maximises the step's expected tokens per
         second: each of the `sequences` sharing them commits S of its share plus a pending token
         (W=auto's S(T), module docstring), each of `others` one token; the step feeds `fixed`
-        tokens and a rank's share of the nodes."""
+        tokens and a rank's share of the nodes, `windows` fewer with none."""
         counts = np.arange(available + 1)
         expected = others + sequences * (1 + self.slope() * np.log2(1 + counts / sequences))
         shares = fixed + np.ceil(counts / self.P)
+        shares[0] -= windows
         sizes = np.unique(shares)
         seconds = np.array([self.cost.seconds_at(T) for T in sizes])
         rates = expected / seconds[np.searchsorted(sizes, shares)]

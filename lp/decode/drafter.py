@@ -101,14 +101,15 @@ class Drafter:
             return None
         return phases.grow_next(self.state, pending, nodes != 0)
 
-    def plan(self, pending: list[int], k: int | None = None) -> StepPlan:
+    def plan(self, pending: list[int], k: int | None = None, windowed: bool = True) -> StepPlan:
         """The next step's plan: it feeds `pending` (x0 last) and verifies the first `k` nodes of
-        its grown tree (None: all of them)."""
+        its grown tree (None: all of them); without `windowed` (k 0), it feeds `pending` alone."""
         fed = np.asarray(pending, dtype=np.int64)
         if not self.shape.shared:
             return self._unshared_step(fed)
         every = np.iinfo(np.int64).max
-        return StepPlan(phases.plan(self.state, fed, every if k is None else k), len(fed), self.shape.split)
+        planned = phases.plan(self.state, fed, every if k is None else k, windowed)
+        return StepPlan(planned, len(fed), self.shape.split)
 
     def next_step(self, pending: list[int], k: int | None = None) -> StepPlan:
         """`grow` then `plan`: the next step, verifying the first `k` nodes of its tree (None: all)."""

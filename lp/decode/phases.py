@@ -146,12 +146,13 @@ def _planned(
     labels: np.ndarray,
     growth: np.ndarray,
     groups: np.ndarray,
+    windowed: bool,
 ) -> PLANNED:
     """The step of this tree, cut to its ranks' shares: kept as the current step's (its outcome
-    counts its nodes), planned."""
+    counts its nodes), planned (without `windowed`: the pending tokens alone)."""
     tokens, parents, labels, groups = fitted(d.shape.split, len(pending), tokens, parents, labels, growth, groups)
     d.tokens, d.parents, d.labels = tokens, parents, labels
-    return lay_out_step(d.shape.split, pending, d.window.rows, tokens, parents, groups)
+    return lay_out_step(d.shape.split, pending, d.window.rows, tokens, parents, groups, windowed)
 
 
 @compiled
@@ -169,11 +170,11 @@ def grow_next(d: DraftState, pending: int, any_node: bool) -> np.ndarray:
 
 
 @compiled
-def plan(d: DraftState, pending: np.ndarray, k: int) -> PLANNED:
+def plan(d: DraftState, pending: np.ndarray, k: int, windowed: bool) -> PLANNED:
     """The next step's plan: the first `k` nodes its tree's growth took (`grow_next`), split and
-    laid out."""
+    laid out; without `windowed` (k is 0), the pending tokens alone: the window waits."""
     tokens, parents, labels, growth, groups = first_grown(*d.grown, k)
-    return _planned(d, pending, tokens, parents, labels, growth, groups)
+    return _planned(d, pending, tokens, parents, labels, growth, groups, windowed)
 
 
 @compiled
@@ -217,7 +218,7 @@ def plan_given(
     """The plan of a step of a given tree (no node labelled: no rates counted; its nodes in their
     order, as if grown so)."""
     labels, growth = np.full(len(tokens), -1, np.int64), np.arange(len(tokens))
-    return _planned(d, pending, tokens, parents, labels, growth, groups)
+    return _planned(d, pending, tokens, parents, labels, growth, groups, True)
 
 
 @compiled
@@ -261,7 +262,7 @@ def after_read(
     if not d.prepared:
         raise LPError("the drafter's after_read needs a before_read after each step's plan")
     d.prepared = False
-    best, level, rows = merge_messages(gathered, bounds, HEADER + s.max_commit, s.k, order)
+    best, level, rows = merge_messages(gathered, bounds, HEADER + s.max_commit, s.k, order, s.split.W)
     accepted = gathered[best, 2] if best >= 0 else 0
     if accepted >= s.max_commit:
         raise LPError("a message accepts more than the step's " + str(s.max_commit - 1) + " draft tokens")
@@ -281,16 +282,18 @@ def after_read(
 @compiled
 def observe(d: DraftState, accepted: np.ndarray, new: np.ndarray, level: np.ndarray, rows: np.ndarray) -> None:
     """A step's outcome fed to the sources: its `accepted` draft tokens, its committed tokens
-    `new`, the window's new `level` and the step's successor `rows` (lp/message.py's order)."""
+    `new`, the window's new `level` (empty where the step fed no window: the window waits) and the
+    step's successor `rows` (lp/message.py's order)."""
     s = d.shape
     W, N = s.split.W, s.split.N
+    windowed = W > 0 and len(level) == W
     count(d.rates, d.tokens, d.parents, d.labels, accepted)
     seq, n = d.text.seq, d.text.n
     if s.k:  # on the table the drafts used, before the step's rows are staged
         tail = np.concatenate((seq[max(n - 2, 0) : n], new))
         count_ranks(d.table, tail)
         tables.stage(d.table, rows, d.keys, d.first_key)
-    if s.pooled and W and ready(d.window, 0):  # column j's n-gram: x0 or its row-0 guess, its levels, its new token
+    if s.pooled and windowed and ready(d.window, 0):  # column j's n-gram: x0 or its row-0 guess, its levels, its new token
         grams, window = np.empty(W * N, np.int64), d.window.rows
         for j in range(W):
             grams[j * N] = seq[n - 1] if j == 0 else window[0, j]
@@ -302,7 +305,7 @@ def observe(d: DraftState, accepted: np.ndarray, new: np.ndarray, level: np.ndar
     if s.from_text:  # the n-grams that end in the committed tokens
         start = max(n - N + 1, 0)
         pools.enqueue(d.pool, d.text.seq[start:], 1, n + len(new) - N + 1 - start)
-    if W:
+    if windowed:
         update(d.window, level)
 
 

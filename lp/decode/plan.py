@@ -72,17 +72,29 @@ class StepPlan:
 
 @compiled
 def lay_out_step(
-    split: Split, pending: np.ndarray, window: np.ndarray, tokens: np.ndarray, parents: np.ndarray, groups: np.ndarray
+    split: Split,
+    pending: np.ndarray,
+    window: np.ndarray,
+    tokens: np.ndarray,
+    parents: np.ndarray,
+    groups: np.ndarray,
+    windowed: bool = True,
 ) -> PLANNED:
     """The plan of a step that feeds `pending` (x0 last), the window's `rows` `[N - 1, W]` and the
     tree of `tokens` and `parents` (root subtrees of `groups` nodes): the ranks' shares (`search`,
     or with `split.share` `search_split` on the tree in pre-order; one rank: the whole step), this
-    rank's layout (`lay_out`) and ids (`gather_ids`): `StepPlan`'s parts."""
+    rank's layout (`lay_out`) and ids (`gather_ids`): `StepPlan`'s parts. Without `windowed`, a
+    step of the pending tokens alone on every rank (no window, no tree: the step's budget gave the
+    sequence no node, lp/decode/budget.py)."""
     W, N, P, rank, share = split
     if len(pending) < 1 or N < 2 or not 0 <= rank < P or window.shape[0] != N - 1 or window.shape[1] != W:
         raise LPError("bad step shape: pending tokens, N, P, the rank or the window's rows do not fit")
     size = len(tokens)
-    if P > 1 and share > 0:
+    if not windowed:
+        if size:
+            raise LPError("a step without its window verifies no tree")
+        bounds = np.zeros((P, 4), np.int64)
+    elif P > 1 and share > 0:
         order = preorder(parents)
         ordered, depth = reordered(parents, order)
         bounds = search_split(W, N, depth, P, share - (len(pending) - 1))
@@ -93,14 +105,14 @@ def lay_out_step(
             raise LPError("bad tree: a node's parent does not precede it")
         ids = gather_ids(gather, pending, window, tokens[order[nodes]], 0)
         return tokens, parents, groups, bounds, mine, gather, depth, rows, ids, order, mask
-    order = np.zeros(0, np.int64)
-    if P == 1:
+    elif P == 1:
         bounds = np.empty((1, 4), np.int64)
         bounds[0, 0], bounds[0, 1], bounds[0, 2], bounds[0, 3] = 0, W, 0, size
     else:
         bounds = search(W, N, groups, P, 1, size)
         if not len(bounds):
             raise LPError("bad partition request: the tree's root subtrees are empty or do not sum to its nodes")
+    order = np.zeros(0, np.int64)
     a, b, c, d = bounds[rank, 0], bounds[rank, 1], bounds[rank, 2], bounds[rank, 3]
     bad, mine, gather, depth, mask, rows = lay_out(len(pending), W, N, a, b, parents, c, d)
     if bad >= 0:
