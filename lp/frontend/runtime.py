@@ -124,7 +124,7 @@ class LP:
         kernels: str | None = None,
     ) -> None:
         """`graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (lp/engine/fixed_steps.py);
-        `compile`: torch.compile them; `attention`: auto | sdpa | flex | split
+        `compile`: torch.compile them; `attention`: auto | sdpa | flex
         (lp/engine/attention.py); `max_seq_len`: the longest sequence, prompt included; `kv_tokens`: the
         KV cache's slots, shared by the sequences decoded together, allocated once (lp/worker.py);
         `backend`: auto | nccl | gloo for the collectives (lp/collective.py); `tp`: ranks per
