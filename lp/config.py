@@ -59,7 +59,10 @@ class DecodeConfig:
     tree (0: off; None: SUCCESSORS, or the shape's where `W=auto` chose it). `continuation_len`:
     below each tree node (but those it made), the text after an earlier occurrence of its token,
     the one whose tokens before it match the node's path longest, up to this many tokens (at most
-    the longest draft), sources with their own counted rates (0: off; text drafts only)."""
+    the longest draft), sources with their own counted rates (0: off; text drafts only).
+    `memory`: draw on the draft memory of earlier decodes (lp/lookahead/memory.py; LP's
+    `draft_memory`), `text_drafts` of its drafts a step as a source of its own, and teach it this
+    decode's text when it ends (false: neither)."""
 
     W: int = 5
     N: int = 3
@@ -83,6 +86,7 @@ class DecodeConfig:
     pool_order: str = "context"
     successors: int | None = None
     continuation_len: int = 0
+    memory: bool = True
 
     def validate(self) -> DecodeConfig:
         if self.mode not in MODES:
@@ -98,7 +102,7 @@ class DecodeConfig:
             raise LPError(f"drafts must be one of {DRAFTS}, got {self.drafts!r}")
         if self.pool_order not in POOL_ORDERS:
             raise LPError(f"pool_order must be one of {POOL_ORDERS}, got {self.pool_order!r}")
-        for key in ("tree", "lone_matches", "pool_from_prompt", "pool_from_output"):
+        for key in ("tree", "lone_matches", "pool_from_prompt", "pool_from_output", "memory"):
             if not isinstance(getattr(self, key), bool):
                 raise LPError(f"{key} must be true or false, got {getattr(self, key)!r}")
         if self.step_tokens is not None:

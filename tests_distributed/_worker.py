@@ -276,9 +276,14 @@ def run_spec(spec_path: str) -> int:
     models: dict[str, LP] = {}
     t0 = time.time()
     try:
+        options = {**spec.get("lp", {}), **spec.get("lp_per_rank", {}).get(str(rank), {})}  # more LP keys
         for name, path in spec["models"].items():
             models[name] = LP(
-                path, device=spec.get("device", "cpu"), timeout_s=spec.get("timeout_s", 60), tp=spec.get("tp", 1)
+                path,
+                device=spec.get("device", "cpu"),
+                timeout_s=spec.get("timeout_s", 60),
+                tp=spec.get("tp", 1),
+                **options,
             )
         doc["load_seconds"] = time.time() - t0
         for task in spec["tasks"]:
@@ -314,6 +319,7 @@ def run_spec(spec_path: str) -> int:
             except LPError as e:
                 res["error"] = {"type": type(e).__name__, "message": str(e)}
             res.update(calls=CALLS[n_calls:], pg_calls=PG_CALLS[n_pg:], seconds=time.time() - t)
+            res["memory"] = [lm.memory.digest, lm.memory.tokens]  # the draft memory after the task
             doc["results"][task["id"]] = res
             save()
         doc["done"] = True

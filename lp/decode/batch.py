@@ -14,7 +14,8 @@ A step, top to bottom:
            decodes, the accepted drafts' KV moved after x0's (`keep`);
   gather   one all-gather of every sequence's message: the step's one device read;
   advance  each sequence merges its messages, commits its tokens, feeds its sources; those that
-           ended (EOS, max_new_tokens, a stop string, a cancel) leave at once and free their pages.
+           ended (EOS, max_new_tokens, a stop string, a cancel) leave at once and free their pages,
+           and teach the draft memory their text, in the batch's order (the same on every rank).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from lp.decode.state import fingerprint
 from lp.engine.packed import PackedStep
 from lp.engine.pages import pages_for
 from lp.errors import LPError
+from lp.lookahead.memory import DraftMemory
 from lp.message import HALT
 from lp.partition import RankPlan
 from lp.worker import MAX_STEP, STEP_ROOM, Worker
@@ -70,7 +72,8 @@ class Batch:
     `max_batch`: sequences decoding at once (the rest wait); `prefill_chunk`: prompt tokens a step
     prefills at most; `budget`: how a step's tree nodes are
     shared (lp/decode/budget.py; requests whose trees are not `shared` verify all of theirs);
-    `rehearse`: rehearse a lone sequence's next plan while the device computes (a GPU's host)."""
+    `memory`: the draft memory its sequences draw on and teach (lp/lookahead/memory.py; None:
+    none); `rehearse`: rehearse a lone sequence's next plan while the device computes (a GPU's host)."""
 
     def __init__(
         self,
@@ -83,6 +86,7 @@ class Batch:
         prefill_chunk: int = PREFILL_CHUNK,
         budget: Budget | None = None,
         observer: StepObserver | None = None,
+        memory: DraftMemory | None = None,
         rehearse: bool = False,
     ) -> None:
         for key, value in (("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -93,7 +97,7 @@ class Batch:
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
         self.budget = budget or Budget("none")
         self.observe = observer or StepObserver()
-        self.rehearse = rehearse
+        self.memory, self.rehearse = memory, rehearse
         self.waiting: deque[Request] = deque()
         self.running: list[Sequence] = []
         self._steps = torch.arange(0, device=worker.device)  # kept drafts' depths: max_commit of any sequence
@@ -190,6 +194,8 @@ class Batch:
         for seq in ended:
             seq.finish()
             self.running.remove(seq)
+            if self.memory is not None and seq.cfg.memory:
+                self.memory.add(seq.request.prompt, seq.result.output_ids)
         return ended
 
     def _stamped(self, messages: list[torch.Tensor], decoding: list[Sequence]) -> torch.Tensor:
@@ -224,7 +230,13 @@ class Batch:
                 len(request.prompt) + cfg.max_new_tokens, largest_share(cfg, self.comm.world_size)
             )
             seq = Sequence(
-                request, kv, self.worker.vocab_size, P=self.comm.world_size, rank=self.comm.rank, tp=self.worker.tp
+                request,
+                kv,
+                self.worker.vocab_size,
+                P=self.comm.world_size,
+                rank=self.comm.rank,
+                tp=self.worker.tp,
+                memory=self.memory,
             )
             self.running.append(seq)
             self._prepare(seq)
@@ -245,17 +257,20 @@ class Batch:
         self.worker.prepare(most, fewest + len(self.running) - 1, moves)
 
     def _handshake(self, request: Request) -> None:
-        """Refuse to decode unless every rank got the same prompt and settings (one all-gather per
-        sequence, so a mismatch is an error rather than a garbled or hung step)."""
+        """Refuse to decode unless every rank got the same prompt and settings and holds the same
+        draft memory (one all-gather per sequence, so a mismatch is an error rather than a garbled
+        or hung step)."""
+        remembered = self.memory.digest if self.memory is not None else 0
         mine = torch.tensor(
-            [fingerprint(request.cfg), fingerprint(request.prompt), self.comm.world_size],
+            [fingerprint(request.cfg), fingerprint(request.prompt), remembered, self.comm.world_size],
             dtype=torch.long,
             device=self.worker.device,
         )
         seen = self.comm.all_gather(mine).cpu()
         if (seen != seen[0]).any():
             raise LPError(
-                f"rank mismatch: ranks were given different prompts or settings (fingerprints {seen[:, :2].tolist()})"
+                "rank mismatch: ranks were given different prompts or settings, or hold different draft "
+                f"memories (fingerprints {seen[:, :3].tolist()})"
             )
 
     def _chunks(self) -> list[tuple[Sequence, int]]:

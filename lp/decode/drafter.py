@@ -20,6 +20,7 @@ from lp.errors import LPError
 from lp.lookahead.chains import new_chains
 from lp.lookahead.drafts import SOURCES
 from lp.lookahead.grow import grow
+from lp.lookahead.memory import DraftMemory
 from lp.lookahead.pool import NGramPool
 from lp.lookahead.rates import DraftRates
 from lp.lookahead.successors import SuccessorTable, new_table
@@ -28,13 +29,24 @@ from lp.lookahead.tree import DraftTree, TreeBuilder
 from lp.lookahead.window import JacobiWindow
 from lp.message import merge, step_message_size
 
+NO_MEMORY = DraftMemory(0)  # the memory of a drafter that has none: it holds nothing
+
 
 class Drafter:
     """The draft sources of one sequence decoded with `cfg` by rank `rank` of P (`keep`: its
-    accepted drafts' KV is kept, lp/worker.py, so every step feeds x0 alone)."""
+    accepted drafts' KV is kept, lp/worker.py, so every step feeds x0 alone); `memory`: the draft
+    memory of earlier decodes it draws on (lp/lookahead/memory.py; None: none)."""
 
     def __init__(
-        self, cfg: DecodeConfig, prompt: list[int], vocab: int, *, P: int = 1, rank: int = 0, keep: bool = False
+        self,
+        cfg: DecodeConfig,
+        prompt: list[int],
+        vocab: int,
+        *,
+        P: int = 1,
+        rank: int = 0,
+        keep: bool = False,
+        memory: DraftMemory | None = None,
     ) -> None:
         W, N, G, limit = cfg.step_shape
         k, pooled = cfg.successors_sent, G > 0 and cfg.pool_capacity > 0
@@ -46,6 +58,7 @@ class Drafter:
             depth=cfg.max_draft,
             draft_len=cfg.draft_len,
             text_drafts=cfg.text_drafts if cfg.drafts == "pool+text" else 0,
+            remembered=cfg.text_drafts if memory is not None and cfg.memory and limit > 0 else 0,
             context=cfg.pool_order == "context" and N > 2,
             frequent=cfg.pool_order == "frequent",
             continuation_len=cfg.longest_continuation,
@@ -71,7 +84,8 @@ class Drafter:
         self.window = JacobiWindow(W, N, prompt, cfg.seed)
         # the tree of a step that feeds p pending tokens (at most a step's commit)
         self.budgets = np.array([cfg.tree_budget(p) for p in range(1, cfg.max_commit + 1)], np.int64)
-        sources = (self.text, self.pool, self.table, self.rates, self.window)
+        self.memory = memory if memory is not None else NO_MEMORY
+        sources = (self.text, self.pool, self.table, self.rates, self.window, self.memory)
         self.state = phases.new_state(*sources, self.shape, self.budgets)
 
     def before_read(self, rehearse: bool = False) -> None:
@@ -149,14 +163,17 @@ class Drafter:
 
 def warm_up() -> None:
     """Compile the drafter's calls, or load them from numba's cache, on two steps of tiny decodes
-    (with successors and continuations, and with one chain per draft over two ranks), so that no
-    decode compiles in its first steps (tens of seconds on a fresh install, once per process)."""
+    (with successors, continuations and a draft memory, and with one chain per draft over two
+    ranks), so that no decode compiles in its first steps (tens of seconds on a fresh install,
+    once per process)."""
     shared, unshared = (
         DecodeConfig(W=2, N=3, G=2, successors=2, continuation_len=2),
         DecodeConfig(W=2, N=3, G=2, tree=False),
     )
+    memory = DraftMemory(64)
+    memory.add([1, 2], [1, 2, 3])
     for cfg, P in ((shared, 1), (unshared, 2)):
-        drafter = Drafter(cfg, [1, 2, 1, 2, 1], vocab=16, P=P)
+        drafter = Drafter(cfg, [1, 2, 1, 2, 1], vocab=16, P=P, memory=memory)
         step = drafter.next_step([1], 2)
         gathered = np.zeros((P, step_message_size(cfg)), np.int64)
         for rehearse in (False, True):

@@ -15,6 +15,7 @@ from lp.decode.hooks import Cancelled, OnTokens, Stop
 from lp.decode.plan import StepPlan
 from lp.decode.record import Generation, collector_paused
 from lp.decode.sequence import Request, Sequence
+from lp.lookahead.memory import DraftMemory
 from lp.verify.verifier import Verifier
 from lp.worker import Worker
 
@@ -35,11 +36,13 @@ class Decoder:
         eos_ids: set[int],
         max_context: int,
         rehearse: bool | None = None,
+        memory: DraftMemory | None = None,
     ) -> None:
         """`rehearse`: rehearse a lone sequence's plan while the device computes
         (lp/decode/phases.py `before_read`); None: where the device runs asynchronously to the
-        host (CUDA). A CPU's forward would wait for it."""
-        self.worker = worker
+        host (CUDA). A CPU's forward would wait for it. `memory`: the draft memory every batch's
+        sequences draw on and teach (lp/lookahead/memory.py; None: none)."""
+        self.worker, self.memory = worker, memory
         self.comm = collective
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
@@ -63,6 +66,7 @@ class Decoder:
             prefill_chunk=prefill_chunk,
             budget=budget,
             observer=observer,
+            memory=self.memory,
             rehearse=self.rehearse,
         )
 

@@ -1,7 +1,8 @@
 """The two phases of a step's host work, compiled, on one sequence's drafting state (`DraftState`).
 
 The state holds the draft sources (lp/lookahead/): the text index, the n-gram pool, the successor
-table of recycled top-k tokens, the sources' counted rates and the Jacobi window; and the step in
+table of recycled top-k tokens, the sources' counted rates, the Jacobi window and the draft memory
+of earlier decodes (shared by every sequence, read here, fed by the batch); and the step in
 flight: its tree and its successor rows' pair keys. It is identical on every rank.
 
 * `before_read`, while the device computes the step's forward: what the step's outcome does not
@@ -40,6 +41,7 @@ from lp.lookahead import text as texts
 from lp.lookahead.chains import Chains
 from lp.lookahead.drafts import step_drafts
 from lp.lookahead.grow import grow
+from lp.lookahead.memory import DraftMemory
 from lp.lookahead.pool import NGramPool
 from lp.lookahead.rates import DraftRates, count
 from lp.lookahead.successors import SuccessorTable, count_ranks
@@ -56,6 +58,7 @@ class DraftShape(NamedTuple):
     depth: int  # the longest draft: the rates' depths
     draft_len: int  # the longest text draft
     text_drafts: int  # text drafts a step (0: none)
+    remembered: int  # the draft memory's drafts a step (0: none)
     context: bool  # the pool's tails under the token before x0 that go on with x0 first
     frequent: bool  # the pool's tails most often produced first, not newest
     continuation_len: int  # the text's continuations below tree nodes (0: none)
@@ -72,7 +75,7 @@ class DraftStateType(State):
 
 
 class DraftState(structref.StructRefProxy):
-    """One sequence's draft sources, the constants of its decode (`shape`; `budgets[p - 1]`: the
+    """One sequence's draft sources (the memory: shared), the constants of its decode (`shape`; `budgets[p - 1]`: the
     tree nodes of a step that feeds p tokens, DecodeConfig.tree_budget), the tree grown for the
     next step before the step's budget cuts it (`grown`: tokens, parents, labels, growth places,
     root subtree sizes), and the step in flight: its tree's nodes (tokens, parents, labels) and its
@@ -89,6 +92,7 @@ structref.define_proxy(
         "table",
         "rates",
         "window",
+        "memory",
         "shape",
         "budgets",
         "grown",
@@ -109,13 +113,16 @@ def new_state(
     table: SuccessorTable,
     rates: DraftRates,
     window: JacobiWindow,
+    memory: DraftMemory,
     shape: DraftShape,
     budgets: np.ndarray,
 ) -> DraftState:
     """A sequence's drafting state: its sources, and no step yet."""
     none = np.zeros(0, np.int64)
     grown = (none, none, none, none, none)
-    return DraftState(text, pool, table, rates, window, shape, budgets, grown, none, none, none, none, -1, False)
+    return DraftState(
+        text, pool, table, rates, window, memory, shape, budgets, grown, none, none, none, none, -1, False
+    )
 
 
 @compiled
@@ -133,7 +140,7 @@ def grow_tree(
         none = np.zeros(0, np.int64)
         return none, none, none, none, none, np.zeros(0, np.float64)
     guesses = s.depth if s.split.W > 1 and ready(d.window, 0) else 0
-    chains = step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, guesses)
+    chains = _drafts(d, guesses)
     return grow(d.text, chains, d.rates.chances, d.table, budget, s.depth, s.continuation_len)
 
 
@@ -310,10 +317,28 @@ def observe(d: DraftState, accepted: np.ndarray, new: np.ndarray, level: np.ndar
 
 
 @compiled
+def _drafts(d: DraftState, guesses: int) -> Chains:
+    """The step's drafts as chains (lp/lookahead/drafts.py), the window's first `guesses` guesses last."""
+    s = d.shape
+    return step_drafts(
+        d.text,
+        d.pool,
+        d.window,
+        d.memory,
+        s.draft_len,
+        s.text_drafts,
+        s.context,
+        s.frequent,
+        guesses,
+        s.remembered,
+        s.depth,
+    )
+
+
+@compiled
 def step_chains(d: DraftState) -> Chains:
     """The step's drafts as chains, without the window's row (one chain per draft: `tree=False`)."""
-    s = d.shape
-    return step_drafts(d.text, d.pool, d.window, s.draft_len, s.text_drafts, s.context, s.frequent, 0)
+    return _drafts(d, 0)
 
 
 __all__ = [

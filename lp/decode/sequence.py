@@ -20,6 +20,7 @@ from lp.decode.shares import window_share
 from lp.decode.state import DecodeState, decide, message
 from lp.engine.packed import PackedTensors, Segment, SegmentTensors, prompt_chunk, step_segment
 from lp.engine.pages import SequenceKV
+from lp.lookahead.memory import DraftMemory
 from lp.message import successor_rows
 from lp.verify.verifier import Verifier, verifier_for
 
@@ -57,12 +58,22 @@ class Sequence:
     """A request being decoded by rank `rank` of P: prefilling its prompt (all but its last token,
     x0), then decoding, then done (`result`)."""
 
-    def __init__(self, request: Request, kv: SequenceKV, vocab: int, *, P: int, rank: int, tp: Any) -> None:
+    def __init__(
+        self,
+        request: Request,
+        kv: SequenceKV,
+        vocab: int,
+        *,
+        P: int,
+        rank: int,
+        tp: Any,
+        memory: DraftMemory | None = None,
+    ) -> None:
         cfg = request.cfg
         self.request, self.cfg, self.kv = request, cfg, kv
         # one replica keeps its accepted drafts' KV; over P ranks a draft's KV lies on one of them
         self.keep = P == 1 and cfg.step_shape[3] > 0
-        self.drafter = Drafter(cfg, request.prompt, vocab, P=P, rank=rank, keep=self.keep)
+        self.drafter = Drafter(cfg, request.prompt, vocab, P=P, rank=rank, keep=self.keep, memory=memory)
         self.state = DecodeState(request.prompt)
         self.verify = request.verifier or verifier_for(
             cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, stream=request.stream

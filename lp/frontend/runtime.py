@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ from lp.engine.kernel_choice import requested
 from lp.errors import LPError
 from lp.frontend.mesh_choice import choose_mesh
 from lp.frontend.textstream import TextStream
+from lp.lookahead.memory import DRAFT_MEMORY, DraftMemory, identity
 from lp.worker import Worker
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -122,6 +124,8 @@ class LP:
         backend: str = "auto",
         tp: int | str = "auto",
         kernels: str | None = None,
+        draft_memory: int = DRAFT_MEMORY,
+        draft_memory_file: str | None = None,
     ) -> None:
         """`graphs`: fixed-shape steps, captured as CUDA graphs on a GPU (lp/engine/fixed_steps.py);
         `compile`: torch.compile them; `attention`: auto | sdpa | flex
@@ -131,10 +135,15 @@ class LP:
         replica, which shard the model tensor-parallel (it must divide the world size); "auto"
         chooses it (lp/frontend/mesh_choice.py; 1 on one rank); `kernels`: the matmuls' formulation,
         auto (timed on this machine, the choice printed once) or one named
-        (lp/engine/kernel_choice.py; None: `$LP_KERNELS` or auto)."""
+        (lp/engine/kernel_choice.py; None: `$LP_KERNELS` or auto); `draft_memory`: the tokens of
+        earlier decodes' texts kept to draft from (lp/lookahead/memory.py; 0: none);
+        `draft_memory_file`: where the memory is loaded from at start (where the file exists) and
+        saved to by `close`."""
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         mesh.check_tp(tp)
+        self.memory = DraftMemory(draft_memory)
+        self.memory_file = draft_memory_file
         self.comm = Collective.from_env(device, timeout_s, backend)  # the world: rank 0 reports
         self._tuner: AutoTuner | None = None
         self.mesh: str | None = None  # with tp="auto": the mesh chosen and why
@@ -158,6 +167,10 @@ class LP:
                 self._tuner = AutoTuner(curve, self.lp.world_size)
             if self.comm.is_main:
                 print(f"lp: tp=auto: {self.mesh}", file=sys.stderr, flush=True)
+        if draft_memory_file and Path(draft_memory_file).exists():
+            self.memory = DraftMemory.load(draft_memory_file, draft_memory, identity(self.model, self.tokenizer))
+            self.decoder.memory = self.memory
+        self._same_memory()
 
     def _load(self, model: str, dtype: torch.dtype, timeout_s: float, tp: int, **options) -> None:
         """Split the world into replicas of `tp` ranks, load this rank's model (its shard with
@@ -172,7 +185,7 @@ class LP:
         worker = Worker(self.model, tp=self.tp, **options)
         if self.comm.is_main and requested(options["kernels"]) == "auto":  # a choice: say what it was
             print(f"lp: kernels: {worker.kernels.describe()}", file=sys.stderr, flush=True)
-        self.decoder = Decoder(worker, self.lp, self._eos_ids(), worker.max_seq_len)
+        self.decoder = Decoder(worker, self.lp, self._eos_ids(), worker.max_seq_len, memory=self.memory)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -390,5 +403,28 @@ class LP:
                 f"rank mismatch: ranks were given different prompts or settings (fingerprints {seen.tolist()})"
             )
 
+    def _same_memory(self) -> None:
+        """Refuse to start unless every rank holds the same draft memory (each loaded its own file)."""
+        if self.comm.world_size == 1:
+            return
+        mine = torch.tensor([self.memory.digest], device=self.comm.device)
+        seen = self.comm.all_gather(mine).cpu().view(-1)
+        if (seen != seen[0]).any():
+            raise LPError(
+                "rank mismatch: the ranks loaded different draft memories (draft_memory_file differs between "
+                "their machines, or is missing on some)"
+            )
+
+    def save_memory(self, path: str | Path) -> None:
+        """Write the draft memory to `path` (rank 0; every rank holds the same), with the model and
+        tokenizer it was learned from."""
+        if self.comm.is_main:
+            self.memory.save(path, identity(self.model, self.tokenizer))
+
     def close(self) -> None:
-        self.comm.close()
+        """Save the draft memory to `draft_memory_file` (if given), leave the collectives."""
+        try:
+            if self.memory_file and self.memory.budget:
+                self.save_memory(self.memory_file)
+        finally:
+            self.comm.close()

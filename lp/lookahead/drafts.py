@@ -1,7 +1,9 @@
 """A step's drafts, best first by kind, as chains (lp/lookahead/chains.py), and the draft sources
 whose acceptance rates are counted apart (lp/lookahead/rates.py): each kind's drafts by rank (the
 last rank's row takes the ranks after it), the window's row 0, and the text's continuations below
-tree nodes by the length of their match (lp/lookahead/grow.py)."""
+tree nodes by the length of their match (lp/lookahead/grow.py). The draft memory's drafts, what
+followed the text's suffix in earlier decodes (lp/lookahead/memory.py), are a kind of their own:
+where they do not fit a request, their counted rate drops them from its trees."""
 
 from __future__ import annotations
 
@@ -9,14 +11,15 @@ import numpy as np
 
 from lp.jit import compiled
 from lp.lookahead.chains import Chains, add, new_chains
+from lp.lookahead.memory import DraftMemory, memory_drafts
 from lp.lookahead.pool import NGramPool, tail_drafts
 from lp.lookahead.text import TextIndex, lone_drafts, suffix_drafts
 from lp.lookahead.window import JacobiWindow
 
-TEXT_RANKS, POOL_RANKS, LONE_RANKS = 4, 3, 2
+TEXT_RANKS, POOL_RANKS, LONE_RANKS, MEMORY_RANKS = 4, 3, 2, 2
 # the kinds in the order a step takes them: the text's suffix matches, the pool's context-matched
-# n-grams, the pool's n-grams under x0, the text's lone matches of x0
-KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS, LONE_RANKS)
+# n-grams, the pool's n-grams under x0, the text's lone matches of x0, the memory's suffix matches
+KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS, LONE_RANKS, MEMORY_RANKS)
 WINDOW_SOURCE = sum(KINDS)  # the window's row 0: its guesses of the next W - 1 tokens
 CONTINUATION_SOURCE = WINDOW_SOURCE + 1  # + m: the text after an occurrence matching m more tokens
 MATCHED = 2  # the path's tokens before a node that an earlier occurrence's must match, at most
@@ -28,23 +31,28 @@ def step_drafts(
     text: TextIndex,
     pool: NGramPool,
     window: JacobiWindow,
+    memory: DraftMemory,
     length: int,
     count: int,
     context: bool,
     frequent: bool,
     guesses: int,
+    remembered: int,
+    remembered_len: int,
 ) -> Chains:
     """The step's drafts below x0 (the text's last token), best first by kind: `count` text drafts
     of at most `length` tokens (sources from 0); with `context`, the pool's tails under the token
     before x0 that go on with x0 (two matched tokens predict better than one; sources after the
     text's TEXT_RANKS); the pool's tails under x0, newest first or with `frequent` most often
-    produced first; with a `lone` text index, `count` drafts of x0's lone matches; then the
-    window's first `guesses` row-0 guesses (WINDOW_SOURCE)."""
+    produced first; with a `lone` text index, `count` drafts of x0's lone matches; `remembered`
+    drafts of the memory (at most `remembered_len` tokens); then the window's first `guesses`
+    row-0 guesses (WINDOW_SOURCE)."""
     tail = pool.rows.shape[2] - 1
-    count = max(count, 0)
+    count, remembered = max(count, 0), max(remembered, 0)
     row = window.rows[0, 1 : 1 + guesses]
     chains = new_chains(
-        2 * count + 2 * pool.capacity + 1, 2 * count * max(length, 0) + 2 * pool.capacity * tail + len(row)
+        2 * count + 2 * pool.capacity + remembered + 1,
+        2 * count * max(length, 0) + 2 * pool.capacity * tail + remembered * max(remembered_len, 0) + len(row),
     )
     suffix_drafts(text, length, count, chains, 0, TEXT_RANKS)
     n = text.n
@@ -54,6 +62,7 @@ def step_drafts(
             tail_drafts(pool, text.seq[n - 2], False, x0, chains, TEXT_RANKS, POOL_RANKS)
         tail_drafts(pool, x0, frequent, -1, chains, TEXT_RANKS + POOL_RANKS, POOL_RANKS)
     lone_drafts(text, length, count, chains, TEXT_RANKS + 2 * POOL_RANKS, LONE_RANKS)
+    memory_drafts(memory, text, remembered_len, remembered, chains, WINDOW_SOURCE - MEMORY_RANKS, MEMORY_RANKS)
     if len(row):
         add(chains, row, 0, len(row), WINDOW_SOURCE)
     return chains

@@ -168,6 +168,13 @@ def _slot(table: np.ndarray, L: int, before: int, token: int) -> int:
 
 
 @compiled
+def find_gram(text: TextIndex, L: int, before: int, token: int) -> int:
+    """The id of the L-gram with key (L, before, token) (`before`: the (L-1)-gram's id, or for
+    L = MIN_MATCH the token before), -1 where the text holds none."""
+    return text.table[_slot(text.table, L, before, token), 3]
+
+
+@compiled
 def extend(text: TextIndex, new: np.ndarray) -> None:
     """Append `new` (after `reserve`) and index the L-grams (L <= `longest`) ending at each new
     token, with `lone` the token itself, and with `latest` the occurrences whose follower is now
@@ -260,4 +267,15 @@ def _tokens(text: TextIndex) -> np.ndarray:
     return text.seq[: text.n].copy()
 
 
-__all__ = ["MAX_MATCH", "MIN_MATCH", "TextIndex", "extend", "lone_drafts", "reserve", "suffix_drafts"]
+__all__ = [
+    "GRAMS",
+    "MAX_MATCH",
+    "MIN_MATCH",
+    "TextIndex",
+    "extend",
+    "find_gram",
+    "lone_drafts",
+    "new_text_index",
+    "reserve",
+    "suffix_drafts",
+]

@@ -1,0 +1,218 @@
+"""A draft memory that outlives a request: the texts of finished decodes (each output with the last
+prompt tokens before it), indexed as a sequence's own text is (lp/lookahead/text.py), so that a new
+decode's tree can draw on what earlier ones produced: the continuations of earlier occurrences of
+its own text's suffix, a draft source of its own (lp/lookahead/drafts.py `MEMORY_RANKS`) whose rate
+each sequence counts like every source's. Where the memory does not fit a request, its drafts lose
+their place in the best-first tree and cost nothing.
+
+Bounded: `budget` tokens in two generations of half each; when the newer is full it becomes the
+older and the older is dropped, so the oldest texts age out whole. Every rank feeds it the same
+texts in the same order (a batch's sequences as they end, between steps: one writer), so every
+rank's drafts stay alike; `digest`, a running hash of every text fed, lets the ranks check it.
+Saved to a file and loaded with the model and tokenizer it was learned from named (`identity`): a
+file learned from another model is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from numba.experimental import structref
+
+from lp.errors import LPError
+from lp.jit import State, compiled
+from lp.lookahead.chains import Chains, add, holds
+from lp.lookahead.text import GRAMS, MAX_MATCH, MIN_MATCH, TextIndex, extend, find_gram, new_text_index, reserve
+
+DRAFT_MEMORY = 1 << 16  # tokens kept by default
+END = -1  # between two texts: no draft runs past it
+CONTEXT = MAX_MATCH  # prompt tokens kept before each output: the first output tokens' context
+VISITS = 64  # occurrences a step's walk visits at most per memory generation (common n-grams recur often)
+VERSION = 1  # of the saved file
+
+
+@structref.register
+class DraftMemoryType(State):
+    pass
+
+
+class DraftMemory(structref.StructRefProxy):
+    """The texts of finished decodes, at most `budget` tokens (0: off), in two generations."""
+
+    def __new__(cls, budget: int) -> DraftMemory:
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise LPError(f"draft_memory must be an integer >= 0 (tokens; 0: off), got {budget!r}")
+        return new_memory(budget)
+
+    def add(self, prompt: list[int], output: list[int]) -> None:
+        """A finished decode: its output and the prompt's last CONTEXT tokens before it."""
+        tokens = np.asarray([*prompt[-CONTEXT:], *output], dtype=np.int64)
+        add_text(self, tokens)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held (texts and their ends)."""
+        return _held(self)
+
+    def texts(self) -> list[np.ndarray]:
+        """The generations' sequences, the older first."""
+        return [_sequence(self, 0), _sequence(self, 1)]
+
+    def save(self, path: str | Path, identity: dict) -> None:
+        """Write the texts and what they were learned from (`identity`: the model and tokenizer)."""
+        older, newer = self.texts()
+        meta = json.dumps({"version": VERSION, "budget": self.budget, **identity})
+        path = Path(path)
+        partial = path.with_name(path.name + ".partial")  # a crash while writing leaves the old file whole
+        with open(partial, "wb") as f:
+            np.savez_compressed(f, meta=np.asarray(meta), older=older, newer=newer)
+        partial.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path, budget: int, identity: dict) -> DraftMemory:
+        """A memory of `budget` tokens holding a saved one's texts (the newest, where fewer fit); an
+        LPError where the file is not a draft memory or was learned from another model or tokenizer."""
+        try:
+            with np.load(Path(path)) as f:
+                meta, older, newer = json.loads(str(f["meta"])), f["older"], f["newer"]
+            if not isinstance(meta, dict) or older.dtype != np.int64 or newer.dtype != np.int64:
+                raise ValueError("unexpected contents")
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+            raise LPError(f"draft_memory_file={path}: not a draft memory ({e})") from None
+        if meta.get("version") != VERSION:
+            raise LPError(f"draft_memory_file={path}: version {meta.get('version')}, lp reads version {VERSION}")
+        for key, value in identity.items():
+            if meta.get(key) != value:
+                raise LPError(
+                    f"draft_memory_file={path} was learned from another {key} ({meta.get(key)!r}, this one is "
+                    f"{value!r}): its drafts would be another model's"
+                )
+        memory = cls(budget)
+        for text in (older, newer):
+            ends = np.flatnonzero(text == END)
+            for a, b in zip(np.concatenate(([0], ends[:-1] + 1)), ends):
+                add_text(memory, text[a:b])
+        return memory
+
+
+structref.define_proxy(DraftMemory, DraftMemoryType, ["texts_", "budget", "digest"])
+
+
+@compiled
+def new_memory(budget: int) -> DraftMemory:
+    """An empty memory of `budget` tokens."""
+    empty = np.zeros(0, np.int64)
+    half = budget // 2
+    texts = (new_text_index(empty, budget > 0, False, half, 0), new_text_index(empty, budget > 0, False, half, 0))
+    return DraftMemory(texts, budget, 0)
+
+
+@compiled
+def add_text(m: DraftMemory, tokens: np.ndarray) -> None:
+    """Append a text and its end to the newer generation; where it would pass half the budget, the
+    newer becomes the older (the older is dropped) first. A text longer than that keeps its end."""
+    half = m.budget // 2
+    if half < 2 or len(tokens) == 0:
+        return
+    for t in tokens:  # wrapping arithmetic: a hash, the same on every rank
+        m.digest = m.digest * 1000003 + t + 1
+    text = tokens[-(half - 1) :]
+    older, newer = m.texts_
+    if newer.n + len(text) + 1 > half:
+        older, newer = newer, new_text_index(np.zeros(0, np.int64), True, False, half, 0)
+        m.texts_ = (older, newer)
+    reserve(newer, len(text) + 1)
+    extend(newer, text)
+    extend(newer, np.full(1, END, np.int64))
+
+
+@compiled
+def _suffix_ids(memory: TextIndex, text: TextIndex) -> np.ndarray:
+    """The ids, in the memory's index, of the L-grams ending with the text's last token
+    (`ids[L - MIN_MATCH]`, -1 where the memory holds none): each L-gram is the (L-1)-gram ending one
+    token earlier and its last token, so they come from a short triangle of lookups."""
+    ids = np.full(GRAMS, -1, np.int64)
+    seq, n = text.seq, text.n
+    top = min(MAX_MATCH, n)
+    for L in range(MIN_MATCH, top + 1):  # the L-gram ending at n - 1: its (L-1)-gram ends at n - 2
+        before = seq[n - L]  # the token before the 2-gram that starts the chain at n - L + 1
+        g = -1
+        for k in range(2, L + 1):  # the k-gram ending at n - L + k - 1
+            g = find_gram(memory, k, before, seq[n - L + k - 1])
+            if g < 0:
+                break
+            before = g
+        ids[L - MIN_MATCH] = g
+    return ids
+
+
+@compiled
+def memory_drafts(
+    m: DraftMemory, text: TextIndex, length: int, count: int, chains: Chains, source: int, ranks: int
+) -> None:
+    """Append up to `count` continuations (at most `length` tokens, none past a text's end) of the
+    memory's occurrences of the text's suffix, the longest match first (counted up to MAX_MATCH),
+    then the newest; the r-th from source `source + min(r, ranks - 1)`."""
+    if length < 1 or count < 1 or m.budget == 0 or text.n < MIN_MATCH:
+        return
+    first = chains.count
+    older, newer = m.texts_
+    for mem in (newer, older):
+        if mem.n == 0:
+            continue
+        ids = _suffix_ids(mem, text)
+        visits = VISITS
+        for L in range(MAX_MATCH, MIN_MATCH - 1, -1):
+            col = L - MIN_MATCH
+            g = ids[col]
+            if g < 0:
+                continue
+            e = mem.head[g]
+            while e >= 0 and visits > 0:
+                visits -= 1
+                # an occurrence that matches L + 1 tokens was taken at L + 1
+                if not (L < MAX_MATCH and ids[col + 1] >= 0 and mem.grams[e, col + 1, 0] == ids[col + 1]):
+                    size = 0
+                    while size < length and e + 1 + size < mem.n and mem.seq[e + 1 + size] != END:
+                        size += 1
+                    if size and not holds(chains, first, mem.seq, e + 1, size):
+                        add(chains, mem.seq, e + 1, size, source + min(chains.count - first, ranks - 1))
+                        if chains.count - first == count:
+                            return
+                e = mem.grams[e, col, 1]
+
+
+@compiled
+def _held(m: DraftMemory) -> int:
+    older, newer = m.texts_
+    return older.n + newer.n
+
+
+@compiled
+def _sequence(m: DraftMemory, which: int) -> np.ndarray:
+    older, newer = m.texts_
+    mem = older if which == 0 else newer
+    return mem.seq[: mem.n].copy()
+
+
+def identity(model: object, tokenizer: object) -> dict:
+    """What a memory is learned from, hashed: the model's configuration and the first rows of its
+    embedding (in bfloat16, so a model loaded in another dtype is the same model), and the
+    tokenizer's vocabulary. A memory of another model's texts would draft another model's words."""
+    cfg = model.config.to_dict()
+    kept = {k: v for k, v in cfg.items() if k not in ("_name_or_path", "transformers_version", "torch_dtype", "dtype")}
+    rows = model.get_input_embeddings().weight[:16].detach().to("cpu", torch.bfloat16).view(torch.int16)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode())
+    digest.update(rows.numpy().tobytes())
+    return {
+        "model": digest.hexdigest()[:16],
+        "tokenizer": hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()[:16],
+    }
+
+
+__all__ = ["CONTEXT", "DRAFT_MEMORY", "END", "DraftMemory", "identity", "memory_drafts"]

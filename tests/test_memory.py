@@ -1,0 +1,189 @@
+"""The draft memory (lp/lookahead/memory.py): the texts of finished decodes, bounded in two
+generations, drafting what followed the text's suffix in them (checked against a brute-force
+listing), saved and loaded with the model it was learned from; and a decode that draws on it:
+greedy output unchanged, fewer steps where earlier texts repeat."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from helpers import build_tiny, make_prompt, reference_greedy
+
+from lp.collective import Collective
+from lp.config import DecodeConfig
+from lp.decode.loop import Decoder
+from lp.errors import LPError
+from lp.lookahead.chains import new_chains
+from lp.lookahead.memory import CONTEXT, END, VISITS, DraftMemory, identity, memory_drafts
+from lp.lookahead.text import MAX_MATCH, MIN_MATCH, TextIndex
+from lp.worker import Worker
+
+
+class ListMemory:
+    """The memory's generations as lists, fed as DraftMemory is."""
+
+    def __init__(self, budget: int) -> None:
+        self.half, self.older, self.newer = budget // 2, [], []
+
+    def add(self, prompt: list[int], output: list[int]) -> None:
+        tokens = [*prompt[-CONTEXT:], *output]
+        if self.half < 2 or not tokens:
+            return
+        text = tokens[-(self.half - 1) :]
+        if len(self.newer) + len(text) + 1 > self.half:
+            self.older, self.newer = self.newer, []
+        self.newer += [*text, END]
+
+    def drafts(self, seq: list[int], length: int, count: int) -> list[tuple[int, ...]]:
+        """Brute force: per generation (the newer first), the longest suffix match first, then the
+        newest occurrence; an occurrence that matches one more token counted at that length."""
+        out: list[tuple[int, ...]] = []
+        n = len(seq)
+        if length < 1 or count < 1 or n < MIN_MATCH or self.half < 2:
+            return out
+        for mem in (self.newer, self.older):
+            visits = VISITS
+            for L in range(min(MAX_MATCH, n), MIN_MATCH - 1, -1):
+                longer = seq[n - L - 1 :] if L < MAX_MATCH and n > L else None
+                occurs_longer = longer is not None and any(mem[e - L : e + 1] == longer for e in range(L, len(mem)))
+                for e in range(len(mem) - 1, L - 2, -1):
+                    if mem[e - L + 1 : e + 1] != seq[n - L :]:
+                        continue
+                    if visits == 0:
+                        break
+                    visits -= 1
+                    if occurs_longer and e >= L and mem[e - L : e + 1] == longer:
+                        continue
+                    cont = []
+                    for t in mem[e + 1 : e + 1 + length]:
+                        if t == END:
+                            break
+                        cont.append(t)
+                    if cont and tuple(cont) not in out:
+                        out.append(tuple(cont))
+                        if len(out) == count:
+                            return out
+        return out
+
+
+def _drafts(memory: DraftMemory, seq: list[int], length: int, count: int, source: int = 0, ranks: int = 1):
+    chains = new_chains(count, count * length)
+    memory_drafts(memory, TextIndex(seq), length, count, chains, source, ranks)
+    return chains.drafts, chains.sources.tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_drafts_are_the_brute_force_listing(seed):
+    """Random texts of a small vocabulary (many repeats, texts aging out of both generations):
+    every query's drafts are the brute-force listing's, in its order."""
+    rng = np.random.default_rng(seed)
+    budget = int(rng.integers(40, 400))
+    memory, listed = DraftMemory(budget), ListMemory(budget)
+    for _ in range(30):
+        prompt = rng.integers(0, 6, int(rng.integers(1, 20))).tolist()
+        output = rng.integers(0, 6, int(rng.integers(0, 60))).tolist()
+        memory.add(prompt, output)
+        listed.add(prompt, output)
+        assert [t.tolist() for t in memory.texts()] == [listed.older, listed.newer]
+        for _ in range(3):
+            seq = rng.integers(0, 6, int(rng.integers(1, 14))).tolist()
+            length, count = int(rng.integers(1, 9)), int(rng.integers(1, 7))
+            drafts, _ = _drafts(memory, seq, length, count)
+            assert drafts == listed.drafts(seq, length, count), (seq, length, count)
+
+
+def test_longest_match_newest_first_and_sources():
+    memory = DraftMemory(1000)
+    memory.add([], [1, 2, 3, 4, 5])  # matches "2 3" (2 tokens)
+    memory.add([], [9, 1, 2, 3, 7, 8])  # matches "1 2 3" (3 tokens)
+    memory.add([], [2, 3, 6])  # matches "2 3", newer
+    drafts, sources = _drafts(memory, [0, 1, 2, 3], 4, 5, source=10, ranks=2)
+    assert drafts == [(7, 8), (6,), (4, 5)]  # none runs past its text's end
+    assert sources == [10, 11, 11]
+
+
+def test_budget_honoured_and_oldest_aged_out():
+    memory = DraftMemory(64)
+    memory.add([], [1, 2, 3, 4])
+    assert _drafts(memory, [1, 2], 2, 1)[0] == [(3, 4)]
+    for i in range(20):
+        memory.add([], [100 + i] * 10)
+        assert memory.tokens <= 64
+    assert _drafts(memory, [1, 2], 2, 1)[0] == []  # two generations later: gone
+    assert _drafts(memory, [119, 119], 2, 1)[0] == [(119, 119)]
+
+
+def test_off_and_bad_budgets():
+    memory = DraftMemory(0)
+    memory.add([1, 2], [1, 2, 3])
+    assert memory.tokens == 0 and memory.digest == 0
+    assert _drafts(memory, [1, 2], 3, 2)[0] == []
+    for bad in (-1, 1.5, True, "64"):
+        with pytest.raises(LPError, match="draft_memory"):
+            DraftMemory(bad)
+
+
+def _identity(seed: int = 0, vocab: dict | None = None) -> dict:
+    """What `identity` says of a tiny model's embedding and a vocabulary."""
+    model = build_tiny(seed=seed, reference=False)
+    tokenizer = type("Tok", (), {"get_vocab": lambda self: vocab or {"a": 0, "b": 1}})()
+    return identity(model, tokenizer)
+
+
+def test_save_load_round_trip_and_refusals(tmp_path):
+    memory = DraftMemory(200)
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        memory.add(rng.integers(0, 9, 12).tolist(), rng.integers(0, 9, 30).tolist())
+    me = _identity()
+    path = tmp_path / "memory.lp"
+    memory.save(path, me)
+    assert path.exists() and not (tmp_path / "memory.lp.partial").exists()
+    loaded = DraftMemory.load(path, 200, me)
+    assert [t.tolist() for t in loaded.texts()] == [t.tolist() for t in memory.texts()]
+    assert loaded.digest == memory.digest
+    for seq in ([1, 2], [3, 4, 5], rng.integers(0, 9, 9).tolist()):
+        assert _drafts(loaded, seq, 6, 4) == _drafts(memory, seq, 6, 4)
+    smaller = DraftMemory.load(path, 40, me)  # the newest texts that fit
+    assert 0 < smaller.tokens <= 40
+    assert smaller.texts()[1].tolist() == memory.texts()[1].tolist()[-len(smaller.texts()[1]) :]
+
+    with pytest.raises(LPError, match="another model"):
+        DraftMemory.load(path, 200, _identity(seed=1))
+    with pytest.raises(LPError, match="another tokenizer"):
+        DraftMemory.load(path, 200, _identity(vocab={"a": 1, "b": 0}))
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"not a memory")
+    with pytest.raises(LPError, match="not a draft memory"):
+        DraftMemory.load(garbage, 200, me)
+    with pytest.raises(LPError, match="not a draft memory"):
+        DraftMemory.load(tmp_path / "missing", 200, me)
+
+
+def test_identity_ignores_dtype():
+    model = build_tiny(reference=False)
+    tokenizer = type("Tok", (), {"get_vocab": lambda self: {"a": 0}})()
+    assert identity(model, tokenizer) == identity(model.to(dtype=torch.bfloat16), tokenizer)
+
+
+def test_decode_draws_on_memory_output_unchanged(tiny_models):
+    """A prompt decoded after a decode of the same prompt: the same greedy output in far fewer
+    steps with the memory, as many without; `memory=False` neither draws on it nor teaches it."""
+    model = tiny_models["llama"]
+    memory = DraftMemory(4096)
+    dec = Decoder(Worker(model), Collective(), set(), 512, memory=memory)
+    prompt = make_prompt(3, 12, 1)
+    cfg = DecodeConfig(W=3, N=3, G=15, step_tokens=64, max_new_tokens=40, successors=0, pool_from_prompt=False)
+    expected = reference_greedy(model, prompt, 40)
+    off = dec.generate(prompt, replace(cfg, memory=False))
+    assert memory.tokens == 0
+    first = dec.generate(prompt, cfg)
+    assert memory.tokens > 0
+    second = dec.generate(prompt, cfg)
+    for g in (off, first, second):
+        assert g.output_ids == expected
+    assert first.steps == off.steps
+    assert second.steps < first.steps / 2
