@@ -19,6 +19,7 @@ from lp.errors import LPError
 from lp.frontend import cli
 from lp.frontend.prompts import Prompt, read_jsonl
 from lp.frontend.runtime import LP, Result
+from lp.lookahead.memory import check_budget
 from lp.mesh import check_tp
 from lp.worker import check_options
 
@@ -72,6 +73,7 @@ def check_runtime(cfg: DictConfig) -> None:
     check_backend(cfg.backend)
     check_tp(cfg.tp)
     check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len, cfg.kernels, cfg.kv_tokens)
+    check_budget(cfg.draft_memory)
     models.resolve(cfg.model.name)
 
 
@@ -106,6 +108,8 @@ def load(cfg: DictConfig) -> LP:
         backend=cfg.backend,
         tp=cfg.tp,
         kernels=cfg.kernels,
+        draft_memory=cfg.draft_memory,
+        draft_memory_file=cfg.draft_memory_file,
     )
 
 

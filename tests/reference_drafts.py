@@ -1,6 +1,7 @@
 """Plain references of the text index (lp/lookahead/text.py), the n-gram pool
-(lp/lookahead/pool.py) and a step's drafts (lp/lookahead/drafts.py), for randomized equality tests:
-Python lists, dicts and tuples, one n-gram or occurrence at a time."""
+(lp/lookahead/pool.py), the draft memory (lp/lookahead/memory.py) and a step's drafts
+(lp/lookahead/drafts.py), for randomized equality tests: Python lists, dicts and tuples, one
+n-gram or occurrence at a time."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from lp.config import DecodeConfig
-from lp.lookahead.drafts import KINDS, WINDOW_SOURCE
+from lp.lookahead.drafts import KINDS, MEMORY_SOURCE, WINDOW_SOURCE
+from lp.lookahead.memory import CONTEXT, END, VISITS
 from lp.lookahead.text import MAX_MATCH, MIN_MATCH
 
 
@@ -106,9 +108,57 @@ class DictPool:
         return sum(map(len, self.table.values()))
 
 
+class ListMemory:
+    """The memory's generations as lists, fed as DraftMemory is."""
+
+    def __init__(self, budget: int) -> None:
+        self.half, self.older, self.newer = budget // 2, [], []
+
+    def add(self, prompt: list[int], output: list[int]) -> None:
+        tokens = [*prompt[-CONTEXT:], *output]
+        if self.half < 2 or not tokens:
+            return
+        text = tokens[-(self.half - 1) :]
+        if len(self.newer) + len(text) + 1 > self.half:
+            self.older, self.newer = self.newer, []
+        self.newer += [*text, END]
+
+    def drafts(self, seq: list[int], length: int, count: int) -> list[tuple[tuple[int, ...], int]]:
+        """Brute force: per generation (the newer first), the longest suffix match first, then the
+        newest occurrence; an occurrence that matches one more token counted at that length. Each
+        draft with its source among the memory's (its match: 4 tokens or more, 3, 2)."""
+        out: list[tuple[tuple[int, ...], int]] = []
+        n = len(seq)
+        if length < 1 or count < 1 or n < MIN_MATCH or self.half < 2:
+            return out
+        for mem in (self.newer, self.older):
+            visits = VISITS
+            for L in range(min(MAX_MATCH, n), MIN_MATCH - 1, -1):
+                longer = seq[n - L - 1 :] if L < MAX_MATCH and n > L else None
+                occurs_longer = longer is not None and any(mem[e - L : e + 1] == longer for e in range(L, len(mem)))
+                for e in range(len(mem) - 1, L - 2, -1):
+                    if mem[e - L + 1 : e + 1] != seq[n - L :]:
+                        continue
+                    if visits == 0:
+                        break
+                    visits -= 1
+                    if occurs_longer and e >= L and mem[e - L : e + 1] == longer:
+                        continue
+                    cont = []
+                    for t in mem[e + 1 : e + 1 + length]:
+                        if t == END:
+                            break
+                        cont.append(t)
+                    if cont and tuple(cont) not in [d for d, _ in out]:
+                        out.append((tuple(cont), min(max(MIN_MATCH + 2 - L, 0), 2)))
+                        if len(out) == count:
+                            return out
+        return out
+
+
 def listed_drafts(cfg: DecodeConfig, pool: DictPool, text: ListTextIndex) -> list[list[tuple[int, ...]]]:
-    """A step's drafts by kind (lp/lookahead/drafts.py `step_drafts`): the text's drafts, the
-    context-matched pool tails, the pool's tails, the drafts of x0's lone matches."""
+    """A step's drafts by kind (lp/lookahead/drafts.py `step_drafts`) but the memory's: the text's
+    drafts, the context-matched pool tails, the pool's tails, the drafts of x0's lone matches."""
     out = text.tokens
     x0 = out[-1]
     text_on = cfg.drafts == "pool+text"
@@ -123,9 +173,10 @@ def listed_drafts(cfg: DecodeConfig, pool: DictPool, text: ListTextIndex) -> lis
 
 
 def listed_chains(
-    cfg: DecodeConfig, pool: DictPool, text: ListTextIndex, row: Sequence[int] = ()
+    cfg: DecodeConfig, pool: DictPool, text: ListTextIndex, row: Sequence[int] = (), memory: ListMemory | None = None
 ) -> tuple[list[tuple[int, ...]], list[int]]:
-    """`step_drafts`: every draft and its source, the window's `row` (if any) last."""
+    """`step_drafts`: every draft and its source, the memory's (if any) after the other kinds, the
+    window's `row` (if any) last."""
     drafts: list[tuple[int, ...]] = []
     sources: list[int] = []
     source = 0
@@ -133,6 +184,10 @@ def listed_chains(
         drafts += found
         sources += [source + min(r, ranks - 1) for r in range(len(found))]
         source += ranks
+    if memory is not None and cfg.memory:
+        for draft, among in memory.drafts(text.tokens, cfg.max_draft, cfg.text_drafts):
+            drafts.append(draft)
+            sources.append(MEMORY_SOURCE + among)
     if len(row):
         drafts.append(tuple(row))
         sources.append(WINDOW_SOURCE)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from lp.config import DecodeConfig
+from lp.decode.drafter import NO_MEMORY
 from lp.decode.plan import Split
 from lp.lookahead.chains import new_chains
 from lp.lookahead.drafts import SOURCES, step_drafts
@@ -64,12 +65,16 @@ class PlainSources:
             tokens = parents = labels = groups = np.zeros(0, np.int64)
         elif cfg.tree:
             guesses = cfg.max_draft if W > 1 and self.window.ready else 0
-            chains = step_drafts(self.text, self.pool, self.window, cfg.draft_len, count, context, frequent, guesses)
+            chains = step_drafts(
+                self.text, self.pool, self.window, NO_MEMORY, cfg.draft_len, count, context, frequent, guesses, 0, 0
+            )
             chances = self.rates.chances
             grown = grow(self.text, chains, chances, self.table, budget, cfg.max_draft, cfg.longest_continuation)
             tokens, parents, labels, growth, groups, _ = grown
         else:  # the drafts in order, each a chain; then the recycled leaves' paths
-            chains = step_drafts(self.text, self.pool, self.window, cfg.draft_len, count, context, frequent, 0)
+            chains = step_drafts(
+                self.text, self.pool, self.window, NO_MEMORY, cfg.draft_len, count, context, frequent, 0, 0, 0
+            )
             builder = TreeBuilder(budget, share=False)
             for draft in dict.fromkeys(chains.drafts):
                 builder.add(draft)

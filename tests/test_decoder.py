@@ -13,6 +13,7 @@ from helpers import ARCHS, make_prompt, reference_greedy
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
+from lp.decode.drafter import NO_MEMORY
 from lp.decode.loop import Decoder, Request, StepObserver
 from lp.decode.record import collector_paused
 from lp.errors import LPError
@@ -583,7 +584,7 @@ def test_draft_ranking():
     out, window = TextIndex([4, 5, 6, 4, 5]), JacobiWindow(0, 4, [0], 0)  # "4 5" occurred before, then 6 4 5
 
     def drafts(text_drafts: int = 0, draft_len: int = 10, context: bool = True, frequent: bool = False) -> list:
-        return step_drafts(out, pool, window, draft_len, text_drafts, context, frequent, 0).drafts
+        return step_drafts(out, pool, window, NO_MEMORY, draft_len, text_drafts, context, frequent, 0, 0, 0).drafts
 
     assert drafts(context=False) == [(3, 3, 3), (2, 2, 2), (1, 1, 1)]
     assert drafts(context=False, frequent=True) == [(2, 2, 2), (3, 3, 3), (1, 1, 1)]

@@ -1,7 +1,7 @@
 """The text index and a step's drafts (lp/lookahead/text.py, lp/lookahead/drafts.py) against
 plain list-and-dict references (tests/reference_drafts.py): random sequences over a few tokens
 (long, overlapping matches; ties), pools with evictions and refreshes, every order of the pool's
-candidates."""
+candidates, draft memories of earlier texts."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import pytest
 
 from lp.config import DecodeConfig
 from lp.lookahead.drafts import step_drafts
+from lp.lookahead.memory import DraftMemory
 from lp.lookahead.pool import NGramPool
 from lp.lookahead.text import TextIndex
 from lp.lookahead.window import JacobiWindow
-from tests.reference_drafts import DictPool, ListTextIndex, listed_chains
+from tests.reference_drafts import DictPool, ListMemory, ListTextIndex, listed_chains
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -42,6 +43,7 @@ def step_config(rng: np.random.Generator) -> DecodeConfig:
         draft_len=int(rng.integers(1, 12)),
         text_drafts=int(rng.integers(1, 9)),
         lone_matches=bool(rng.integers(2)),
+        memory=bool(rng.integers(2)),
     )
 
 
@@ -58,13 +60,23 @@ def test_step_drafts_equal_the_listed_ones(seed):
     text, ref_text = TextIndex(prompt, lone=lone), ListTextIndex(prompt, lone=lone)
     pool.add_sequence(prompt)
     ref_pool.add_sequence(prompt)
+    budget = int(rng.integers(20, 200))
+    memory, ref_memory = DraftMemory(budget), ListMemory(budget)
     window = JacobiWindow(max(cfg.W, 2), cfg.N, prompt, seed)
     for _ in range(40):
+        if rng.random() < 0.3:  # an earlier decode ends
+            earlier = rng.integers(0, vocab, int(rng.integers(1, 30))).tolist()
+            memory.add(earlier[:5], earlier[5:])
+            ref_memory.add(earlier[:5], earlier[5:])
         guesses = cfg.max_draft if window.ready else 0
         count = cfg.text_drafts if cfg.drafts == "pool+text" else 0
+        remembered = cfg.text_drafts if cfg.memory else 0
         context, frequent = cfg.pool_order == "context" and cfg.N > 2, cfg.pool_order == "frequent"
-        chains = step_drafts(text, pool, window, cfg.draft_len, count, context, frequent, guesses)
-        drafts, sources = listed_chains(cfg, ref_pool, ref_text, window.rows[0, 1 : guesses + 1].tolist())
+        chains = step_drafts(
+            text, pool, window, memory, cfg.draft_len, count, context, frequent, guesses, remembered, cfg.max_draft
+        )
+        row = window.rows[0, 1 : guesses + 1].tolist()
+        drafts, sources = listed_chains(cfg, ref_pool, ref_text, row, ref_memory)
         assert chains.drafts == drafts and chains.sources.tolist() == sources
         grams = rng.integers(0, vocab, size=(int(rng.integers(0, 8)), cfg.N))
         pool.add_rows(grams)

@@ -11,67 +11,21 @@ import numpy as np
 import pytest
 import torch
 from helpers import build_tiny, make_prompt, reference_greedy
+from reference_drafts import ListMemory
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.loop import Decoder
 from lp.errors import LPError
 from lp.lookahead.chains import new_chains
-from lp.lookahead.memory import CONTEXT, END, VISITS, DraftMemory, identity, memory_drafts
-from lp.lookahead.text import MAX_MATCH, MIN_MATCH, TextIndex
+from lp.lookahead.memory import DraftMemory, identity, memory_drafts
+from lp.lookahead.text import TextIndex
 from lp.worker import Worker
 
 
-class ListMemory:
-    """The memory's generations as lists, fed as DraftMemory is."""
-
-    def __init__(self, budget: int) -> None:
-        self.half, self.older, self.newer = budget // 2, [], []
-
-    def add(self, prompt: list[int], output: list[int]) -> None:
-        tokens = [*prompt[-CONTEXT:], *output]
-        if self.half < 2 or not tokens:
-            return
-        text = tokens[-(self.half - 1) :]
-        if len(self.newer) + len(text) + 1 > self.half:
-            self.older, self.newer = self.newer, []
-        self.newer += [*text, END]
-
-    def drafts(self, seq: list[int], length: int, count: int) -> list[tuple[int, ...]]:
-        """Brute force: per generation (the newer first), the longest suffix match first, then the
-        newest occurrence; an occurrence that matches one more token counted at that length."""
-        out: list[tuple[int, ...]] = []
-        n = len(seq)
-        if length < 1 or count < 1 or n < MIN_MATCH or self.half < 2:
-            return out
-        for mem in (self.newer, self.older):
-            visits = VISITS
-            for L in range(min(MAX_MATCH, n), MIN_MATCH - 1, -1):
-                longer = seq[n - L - 1 :] if L < MAX_MATCH and n > L else None
-                occurs_longer = longer is not None and any(mem[e - L : e + 1] == longer for e in range(L, len(mem)))
-                for e in range(len(mem) - 1, L - 2, -1):
-                    if mem[e - L + 1 : e + 1] != seq[n - L :]:
-                        continue
-                    if visits == 0:
-                        break
-                    visits -= 1
-                    if occurs_longer and e >= L and mem[e - L : e + 1] == longer:
-                        continue
-                    cont = []
-                    for t in mem[e + 1 : e + 1 + length]:
-                        if t == END:
-                            break
-                        cont.append(t)
-                    if cont and tuple(cont) not in out:
-                        out.append(tuple(cont))
-                        if len(out) == count:
-                            return out
-        return out
-
-
-def _drafts(memory: DraftMemory, seq: list[int], length: int, count: int, source: int = 0, ranks: int = 1):
+def _drafts(memory: DraftMemory, seq: list[int], length: int, count: int, source: int = 0):
     chains = new_chains(count, count * length)
-    memory_drafts(memory, TextIndex(seq), length, count, chains, source, ranks)
+    memory_drafts(memory, TextIndex(seq), length, count, chains, source)
     return chains.drafts, chains.sources.tolist()
 
 
@@ -91,18 +45,18 @@ def test_drafts_are_the_brute_force_listing(seed):
         for _ in range(3):
             seq = rng.integers(0, 6, int(rng.integers(1, 14))).tolist()
             length, count = int(rng.integers(1, 9)), int(rng.integers(1, 7))
-            drafts, _ = _drafts(memory, seq, length, count)
-            assert drafts == listed.drafts(seq, length, count), (seq, length, count)
+            drafts, sources = _drafts(memory, seq, length, count)
+            assert list(zip(drafts, sources)) == listed.drafts(seq, length, count), (seq, length, count)
 
 
 def test_longest_match_newest_first_and_sources():
     memory = DraftMemory(1000)
-    memory.add([], [1, 2, 3, 4, 5])  # matches "2 3" (2 tokens)
+    memory.add([], [5, 2, 3, 4, 5])  # matches "2 3" (2 tokens)
     memory.add([], [9, 1, 2, 3, 7, 8])  # matches "1 2 3" (3 tokens)
     memory.add([], [2, 3, 6])  # matches "2 3", newer
-    drafts, sources = _drafts(memory, [0, 1, 2, 3], 4, 5, source=10, ranks=2)
+    drafts, sources = _drafts(memory, [0, 1, 2, 3], 4, 5, source=10)
     assert drafts == [(7, 8), (6,), (4, 5)]  # none runs past its text's end
-    assert sources == [10, 11, 11]
+    assert sources == [11, 12, 12]  # by the match: 3 tokens, 2
 
 
 def test_budget_honoured_and_oldest_aged_out():
@@ -113,7 +67,7 @@ def test_budget_honoured_and_oldest_aged_out():
         memory.add([], [100 + i] * 10)
         assert memory.tokens <= 64
     assert _drafts(memory, [1, 2], 2, 1)[0] == []  # two generations later: gone
-    assert _drafts(memory, [119, 119], 2, 1)[0] == [(119, 119)]
+    assert _drafts(memory, [119, 119], 2, 2)[0] == [(119,), (119, 119)]  # the newest first
 
 
 def test_off_and_bad_budgets():
@@ -187,3 +141,69 @@ def test_decode_draws_on_memory_output_unchanged(tiny_models):
         assert g.output_ids == expected
     assert first.steps == off.steps
     assert second.steps < first.steps / 2
+
+
+def test_lp_saves_at_close_loads_at_start_and_refuses_another_model(tiny_model_dir, tmp_path):
+    """LP(draft_memory_file=...): saved by `close`, loaded by the next LP of the same model (its
+    decodes draw on it at once), refused by an LP of another model."""
+    from helpers import save_word_model
+
+    from lp import LP
+
+    path, prompt = tmp_path / "memory.lp", [5, 6, 7, 8, 5, 6]
+    settings = dict(W=3, N=3, G=15, step_tokens=64, max_new_tokens=24, successors=0)
+    lm = LP(str(tiny_model_dir), draft_memory_file=str(path))
+    fresh = lm.generate(prompt, **settings)
+    lm.close()
+    assert path.exists()
+    lm = LP(str(tiny_model_dir), draft_memory_file=str(path))
+    assert lm.memory.tokens > 0
+    again = lm.generate(prompt, **settings)
+    assert again.output_ids == fresh.output_ids and again.steps < fresh.steps
+    lm.clear_memory()
+    assert lm.memory.tokens == 0 and lm.generate(prompt, **settings).steps == fresh.steps
+    lm.comm.close()
+    other = save_word_model(tmp_path / "other", num_hidden_layers=3)
+    with pytest.raises(LPError, match="another model"):
+        LP(str(other), draft_memory_file=str(path))
+
+
+def test_the_memory_learns_its_rates_across_decodes():
+    """A decode's counts of the memory's drafts go to the memory at its end; the next decode's
+    memory rates start from them (worth a few offers), and a saved memory keeps them."""
+    from lp.lookahead.drafts import MEMORY_SOURCE, SOURCES
+    from lp.lookahead.memory import MEMORY_SOURCES, SEED, learn, seed
+    from lp.lookahead.rates import DraftRates
+
+    depth, memory = 4, DraftMemory(100)
+    rates = DraftRates(SOURCES, depth)
+    written = seed(memory, rates, MEMORY_SOURCE, depth)
+    assert np.allclose(rates.chances[MEMORY_SOURCE : MEMORY_SOURCE + MEMORY_SOURCES], 0.5)
+    # three steps offer a memory draft of 2-token matches (source 2) at depth 1: never right
+    labels = np.array([(MEMORY_SOURCE + 2) * depth])
+    for _ in range(3):
+        rates.observe(np.array([9]), np.array([-1]), labels, [])
+    learn(memory, rates, MEMORY_SOURCE, depth, written)
+    assert memory.rates[2, 0] == pytest.approx(1 / 5) and memory.rates[0, 0] == 0.5
+    later = DraftRates(SOURCES, depth)
+    seed(memory, later, MEMORY_SOURCE, depth)
+    assert later.chances[MEMORY_SOURCE + 2, 0] == pytest.approx(1 / 5)
+    assert later.offered[(MEMORY_SOURCE + 2) * depth] == SEED
+
+
+def test_saved_rates_come_back(tmp_path):
+    from lp.lookahead.drafts import MEMORY_SOURCE, SOURCES
+    from lp.lookahead.memory import learn, seed
+    from lp.lookahead.rates import DraftRates
+
+    memory, depth = DraftMemory(100), 3
+    rates = DraftRates(SOURCES, depth)
+    written = seed(memory, rates, MEMORY_SOURCE, depth)
+    rates.observe(
+        np.array([9, 8]), np.array([-1, 0]), np.array([MEMORY_SOURCE * depth, MEMORY_SOURCE * depth + 1]), [9]
+    )
+    learn(memory, rates, MEMORY_SOURCE, depth, written)
+    me = _identity()
+    memory.save(tmp_path / "m", me)
+    assert np.array_equal(DraftMemory.load(tmp_path / "m", 100, me).rates, memory.rates)
+    assert memory.rates[0, 0] > 0.5 > memory.rates[0, 1]

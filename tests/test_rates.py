@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lp.config import DecodeConfig
+from lp.decode.drafter import NO_MEMORY
 from lp.lookahead.drafts import SOURCES, step_drafts
 from lp.lookahead.grow import grow
 from lp.lookahead.pool import NGramPool
@@ -31,7 +32,9 @@ def step_tree(
     window = window or JacobiWindow(0, cfg.N, [0], 0)
     guesses = cfg.max_draft if window.rows.shape[1] > 1 and window.ready else 0
     context, frequent = cfg.pool_order == "context" and cfg.N > 2, cfg.pool_order == "frequent"
-    chains = step_drafts(text, pool, window, cfg.draft_len, cfg.text_drafts, context, frequent, guesses)
+    chains = step_drafts(
+        text, pool, window, NO_MEMORY, cfg.draft_len, cfg.text_drafts, context, frequent, guesses, 0, 0
+    )
     table = table or new_table(0, 1, 1)
     tokens, parents, labels, order, groups, _ = grow(text, chains, rates.chances, table, budget, cfg.max_draft, 0)
     return Grown(DraftTree(tokens, parents, groups), labels, order)

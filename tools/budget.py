@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = [int(x) for x in args.sizes.split(",")]
     counts = [int(x) for x in args.sequences.split(",")]
-    lm = LP(args.model)
+    lm = LP(args.model, draft_memory=0)  # the budgets' S, not the memory's
     prompts = [lm.encode(p.text, chat=True) for p in load("spec_bench", limit=args.prompts)]
     gpu, about = bucket_costs(args.costs)
     cpu = lm.calibrate()

@@ -125,7 +125,8 @@ def worker(args) -> None:
     if threads > 0:
         torch.set_num_threads(threads)
     spec = json.loads(Path(args.jobs).read_text())
-    lm = LP(spec["model"], timeout_s=spec.get("timeout_s", 600), tp=spec.get("tp", 1))
+    # no draft memory: each prompt's steps its own (--same-steps compares them across batch sizes)
+    lm = LP(spec["model"], timeout_s=spec.get("timeout_s", 600), tp=spec.get("tp", 1), draft_memory=0)
     main = lm.comm.is_main
     if main:
         import lp
@@ -207,7 +208,7 @@ def references(prompts: list[dict], max_new: int, model: str, out_dir: Path) -> 
 
     refs = References(out_dir / "references.json")
     cache = refs.entries
-    lm = LP(model)
+    lm = LP(model, draft_memory=0)
     for p in prompts:
         p["ids"] = lm.encode(p["text"], chat=True)
         p["key"] = key(p["ids"], max_new)

@@ -269,7 +269,7 @@ def _record_rank(rank: int, world: int, port: int, cfg: DecodeConfig, model: str
         from lp.bench.datasets import load
         from lp.frontend.runtime import LP
 
-        lm = LP(model, device="cpu", graphs=False, compile=False, tp=1)  # its own collective: unused
+        lm = LP(model, device="cpu", graphs=False, compile=False, tp=1, draft_memory=0)  # its own collective: unused
         ids = [
             lm.encode(p.text, chat=p.chat and lm.tokenizer.chat_template is not None)
             for p in load("spec_bench", limit=prompts)

@@ -134,7 +134,7 @@ def record(cfg: Recorder) -> dict:
     from lp.bench.datasets import load
     from lp.decode.ladder import ladder
 
-    lm = LP(cfg.model, device=cfg.device, tp=1)
+    lm = LP(cfg.model, device=cfg.device, tp=1, draft_memory=0)
     P = lm.lp.world_size
     names = [s.name for s in ladder(P)] if cfg.configs == "ladder" else _names(cfg.configs)
     for name in names:

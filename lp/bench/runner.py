@@ -134,6 +134,7 @@ def run(cfg: Mapping | Settings) -> dict | None:
         kernels=s.kernels,
         max_seq_len=s.max_seq_len,
         backend=s.backend,
+        draft_memory=s.draft_memory,
     )
     lm = LP(s.model, tp=s.tp, **options)
     try:

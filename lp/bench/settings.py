@@ -9,6 +9,7 @@ from lp.bench.decoders import KINDS
 from lp.bench.shapes import parse_lookahead
 from lp.engine.kernel_choice import check_choice, requested
 from lp.errors import LPError
+from lp.lookahead.memory import check_budget
 from lp.mesh import check_tp
 
 
@@ -71,6 +72,7 @@ class Settings(PromptKeys):
     kernels: str | None = None
     max_seq_len: int | None = None
     backend: str = "auto"
+    draft_memory: int = 0
     nproc: int = 1  # read by the command line (lp/frontend/cli.py), which starts the ranks itself
     timeout_s: float = 600.0
     out_dir: str = "bench-results/latest"
@@ -86,6 +88,7 @@ class Settings(PromptKeys):
         return s
 
     def validate(self) -> None:
+        check_budget(self.draft_memory)
         for key, low in (
             ("max_new_tokens", 1),
             ("warmup", 0),

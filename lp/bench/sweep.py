@@ -186,7 +186,8 @@ def run(cfg: Mapping | SweepSettings) -> dict:
         torch.set_num_threads(s.threads)
     if s.dtype not in DTYPES:
         raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {s.dtype!r}")
-    options = dict(dtype=s.dtype, device=s.device, graphs=s.graphs, compile=s.compile)
+    # each prompt from nothing: a shape's S is its own, whatever the prompts before it
+    options = dict(dtype=s.dtype, device=s.device, graphs=s.graphs, compile=s.compile, draft_memory=0)
     lm = LP(s.model, **options)
     if lm.comm.world_size > 1:
         lm.close()

@@ -195,7 +195,7 @@ class Batch:
             seq.finish()
             self.running.remove(seq)
             if self.memory is not None and seq.cfg.memory:
-                self.memory.add(seq.request.prompt, seq.result.output_ids)
+                seq.drafter.teach(seq.request.prompt, seq.result.output_ids)
         return ended
 
     def _stamped(self, messages: list[torch.Tensor], decoding: list[Sequence]) -> torch.Tensor:

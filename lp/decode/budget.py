@@ -4,11 +4,13 @@ next step verifies (docs/design.md section 3).
 Every sequence of a step feeds its pending tokens (and its window, if its shape has one); what the
 step spends beyond them goes to tree nodes. A sequence whose tree competes for them and gets none
 feeds its pending tokens alone: its window waits for a step that verifies its drafts (a window's
-n-grams are worth only the drafts they make), so a step with no node is plain batched decoding. Each sequence's tree was grown best first, and each
-node carries its estimated chance of being on the accepted path (its parent's times its source's
-counted rate: lp/lookahead/rates.py). The shared budget takes the likeliest nodes of all
-sequences together: a sequence verifies the first k of its nodes in growth order (a tree: a node
-grows after its parent), and the k's are those of the step's likeliest nodes overall.
+n-grams are worth only the drafts they make), so a step with no node is plain batched decoding.
+
+Each sequence's tree was grown best first, and each node carries its estimated chance of being on
+the accepted path (its parent's times its source's counted rate: lp/lookahead/rates.py). The
+shared budget takes the likeliest nodes of all sequences together: a sequence verifies the first
+k of its nodes in growth order (a tree: a node grows after its parent), and the k's are those of
+the step's likeliest nodes overall.
 
 How many nodes the step takes in all:
 * `auto`: the count that maximises the step's expected tokens per second, as W=auto prices one

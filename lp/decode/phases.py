@@ -300,7 +300,9 @@ def observe(d: DraftState, accepted: np.ndarray, new: np.ndarray, level: np.ndar
         tail = np.concatenate((seq[max(n - 2, 0) : n], new))
         count_ranks(d.table, tail)
         tables.stage(d.table, rows, d.keys, d.first_key)
-    if s.pooled and windowed and ready(d.window, 0):  # column j's n-gram: x0 or its row-0 guess, its levels, its new token
+    if (
+        s.pooled and windowed and ready(d.window, 0)
+    ):  # column j's n-gram: x0 or its row-0 guess, its levels, its new token
         grams, window = np.empty(W * N, np.int64), d.window.rows
         for j in range(W):
             grams[j * N] = seq[n - 1] if j == 0 else window[0, j]

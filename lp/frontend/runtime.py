@@ -142,7 +142,7 @@ class LP:
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         mesh.check_tp(tp)
-        self.memory = DraftMemory(draft_memory)
+        memory = DraftMemory(draft_memory)
         self.memory_file = draft_memory_file
         self.comm = Collective.from_env(device, timeout_s, backend)  # the world: rank 0 reports
         self._tuner: AutoTuner | None = None
@@ -158,6 +158,7 @@ class LP:
             graphs=graphs,
             compile=compile,
             kernels=kernels,
+            memory=memory,
         )
         if tp != "auto" or self.comm.world_size == 1:
             load(1 if tp == "auto" else tp)
@@ -168,13 +169,15 @@ class LP:
             if self.comm.is_main:
                 print(f"lp: tp=auto: {self.mesh}", file=sys.stderr, flush=True)
         if draft_memory_file and Path(draft_memory_file).exists():
-            self.memory = DraftMemory.load(draft_memory_file, draft_memory, identity(self.model, self.tokenizer))
-            self.decoder.memory = self.memory
+            me = identity(self.model, self.tokenizer)
+            self.decoder.memory = DraftMemory.load(draft_memory_file, draft_memory, me)
+            if self.comm.is_main:
+                print(f"lp: draft memory: {self.memory.tokens} tokens from {draft_memory_file}", file=sys.stderr)
         self._same_memory()
 
-    def _load(self, model: str, dtype: torch.dtype, timeout_s: float, tp: int, **options) -> None:
+    def _load(self, model: str, dtype: torch.dtype, timeout_s: float, tp: int, memory: DraftMemory, **options) -> None:
         """Split the world into replicas of `tp` ranks, load this rank's model (its shard with
-        tp > 1) and build the decoder; `options`: the Worker's."""
+        tp > 1) and build the decoder, which holds the draft `memory`; `options`: the Worker's."""
         self.model = self.decoder = None  # a model loaded before (tp=auto's probe): its memory first
         self.lp, self.tp = mesh.split(self.comm, tp, timeout_s)  # the all-gather's ranks; this replica's
         if tp == 1:
@@ -185,7 +188,7 @@ class LP:
         worker = Worker(self.model, tp=self.tp, **options)
         if self.comm.is_main and requested(options["kernels"]) == "auto":  # a choice: say what it was
             print(f"lp: kernels: {worker.kernels.describe()}", file=sys.stderr, flush=True)
-        self.decoder = Decoder(worker, self.lp, self._eos_ids(), worker.max_seq_len, memory=self.memory)
+        self.decoder = Decoder(worker, self.lp, self._eos_ids(), worker.max_seq_len, memory=memory)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -414,6 +417,15 @@ class LP:
                 "rank mismatch: the ranks loaded different draft memories (draft_memory_file differs between "
                 "their machines, or is missing on some)"
             )
+
+    @property
+    def memory(self) -> DraftMemory:
+        """The draft memory: the texts of finished decodes that later ones draft from (the decoder's)."""
+        return self.decoder.memory
+
+    def clear_memory(self) -> None:
+        """Forget every text the draft memory holds, between decodes (every rank alike)."""
+        self.decoder.memory = DraftMemory(self.memory.budget)
 
     def save_memory(self, path: str | Path) -> None:
         """Write the draft memory to `path` (rank 0; every rank holds the same), with the model and

@@ -11,15 +11,17 @@ import numpy as np
 
 from lp.jit import compiled
 from lp.lookahead.chains import Chains, add, new_chains
-from lp.lookahead.memory import DraftMemory, memory_drafts
+from lp.lookahead.memory import MEMORY_SOURCES, DraftMemory, memory_drafts
 from lp.lookahead.pool import NGramPool, tail_drafts
 from lp.lookahead.text import TextIndex, lone_drafts, suffix_drafts
 from lp.lookahead.window import JacobiWindow
 
-TEXT_RANKS, POOL_RANKS, LONE_RANKS, MEMORY_RANKS = 4, 3, 2, 2
+TEXT_RANKS, POOL_RANKS, LONE_RANKS = 4, 3, 2
 # the kinds in the order a step takes them: the text's suffix matches, the pool's context-matched
 # n-grams, the pool's n-grams under x0, the text's lone matches of x0, the memory's suffix matches
-KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS, LONE_RANKS, MEMORY_RANKS)
+# (its sources by the match's length, lp/lookahead/memory.py)
+KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS, LONE_RANKS, MEMORY_SOURCES)
+MEMORY_SOURCE = sum(KINDS[:-1])  # the memory's first source
 WINDOW_SOURCE = sum(KINDS)  # the window's row 0: its guesses of the next W - 1 tokens
 CONTINUATION_SOURCE = WINDOW_SOURCE + 1  # + m: the text after an occurrence matching m more tokens
 MATCHED = 2  # the path's tokens before a node that an earlier occurrence's must match, at most
@@ -62,7 +64,7 @@ def step_drafts(
             tail_drafts(pool, text.seq[n - 2], False, x0, chains, TEXT_RANKS, POOL_RANKS)
         tail_drafts(pool, x0, frequent, -1, chains, TEXT_RANKS + POOL_RANKS, POOL_RANKS)
     lone_drafts(text, length, count, chains, TEXT_RANKS + 2 * POOL_RANKS, LONE_RANKS)
-    memory_drafts(memory, text, remembered_len, remembered, chains, WINDOW_SOURCE - MEMORY_RANKS, MEMORY_RANKS)
+    memory_drafts(memory, text, remembered_len, remembered, chains, MEMORY_SOURCE)
     if len(row):
         add(chains, row, 0, len(row), WINDOW_SOURCE)
     return chains
@@ -73,4 +75,13 @@ def kind_of(sources: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.cumsum(KINDS), sources, side="right")
 
 
-__all__ = ["CONTINUATION_SOURCE", "KINDS", "MATCHED", "SOURCES", "WINDOW_SOURCE", "kind_of", "step_drafts"]
+__all__ = [
+    "CONTINUATION_SOURCE",
+    "KINDS",
+    "MATCHED",
+    "MEMORY_SOURCE",
+    "SOURCES",
+    "WINDOW_SOURCE",
+    "kind_of",
+    "step_drafts",
+]

@@ -1,12 +1,14 @@
 """A draft memory that outlives a request: the texts of finished decodes (each output with the last
 prompt tokens before it), indexed as a sequence's own text is (lp/lookahead/text.py), so that a new
 decode's tree can draw on what earlier ones produced: the continuations of earlier occurrences of
-its own text's suffix, a draft source of its own (lp/lookahead/drafts.py `MEMORY_RANKS`) whose rate
-each sequence counts like every source's. Where the memory does not fit a request, its drafts lose
+its own text's suffix. They are draft sources of their own, by the length of their match
+(`MEMORY_SOURCES`: 4 tokens or more, 3, 2), whose rates each sequence counts like every source's
+(lp/lookahead/rates.py), starting from what the earlier decodes counted (`hits`, `offered`: the
+memory learns how well it fits the requests it serves). Where it does not fit, its drafts lose
 their place in the best-first tree and cost nothing.
 
 Bounded: `budget` tokens in two generations of half each; when the newer is full it becomes the
-older and the older is dropped, so the oldest texts age out whole. Every rank feeds it the same
+older and the older is dropped, so the oldest texts age out whole (and the counts halve). Every rank feeds it the same
 texts in the same order (a batch's sequences as they end, between steps: one writer), so every
 rank's drafts stay alike; `digest`, a running hash of every text fed, lets the ranks check it.
 Saved to a file and loaded with the model and tokenizer it was learned from named (`identity`): a
@@ -26,13 +28,23 @@ from numba.experimental import structref
 from lp.errors import LPError
 from lp.jit import State, compiled
 from lp.lookahead.chains import Chains, add, holds
+from lp.lookahead.rates import PRIOR_HITS, PRIOR_OFFERED, DraftRates
 from lp.lookahead.text import GRAMS, MAX_MATCH, MIN_MATCH, TextIndex, extend, find_gram, new_text_index, reserve
 
 DRAFT_MEMORY = 1 << 16  # tokens kept by default
 END = -1  # between two texts: no draft runs past it
 CONTEXT = MAX_MATCH  # prompt tokens kept before each output: the first output tokens' context
 VISITS = 64  # occurrences a step's walk visits at most per memory generation (common n-grams recur often)
+MEMORY_SOURCES = 3  # a draft's source by its match: 4 tokens or more, 3, 2
+DEPTHS = 64  # depths counted (deeper ones count as the last)
+SEED = 4.0  # the offers a new sequence's memory rates start from, at the rates the memory counted
 VERSION = 1  # of the saved file
+
+
+def check_budget(budget: object) -> None:
+    """An LPError unless `budget` is a memory's budget: tokens, 0 or more."""
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        raise LPError(f"draft_memory must be an integer >= 0 (tokens; 0: off), got {budget!r}")
 
 
 @structref.register
@@ -44,8 +56,7 @@ class DraftMemory(structref.StructRefProxy):
     """The texts of finished decodes, at most `budget` tokens (0: off), in two generations."""
 
     def __new__(cls, budget: int) -> DraftMemory:
-        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
-            raise LPError(f"draft_memory must be an integer >= 0 (tokens; 0: off), got {budget!r}")
+        check_budget(budget)
         return new_memory(budget)
 
     def add(self, prompt: list[int], output: list[int]) -> None:
@@ -58,6 +69,28 @@ class DraftMemory(structref.StructRefProxy):
         """Tokens held (texts and their ends)."""
         return _held(self)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes its arrays hold."""
+        return _nbytes(self)
+
+    @property
+    def budget(self) -> int:
+        """The most tokens it holds (0: off)."""
+        return _budget(self)
+
+    @property
+    def rates(self) -> np.ndarray:
+        """The acceptance rates the memory's drafts had in the decodes it learned from, `[source,
+        depth]` (its sources by match: 4 tokens or more, 3, 2)."""
+        hits, offered = _counts(self)
+        return hits / offered
+
+    @property
+    def digest(self) -> int:
+        """A hash of every text fed, in order: equal on ranks that were fed alike."""
+        return _digest(self)
+
     def texts(self) -> list[np.ndarray]:
         """The generations' sequences, the older first."""
         return [_sequence(self, 0), _sequence(self, 1)]
@@ -65,11 +98,12 @@ class DraftMemory(structref.StructRefProxy):
     def save(self, path: str | Path, identity: dict) -> None:
         """Write the texts and what they were learned from (`identity`: the model and tokenizer)."""
         older, newer = self.texts()
-        meta = json.dumps({"version": VERSION, "budget": self.budget, **identity})
+        hits, offered = _counts(self)
+        meta = json.dumps({"version": VERSION, "budget": self.budget, "digest": self.digest, **identity})
         path = Path(path)
         partial = path.with_name(path.name + ".partial")  # a crash while writing leaves the old file whole
         with open(partial, "wb") as f:
-            np.savez_compressed(f, meta=np.asarray(meta), older=older, newer=newer)
+            np.savez_compressed(f, meta=np.asarray(meta), older=older, newer=newer, hits=hits, offered=offered)
         partial.replace(path)
 
     @classmethod
@@ -79,8 +113,11 @@ class DraftMemory(structref.StructRefProxy):
         try:
             with np.load(Path(path)) as f:
                 meta, older, newer = json.loads(str(f["meta"])), f["older"], f["newer"]
+                hits, offered = f["hits"], f["offered"]
             if not isinstance(meta, dict) or older.dtype != np.int64 or newer.dtype != np.int64:
                 raise ValueError("unexpected contents")
+            if hits.shape != (MEMORY_SOURCES, DEPTHS) or offered.shape != hits.shape:
+                raise ValueError("unexpected counts")
         except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
             raise LPError(f"draft_memory_file={path}: not a draft memory ({e})") from None
         if meta.get("version") != VERSION:
@@ -96,10 +133,14 @@ class DraftMemory(structref.StructRefProxy):
             ends = np.flatnonzero(text == END)
             for a, b in zip(np.concatenate(([0], ends[:-1] + 1)), ends):
                 add_text(memory, text[a:b])
+        # the saved memory's digest (it counts texts aged out before the save), mixed with another budget's
+        digest = int(meta.get("digest", 0))
+        _set_digest(memory, digest if budget == meta.get("budget") else _mixed(digest, budget))
+        _set_counts(memory, hits.astype(np.float64), offered.astype(np.float64))
         return memory
 
 
-structref.define_proxy(DraftMemory, DraftMemoryType, ["texts_", "budget", "digest"])
+structref.define_proxy(DraftMemory, DraftMemoryType, ["texts_", "budget", "digest", "hits", "offered"])
 
 
 @compiled
@@ -108,7 +149,8 @@ def new_memory(budget: int) -> DraftMemory:
     empty = np.zeros(0, np.int64)
     half = budget // 2
     texts = (new_text_index(empty, budget > 0, False, half, 0), new_text_index(empty, budget > 0, False, half, 0))
-    return DraftMemory(texts, budget, 0)
+    counts = np.full((MEMORY_SOURCES, DEPTHS), PRIOR_HITS), np.full((MEMORY_SOURCES, DEPTHS), PRIOR_OFFERED)
+    return DraftMemory(texts, budget, 0, *counts)
 
 
 @compiled
@@ -119,12 +161,14 @@ def add_text(m: DraftMemory, tokens: np.ndarray) -> None:
     if half < 2 or len(tokens) == 0:
         return
     for t in tokens:  # wrapping arithmetic: a hash, the same on every rank
-        m.digest = m.digest * 1000003 + t + 1
+        m.digest = _mixed(m.digest, t + 1)
     text = tokens[-(half - 1) :]
     older, newer = m.texts_
     if newer.n + len(text) + 1 > half:
         older, newer = newer, new_text_index(np.zeros(0, np.int64), True, False, half, 0)
         m.texts_ = (older, newer)
+        m.hits *= 0.5  # the counts age with the texts
+        m.offered *= 0.5
     reserve(newer, len(text) + 1)
     extend(newer, text)
     extend(newer, np.full(1, END, np.int64))
@@ -151,12 +195,10 @@ def _suffix_ids(memory: TextIndex, text: TextIndex) -> np.ndarray:
 
 
 @compiled
-def memory_drafts(
-    m: DraftMemory, text: TextIndex, length: int, count: int, chains: Chains, source: int, ranks: int
-) -> None:
+def memory_drafts(m: DraftMemory, text: TextIndex, length: int, count: int, chains: Chains, source: int) -> None:
     """Append up to `count` continuations (at most `length` tokens, none past a text's end) of the
     memory's occurrences of the text's suffix, the longest match first (counted up to MAX_MATCH),
-    then the newest; the r-th from source `source + min(r, ranks - 1)`."""
+    then the newest; each from source `source + match_source(L)` by its match's length L."""
     if length < 1 or count < 1 or m.budget == 0 or text.n < MIN_MATCH:
         return
     first = chains.count
@@ -180,10 +222,86 @@ def memory_drafts(
                     while size < length and e + 1 + size < mem.n and mem.seq[e + 1 + size] != END:
                         size += 1
                     if size and not holds(chains, first, mem.seq, e + 1, size):
-                        add(chains, mem.seq, e + 1, size, source + min(chains.count - first, ranks - 1))
+                        add(chains, mem.seq, e + 1, size, source + match_source(L))
                         if chains.count - first == count:
                             return
                 e = mem.grams[e, col, 1]
+
+
+@compiled
+def match_source(L: int) -> int:
+    """The memory's source (of MEMORY_SOURCES) of a draft whose match is L tokens: 0 from
+    MIN_MATCH + 2 on, 1 at MIN_MATCH + 1, 2 at MIN_MATCH."""
+    return min(max(MIN_MATCH + 2 - L, 0), MEMORY_SOURCES - 1)
+
+
+@compiled
+def seed(m: DraftMemory, rates: DraftRates, first: int, depth: int) -> np.ndarray:
+    """Start a new sequence's rates of the memory's sources (`first`.., at `depth` depths) at the
+    rates the memory counted, worth SEED offers each; what was written (its hits and offers, `[2,
+    MEMORY_SOURCES, depth]`), which `learn` takes back out."""
+    written = np.empty((2, MEMORY_SOURCES, depth))
+    chances = rates.chances.reshape(-1)
+    for r in range(MEMORY_SOURCES):
+        for d in range(depth):
+            c = min(d, DEPTHS - 1)
+            rate = m.hits[r, c] / m.offered[r, c]
+            label = (first + r) * depth + d
+            rates.hits[label], rates.offered[label], chances[label] = SEED * rate, SEED, rate
+            written[0, r, d], written[1, r, d] = SEED * rate, SEED
+    return written
+
+
+@compiled
+def learn(m: DraftMemory, rates: DraftRates, first: int, depth: int, written: np.ndarray) -> None:
+    """Add a finished sequence's counts of the memory's sources (less what `seed` wrote) to the
+    memory's."""
+    for r in range(MEMORY_SOURCES):
+        for d in range(depth):
+            label = (first + r) * depth + d
+            c = min(d, DEPTHS - 1)
+            m.hits[r, c] += rates.hits[label] - written[0, r, d]
+            m.offered[r, c] += rates.offered[label] - written[1, r, d]
+
+
+@compiled
+def _mixed(digest: int, value: int) -> int:
+    return digest * 1000003 + value
+
+
+@compiled
+def _set_digest(m: DraftMemory, digest: int) -> None:
+    m.digest = digest
+
+
+@compiled
+def _counts(m: DraftMemory) -> tuple[np.ndarray, np.ndarray]:
+    return m.hits.copy(), m.offered.copy()
+
+
+@compiled
+def _set_counts(m: DraftMemory, hits: np.ndarray, offered: np.ndarray) -> None:
+    m.hits[:] = hits
+    m.offered[:] = offered
+
+
+@compiled
+def _budget(m: DraftMemory) -> int:
+    return m.budget
+
+
+@compiled
+def _digest(m: DraftMemory) -> int:
+    return m.digest
+
+
+@compiled
+def _nbytes(m: DraftMemory) -> int:
+    total = m.hits.nbytes + m.offered.nbytes
+    for mem in m.texts_:
+        total += mem.seq.nbytes + mem.grams.nbytes + mem.head.nbytes + mem.table.nbytes + mem.latest.nbytes
+        total += mem.earlier.nbytes
+    return total
 
 
 @compiled
@@ -215,4 +333,16 @@ def identity(model: object, tokenizer: object) -> dict:
     }
 
 
-__all__ = ["CONTEXT", "DRAFT_MEMORY", "END", "DraftMemory", "identity", "memory_drafts"]
+__all__ = [
+    "CONTEXT",
+    "DRAFT_MEMORY",
+    "END",
+    "MEMORY_SOURCES",
+    "DraftMemory",
+    "check_budget",
+    "identity",
+    "learn",
+    "match_source",
+    "memory_drafts",
+    "seed",
+]

@@ -105,7 +105,8 @@ def run(cfg: DictConfig) -> None:
     try:
         channel = Channel(lm.comm)
         if cfg.warmup:  # every rank alike: W=auto's calibration and the compiled loops, before any request
-            lm.generate(lm.encode("Hello"), **engine_settings({**defaults, "max_tokens": WARMUP_TOKENS}))
+            warm = {**defaults, "max_tokens": WARMUP_TOKENS, "memory": False}  # no request's text
+            lm.generate(lm.encode("Hello"), **engine_settings(warm))
         if sock is not None:
             serve(lm, channel, sock, cfg, defaults)
         else:

@@ -26,6 +26,7 @@ KEYS = {
     "N": "N",
     "G": "G",
     "step_tokens": "step_tokens",
+    "memory": "memory",
 }
 
 

@@ -103,6 +103,7 @@ class Fields(BaseModel):
     N: int | Literal["auto"] | None = None
     G: int | Literal["auto"] | None = None
     step_tokens: int | None = Field(None, ge=1)
+    memory: bool | None = None
     return_token_ids: bool = False  # the completion's token ids beside its text (`token_ids`)
 
     def unsupported(self) -> None:

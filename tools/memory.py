@@ -1,0 +1,331 @@
+"""`python -m tools.memory`: the draft memory (lp/lookahead/memory.py) measured: S with it against
+S without it, one run side by side, and what it costs.
+
+    python -m tools.memory [--spec 48] [--mt 24] [--humaneval 32] [--max-new-tokens 128]
+        [--shapes W3N3G15-L128-D14,auto] [--budget 65536] [--out results/memory]
+
+Three workloads, each decoded in order by one LP (SmolLM2-135M, greedy), once per shape with a
+memory cleared at its start:
+  * `spec`: the Spec-Bench prompts (8 a category, chat);
+  * `mt2`: MT-Bench conversations: the first turn, then the second after it (the first answer in
+    its prompt); S counted on the second turns;
+  * `humaneval`: HumanEval completions in sequence (code, no chat template): one programming
+    language and its idioms again and again;
+  * `repeat`: the Spec-Bench prompts, then each of them again (retried and popular questions): S
+    counted on the second pass.
+Each prompt is decoded twice in a row at the shape: `memory=false` (neither drawing on the memory
+nor teaching it) and `memory=true` (drawing on every earlier prompt's text, then adding its own).
+Both outputs must equal transformers' greedy `generate` (cached in OUT/references.json). S is the
+committed tokens over the steps, pooled over the workload's prompts; per prompt, the ratio of
+the two steps counts (deterministic: S does not depend on the machine's speed) tells whether any
+prompt took more steps with the memory. The host's work after each message read (the time a
+device waits for the host; StepObserver) is timed per step with and without.
+
+The memory's cost: a fresh memory of `--budget` tokens fed 1,000 texts (the run's prompt tails
+and outputs, cycled): the process's resident memory it adds, the time an add takes, and the time
+to save it to a file and load it back (its size).
+
+Writes OUT/memory.json, OUT/memory.md and OUT/memory.png, with the command, the device and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lp.bench.shapes import parse_lookahead
+from lp.decode.batch import StepObserver
+from lp.engine.kernel_choice import cpu_name
+
+WORKLOADS = ("spec", "mt2", "humaneval", "repeat")
+TEXTS = 1000  # texts fed to the memory whose cost is measured
+
+
+class HostClock(StepObserver):
+    """The seconds from each step's message read to the next forward's start: host work a device waits for."""
+
+    def __init__(self) -> None:
+        self.read_at: float | None = None
+        self.seconds: list[float] = []
+
+    def message_read(self) -> None:
+        self.read_at = time.perf_counter()
+
+    def forward_start(self) -> None:
+        if self.read_at is not None:
+            self.seconds.append(time.perf_counter() - self.read_at)
+        self.read_at = None
+
+
+def conversations(n: int) -> list[tuple[str, str]]:
+    """The first `n` MT-Bench questions' two turns."""
+    from lp.bench.datasets import _jsonl_rows, wheel_file
+
+    rows = _jsonl_rows(wheel_file("mt_bench"))[:n]
+    return [(r["turns"][0], r["turns"][1]) for r in rows]
+
+
+class Run:
+    """One LP and the greedy references its outputs are checked against."""
+
+    def __init__(self, lm, references, max_new: int) -> None:
+        self.lm, self.refs, self.max_new = lm, references, max_new
+
+    def reference(self, ids: list[int]) -> list[int]:
+        import torch
+
+        out = self.refs.get(ids, self.max_new)
+        if out is None:
+            x = torch.tensor([ids], dtype=torch.long)
+            with torch.no_grad():
+                y = self.lm.model.generate(
+                    x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=self.max_new
+                )
+            out = y[0, len(ids) :].tolist()
+            self.refs.put(ids, self.max_new, out)
+        return out
+
+    def decode(self, ids: list[int], settings: dict, memory: bool) -> dict:
+        clock = HostClock()
+        t = time.perf_counter()
+        r = self.lm.generate(ids, memory=memory, observer=clock, max_new_tokens=self.max_new, **settings)
+        return {
+            "tokens": r.new_tokens,
+            "steps": r.steps,
+            "seconds": time.perf_counter() - t,
+            "host_s": clock.seconds,
+            "output_ids": r.output_ids,
+            "text": r.text,
+        }
+
+    def pair(self, ids: list[int], settings: dict) -> dict:
+        """One prompt without the memory, then with it (which adds its text): both checked."""
+        without, with_ = self.decode(ids, settings, False), self.decode(ids, settings, True)
+        ref = self.reference(ids)
+        same = without["output_ids"] == ref and with_["output_ids"] == ref
+        return {"without": without, "with": with_, "identical": same, "prompt_ids": ids}
+
+
+def workload(run: Run, name: str, items: list, settings: dict, progress) -> list[dict]:
+    """A workload's prompts in order, each a pair (mt2: its first turn decoded with the memory first;
+    repeat: every prompt decoded with it once before)."""
+    lm = run.lm
+    lm.clear_memory()
+    if name == "repeat":
+        for ids in progress(items, desc="repeat, first pass"):
+            run.decode(ids, settings, True)
+    out = []
+    for item in progress(items, desc=name):
+        if name == "mt2":
+            first, second = item
+            turn1 = run.decode(lm.encode(first, chat=True), settings, True)
+            ids = lm.encode(
+                [
+                    {"role": "user", "content": first},
+                    {"role": "assistant", "content": turn1["text"]},
+                    {"role": "user", "content": second},
+                ]
+            )
+            row = run.pair(ids, settings)
+            row["turn1_identical"] = turn1["output_ids"] == run.reference(lm.encode(first, chat=True))
+        else:
+            row = run.pair(item, settings)
+        out.append(row)
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    """A workload's S with and without the memory (pooled), per-prompt step ratios, host times."""
+
+    def S(side: str) -> float:
+        return sum(r[side]["tokens"] for r in rows) / sum(r[side]["steps"] for r in rows)
+
+    ratios = [r["without"]["steps"] / r["with"]["steps"] for r in rows]
+    host = {side: statistics.median([s for r in rows for s in r[side]["host_s"]]) * 1e3 for side in ("without", "with")}
+    seconds = {side: sum(r[side]["seconds"] for r in rows) for side in ("without", "with")}
+    tokens = sum(r["with"]["tokens"] for r in rows)
+    return {
+        "prompts": len(rows),
+        "S_without": S("without"),
+        "S_with": S("with"),
+        "ratio": S("with") / S("without"),
+        "per_prompt_step_ratio_min": min(ratios),
+        "per_prompt_step_ratio_median": statistics.median(ratios),
+        "prompts_more_steps_with": sum(r["with"]["steps"] > r["without"]["steps"] for r in rows),
+        "host_ms_per_step_median": host,
+        "tokens_per_s": {side: tokens / seconds[side] for side in seconds},
+        "identical": all(r["identical"] and r.get("turn1_identical", True) for r in rows),
+    }
+
+
+def cost(texts: list[tuple[list[int], list[int]]], budget: int) -> dict:
+    """A fresh memory of `budget` tokens fed TEXTS texts (cycled): the bytes it holds, add time,
+    save and load times, file size."""
+    from lp.lookahead.memory import DraftMemory
+
+    memory = DraftMemory(budget)
+    empty = memory.nbytes
+    t = time.perf_counter()
+    for i in range(TEXTS):
+        memory.add(*texts[i % len(texts)])
+    add_s = (time.perf_counter() - t) / TEXTS
+    full = memory.nbytes
+    me = {"model": "measured", "tokenizer": "measured"}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "memory.lp"
+        t = time.perf_counter()
+        memory.save(path, me)
+        save_s = time.perf_counter() - t
+        size = path.stat().st_size
+        t = time.perf_counter()
+        loaded = DraftMemory.load(path, budget, me)
+        load_s = time.perf_counter() - t
+    assert loaded.tokens == memory.tokens
+    return {
+        "budget_tokens": budget,
+        "texts": TEXTS,
+        "tokens_held": memory.tokens,
+        "mib_empty": empty / 2**20,
+        "mib_after": full / 2**20,
+        "add_ms": add_s * 1e3,
+        "save_s": save_s,
+        "load_s": load_s,
+        "file_mib": size / 2**20,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.memory", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spec", type=int, default=48, help="Spec-Bench prompts (a multiple of 6: 6 categories)")
+    ap.add_argument("--mt", type=int, default=24, help="MT-Bench conversations")
+    ap.add_argument("--humaneval", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--shapes", default="W3N3G15-L128-D14,auto")
+    ap.add_argument("--budget", type=int, default=65536, help="the memory's tokens")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--out", type=Path, default=Path("results/memory"))
+    args = ap.parse_args(argv)
+    from tqdm import tqdm
+
+    from lp import LP
+    from lp.bench.datasets import load
+    from lp.bench.references import References
+
+    def progress(items, desc):
+        return tqdm(items, desc=desc, file=sys.stderr, mininterval=10, ncols=100)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    lm = LP(args.model, draft_memory=args.budget)
+    run = Run(lm, References(args.out / "references.json"), args.max_new_tokens)
+    spec = load("spec_bench", per_category=args.spec // 6)
+    items = {
+        "spec": [lm.encode(p.text, chat=p.chat) for p in spec],
+        "mt2": conversations(args.mt),
+        "humaneval": [lm.encode(p.text, chat=False) for p in load("humaneval", limit=args.humaneval)],
+    }
+    items["repeat"] = items["spec"]
+    doc: dict = {
+        "command": "python -m tools.memory " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "device": cpu_name(),
+        "date": datetime.date.today().isoformat(),
+        "model": args.model,
+        "max_new_tokens": args.max_new_tokens,
+        "budget_tokens": args.budget,
+        "results": [],
+    }
+    texts: list[tuple[list[int], list[int]]] = []
+    for shape in args.shapes.split(","):
+        settings = parse_lookahead(shape)  # a lp.bench config name (W3N3G15-L128-D14), or auto
+        for name in WORKLOADS:
+            rows = workload(run, name, items[name], settings, progress)
+            texts += [(r["prompt_ids"], r["with"]["output_ids"]) for r in rows]
+            entry = {"shape": shape, "workload": name, **summary(rows)}
+            entry["prompts_detail"] = [
+                {side: {k: r[side][k] for k in ("tokens", "steps")} for side in ("without", "with")} for r in rows
+            ]
+            doc["results"].append(entry)
+            print(
+                f"memory: {shape} {name}: S {entry['S_without']:.2f} -> {entry['S_with']:.2f} "
+                f"({entry['ratio']:.2f}x), identical {entry['identical']}",
+                file=sys.stderr,
+                flush=True,
+            )
+    doc["cost"] = cost(texts, args.budget)
+    lm.close()
+    (args.out / "memory.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (args.out / "memory.md").write_text(markdown(doc))
+    plot(doc, args.out / "memory.png")
+    print(markdown(doc))
+    return 0 if all(r["identical"] for r in doc["results"]) else 1
+
+
+def markdown(doc: dict) -> str:
+    c = doc["cost"]
+    lines = [
+        "# The draft memory: S with it and without it",
+        "",
+        f"`{doc['command']}` on {doc['device']}, {doc['date']}; {doc['model']}, greedy, "
+        f"{doc['max_new_tokens']} new tokens, a memory of {doc['budget_tokens']} tokens cleared at each "
+        "workload's start. Each prompt decoded without the memory, then with it, in order; S pooled over "
+        "the prompts (S does not depend on the machine); every output checked against transformers' "
+        "greedy `generate`.",
+        "",
+        "| shape | workload | prompts | S without | S with | ratio | per-prompt steps ratio (min, median) "
+        "| prompts with more steps | host ms/step (without, with) | tokens/s (without, with) | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["results"]:
+        h, v = r["host_ms_per_step_median"], r["tokens_per_s"]
+        lines.append(
+            f"| {r['shape']} | {r['workload']} | {r['prompts']} | {r['S_without']:.2f} | {r['S_with']:.2f} | "
+            f"**{r['ratio']:.2f}x** | {r['per_prompt_step_ratio_min']:.2f}, {r['per_prompt_step_ratio_median']:.2f} "
+            f"| {r['prompts_more_steps_with']} | {h['without']:.3f}, {h['with']:.3f} | "
+            f"{v['without']:.1f}, {v['with']:.1f} | {'yes' if r['identical'] else '**no**'} |"
+        )
+    lines += [
+        "",
+        "Workloads: `spec` the Spec-Bench prompts in order (8 a category); `mt2` MT-Bench second turns, "
+        "each after its first turn (decoded with the memory, teaching it); `humaneval` HumanEval "
+        "completions in sequence; `repeat` the Spec-Bench prompts asked a second time. Host ms/step: "
+        "the median time from a step's message read to the next "
+        "forward (what a device waits for), on this CPU. tokens/s: this CPU, the whole decodes.",
+        "",
+        f"**Cost**: a fresh memory of {c['budget_tokens']} tokens fed {c['texts']} texts (this run's, cycled) "
+        f"holds {c['tokens_held']} tokens in {c['mib_after']:.1f} MiB of arrays ({c['mib_empty']:.1f} MiB "
+        f"empty: allocated up front); an add takes {c['add_ms']:.3f} ms; saved in "
+        f"{c['save_s'] * 1e3:.0f} ms to {c['file_mib']:.2f} MiB, loaded in {c['load_s'] * 1e3:.0f} ms.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = doc["results"]
+    labels = [f"{r['workload']}\n{r['shape']}" for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(1.6 * len(rows) + 2, 4))
+    ax.bar([i - 0.2 for i in x], [r["S_without"] for r in rows], 0.4, label="without the memory")
+    ax.bar([i + 0.2 for i in x], [r["S_with"] for r in rows], 0.4, label="with the memory")
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_ylabel("S (tokens per step)")
+    ax.set_title(f"Draft memory, {doc['model']} (S: hardware-independent)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
