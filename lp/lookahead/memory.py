@@ -270,8 +270,8 @@ def _mixed(digest: int, value: int) -> int:
 
 
 @compiled
-def _set_digest(m: DraftMemory, digest: int) -> None:
-    m.digest = digest
+def _set_digest(m: DraftMemory, value: int) -> None:
+    m.digest = value
 
 
 @compiled
