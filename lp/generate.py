@@ -19,7 +19,7 @@ from lp.errors import LPError
 from lp.frontend import cli
 from lp.frontend.prompts import Prompt, read_jsonl
 from lp.frontend.runtime import LP, Result
-from lp.lookahead.memory import check_budget
+from lp.lookahead.memory import check_budget, check_file
 from lp.mesh import check_tp
 from lp.worker import check_options
 
@@ -74,6 +74,7 @@ def check_runtime(cfg: DictConfig) -> None:
     check_tp(cfg.tp)
     check_options(cfg.attention, cfg.graphs, cfg.compile, cfg.max_seq_len, cfg.kernels, cfg.kv_tokens)
     check_budget(cfg.draft_memory)
+    check_file(cfg.draft_memory_file)
     models.resolve(cfg.model.name)
 
 

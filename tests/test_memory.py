@@ -80,6 +80,39 @@ def test_off_and_bad_budgets():
             DraftMemory(bad)
 
 
+def test_the_digest_tells_budgets_and_text_ends_apart():
+    """Ranks of other budgets, or fed the same tokens cut into other texts, hold other memories."""
+    a, b = DraftMemory(64), DraftMemory(64)
+    assert a.digest == b.digest != DraftMemory(128).digest
+    a.add([], [1, 2])
+    a.add([], [3])
+    b.add([], [1])
+    b.add([], [2, 3])
+    assert a.digest != b.digest
+
+
+def test_clear_empties_the_memory_in_place():
+    memory = DraftMemory(64)
+    empty, rates, held = memory.digest, memory.rates, memory
+    memory.add([1, 2], [3, 4, 5])
+    memory.clear()
+    assert held.tokens == 0 and held.digest == empty and np.array_equal(held.rates, rates)
+    assert _drafts(held, [3, 4], 2, 1)[0] == []
+
+
+def test_a_memory_file_outside_a_folder_is_refused_before_the_run(tiny_model_dir, tmp_path):
+    from lp import LP
+    from lp.lookahead.memory import check_file
+
+    for bad in (tmp_path, tmp_path / "missing" / "memory.lp", "", 3):
+        with pytest.raises(LPError, match="draft_memory_file"):
+            check_file(bad)
+    check_file(None)
+    check_file(tmp_path / "memory.lp")
+    with pytest.raises(LPError, match="draft_memory_file"):
+        LP(str(tiny_model_dir), draft_memory_file=str(tmp_path / "missing" / "memory.lp"))
+
+
 def _identity(seed: int = 0, vocab: dict | None = None) -> dict:
     """What `identity` says of a tiny model's embedding and a vocabulary."""
     model = build_tiny(seed=seed, reference=False)

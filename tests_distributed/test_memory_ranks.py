@@ -1,7 +1,7 @@
 """The draft memory (lp/lookahead/memory.py) under Lookahead Parallelism on gloo ranks: every rank
 feeds it the same texts in the same order, so the ranks' memories stay identical; decodes that
 draw on it stay greedy and take fewer steps; it is saved by rank 0 at close and loaded at start;
-ranks that load different memories refuse to start."""
+ranks that load different memories, or cannot read their file, refuse to start."""
 
 from __future__ import annotations
 
@@ -62,3 +62,15 @@ def test_ranks_with_different_memories_refuse_to_start(saved, tiny_models, tmp_p
     assert launch.returncode != 0
     for doc in docs:
         assert "different draft memories" in doc.get("crash", ""), doc.get("crash")
+
+
+def test_a_rank_that_cannot_read_its_file_fails_every_rank_at_once(tiny_models, tmp_path):
+    """Rank 1's file is garbage: it says why, rank 0 says which rank, neither waits for a timeout."""
+    garbage = tmp_path / "garbage.lp"
+    garbage.write_bytes(b"not a memory")
+    spec = _spec(tiny_models, lp_per_rank={"1": {"draft_memory_file": str(garbage)}})
+    launch, docs = run_api_worker(spec, 2, timeout=240, tmp=tmp_path / "run")
+    assert launch.returncode != 0
+    crashes = [doc.get("crash", "") for doc in docs]
+    assert "rank(s) [1] could not load draft_memory_file" in crashes[0], crashes
+    assert "not a draft memory" in crashes[1], crashes

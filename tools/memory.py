@@ -22,7 +22,7 @@ prompt took more steps with the memory. The host's work after each message read 
 device waits for the host; StepObserver) is timed per step with and without.
 
 The memory's cost: a fresh memory of `--budget` tokens fed 1,000 texts (the run's prompt tails
-and outputs, cycled): the process's resident memory it adds, the time an add takes, and the time
+and outputs, cycled): the bytes its arrays hold (empty and full), the time an add takes, and the time
 to save it to a file and load it back (its size).
 
 Writes OUT/memory.json, OUT/memory.md and OUT/memory.png, with the command, the device and the date.

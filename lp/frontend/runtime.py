@@ -39,7 +39,7 @@ from lp.engine.kernel_choice import requested
 from lp.errors import LPError
 from lp.frontend.mesh_choice import choose_mesh
 from lp.frontend.textstream import TextStream
-from lp.lookahead.memory import DRAFT_MEMORY, DraftMemory, identity
+from lp.lookahead.memory import DRAFT_MEMORY, DraftMemory, check_file, identity
 from lp.worker import Worker
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -142,6 +142,7 @@ class LP:
         if dtype not in DTYPES:
             raise LPError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         mesh.check_tp(tp)
+        check_file(draft_memory_file)
         memory = DraftMemory(draft_memory)
         self.memory_file = draft_memory_file
         self.comm = Collective.from_env(device, timeout_s, backend)  # the world: rank 0 reports
@@ -168,12 +169,16 @@ class LP:
                 self._tuner = AutoTuner(curve, self.lp.world_size)
             if self.comm.is_main:
                 print(f"lp: tp=auto: {self.mesh}", file=sys.stderr, flush=True)
+        failed = None  # a rank that cannot read its file says so in the check, so no other rank waits
         if draft_memory_file and Path(draft_memory_file).exists():
-            me = identity(self.model, self.tokenizer)
-            self.decoder.memory = DraftMemory.load(draft_memory_file, draft_memory, me)
-            if self.comm.is_main:
+            try:
+                me = identity(self.model, self.tokenizer)
+                self.decoder.memory = DraftMemory.load(draft_memory_file, draft_memory, me)
+            except LPError as e:
+                failed = e
+            if self.comm.is_main and failed is None:
                 print(f"lp: draft memory: {self.memory.tokens} tokens from {draft_memory_file}", file=sys.stderr)
-        self._same_memory()
+        self._same_memory(failed)
 
     def _load(self, model: str, dtype: torch.dtype, timeout_s: float, tp: int, memory: DraftMemory, **options) -> None:
         """Split the world into replicas of `tp` ranks, load this rank's model (its shard with
@@ -406,17 +411,22 @@ class LP:
                 f"rank mismatch: ranks were given different prompts or settings (fingerprints {seen.tolist()})"
             )
 
-    def _same_memory(self) -> None:
-        """Refuse to start unless every rank holds the same draft memory (each loaded its own file)."""
-        if self.comm.world_size == 1:
-            return
-        mine = torch.tensor([self.memory.digest], device=self.comm.device)
-        seen = self.comm.all_gather(mine).cpu().view(-1)
-        if (seen != seen[0]).any():
-            raise LPError(
-                "rank mismatch: the ranks loaded different draft memories (draft_memory_file differs between "
-                "their machines, or is missing on some)"
-            )
+    def _same_memory(self, failed: LPError | None) -> None:
+        """Refuse to start unless every rank holds the same draft memory (each loaded its own file;
+        `failed`: this rank's error reading it, raised on it, and one line on the others)."""
+        if self.comm.world_size > 1:
+            mine = torch.tensor([failed is not None, self.memory.digest], device=self.comm.device)
+            seen = self.comm.all_gather(mine).cpu().view(-1, 2)
+            if failed is None and seen[:, 0].any():
+                bad = seen[:, 0].nonzero().view(-1).tolist()
+                raise LPError(f"rank(s) {bad} could not load draft_memory_file (each says why)")
+            if failed is None and (seen[:, 1] != seen[0, 1]).any():
+                raise LPError(
+                    "rank mismatch: the ranks hold different draft memories (draft_memory or draft_memory_file "
+                    "differs between them, or the file is missing on some: rank 0 writes it)"
+                )
+        if failed is not None:
+            raise failed
 
     @property
     def memory(self) -> DraftMemory:
@@ -424,8 +434,9 @@ class LP:
         return self.decoder.memory
 
     def clear_memory(self) -> None:
-        """Forget every text the draft memory holds, between decodes (every rank alike)."""
-        self.decoder.memory = DraftMemory(self.memory.budget)
+        """Forget every text the draft memory holds, between decodes (every rank alike), in place:
+        a server's batch and a running stream hold the same memory."""
+        self.memory.clear()
 
     def save_memory(self, path: str | Path) -> None:
         """Write the draft memory to `path` (rank 0; every rank holds the same), with the model and

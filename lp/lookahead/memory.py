@@ -47,6 +47,17 @@ def check_budget(budget: object) -> None:
         raise LPError(f"draft_memory must be an integer >= 0 (tokens; 0: off), got {budget!r}")
 
 
+def check_file(path: object) -> None:
+    """An LPError unless `path` is None or a file path whose folder exists (checked before a run,
+    not when the memory is saved after it)."""
+    if path is None:
+        return
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise LPError(f"draft_memory_file must be a file path, got {path!r}")
+    if Path(path).is_dir() or not Path(path).parent.is_dir():
+        raise LPError(f"draft_memory_file={path}: not a file in an existing folder")
+
+
 @structref.register
 class DraftMemoryType(State):
     pass
@@ -90,6 +101,10 @@ class DraftMemory(structref.StructRefProxy):
     def digest(self) -> int:
         """A hash of every text fed, in order: equal on ranks that were fed alike."""
         return _digest(self)
+
+    def clear(self) -> None:
+        """Forget every text and count, in place (whoever holds the memory sees it empty)."""
+        _clear(self)
 
     def texts(self) -> list[np.ndarray]:
         """The generations' sequences, the older first."""
@@ -150,7 +165,7 @@ def new_memory(budget: int) -> DraftMemory:
     half = budget // 2
     texts = (new_text_index(empty, budget > 0, False, half, 0), new_text_index(empty, budget > 0, False, half, 0))
     counts = np.full((MEMORY_SOURCES, DEPTHS), PRIOR_HITS), np.full((MEMORY_SOURCES, DEPTHS), PRIOR_OFFERED)
-    return DraftMemory(texts, budget, 0, *counts)
+    return DraftMemory(texts, budget, _mixed(0, budget), *counts)  # ranks of other budgets differ at once
 
 
 @compiled
@@ -162,6 +177,7 @@ def add_text(m: DraftMemory, tokens: np.ndarray) -> None:
         return
     for t in tokens:  # wrapping arithmetic: a hash, the same on every rank
         m.digest = _mixed(m.digest, t + 1)
+    m.digest = _mixed(m.digest, 0)  # the text's end: [1, 2] + [3] is not [1] + [2, 3]
     text = tokens[-(half - 1) :]
     older, newer = m.texts_
     if newer.n + len(text) + 1 > half:
@@ -262,6 +278,15 @@ def learn(m: DraftMemory, rates: DraftRates, first: int, depth: int, written: np
             c = min(d, DEPTHS - 1)
             m.hits[r, c] += rates.hits[label] - written[0, r, d]
             m.offered[r, c] += rates.offered[label] - written[1, r, d]
+
+
+@compiled
+def _clear(m: DraftMemory) -> None:
+    empty = new_memory(m.budget)
+    m.texts_ = empty.texts_
+    m.digest = empty.digest
+    m.hits[:] = empty.hits
+    m.offered[:] = empty.offered
 
 
 @compiled

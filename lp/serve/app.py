@@ -63,6 +63,8 @@ def build_app(server: Server, api_key: str | None, max_body_bytes: int) -> FastA
             "decoding": engine.decoding,
             "kv_pages_held": pool.pages - 1 - pool.free,
             "kv_pages": pool.pages - 1,
+            "draft_memory_tokens": engine.lm.memory.tokens,
+            "draft_memory_mib": round(engine.lm.memory.nbytes / 2**20, 1),
             "most_queued": engine.most_queued,
             "served": engine.served,
             "last": engine.last,
