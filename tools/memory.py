@@ -2,7 +2,8 @@
 S without it, one run side by side, and what it costs.
 
     python -m tools.memory [--spec 48] [--mt 24] [--humaneval 32] [--max-new-tokens 128]
-        [--shapes W3N3G15-L128-D14,auto] [--budget 65536] [--out results/memory]
+        [--shapes W3N3G15-L128-D14,auto] [--workloads spec,mt2,humaneval,repeat] [--budget 65536]
+        [--out results/memory]   (written after every workload: a run stopped early keeps them)
 
 Three workloads, each decoded in order by one LP (SmolLM2-135M, greedy), once per shape with a
 memory cleared at its start:
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--humaneval", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--shapes", default="W3N3G15-L128-D14,auto")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
     ap.add_argument("--budget", type=int, default=65536, help="the memory's tokens")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out", type=Path, default=Path("results/memory"))
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     texts: list[tuple[list[int], list[int]]] = []
     for shape in args.shapes.split(","):
         settings = parse_lookahead(shape)  # a lp.bench config name (W3N3G15-L128-D14), or auto
-        for name in WORKLOADS:
+        for name in args.workloads.split(","):
             rows = workload(run, name, items[name], settings, progress)
             texts += [(r["prompt_ids"], r["with"]["output_ids"]) for r in rows]
             entry = {"shape": shape, "workload": name, **summary(rows)}
@@ -257,17 +259,22 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+            write(doc, args.out)  # after every workload: a run stopped early keeps what it measured
     doc["cost"] = cost(texts, args.budget)
     lm.close()
-    (args.out / "memory.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (args.out / "memory.md").write_text(markdown(doc))
-    plot(doc, args.out / "memory.png")
+    write(doc, args.out)
     print(markdown(doc))
     return 0 if all(r["identical"] for r in doc["results"]) else 1
 
 
+def write(doc: dict, out: Path) -> None:
+    (out / "memory.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "memory.md").write_text(markdown(doc))
+    plot(doc, out / "memory.png")
+
+
 def markdown(doc: dict) -> str:
-    c = doc["cost"]
+    c = doc.get("cost")  # measured at the run's end
     lines = [
         "# The draft memory: S with it and without it",
         "",
@@ -297,12 +304,15 @@ def markdown(doc: dict) -> str:
         "the median time from a step's message read to the next "
         "forward (what a device waits for), on this CPU. tokens/s: this CPU, the whole decodes.",
         "",
-        f"**Cost**: a fresh memory of {c['budget_tokens']} tokens fed {c['texts']} texts (this run's, cycled) "
-        f"holds {c['tokens_held']} tokens in {c['mib_after']:.1f} MiB of arrays ({c['mib_empty']:.1f} MiB "
-        f"empty: allocated up front); an add takes {c['add_ms']:.3f} ms; saved in "
-        f"{c['save_s'] * 1e3:.0f} ms to {c['file_mib']:.2f} MiB, loaded in {c['load_s'] * 1e3:.0f} ms.",
-        "",
     ]
+    if c is not None:
+        lines += [
+            f"**Cost**: a fresh memory of {c['budget_tokens']} tokens fed {c['texts']} texts (this run's, cycled) "
+            f"holds {c['tokens_held']} tokens in {c['mib_after']:.1f} MiB of arrays ({c['mib_empty']:.1f} MiB "
+            f"empty: allocated up front); an add takes {c['add_ms']:.3f} ms; saved in "
+            f"{c['save_s'] * 1e3:.0f} ms to {c['file_mib']:.2f} MiB, loaded in {c['load_s'] * 1e3:.0f} ms.",
+            "",
+        ]
     return "\n".join(lines)
 
 
