@@ -58,7 +58,7 @@ class Drafter:
             depth=cfg.max_draft,
             draft_len=cfg.draft_len,
             text_drafts=cfg.text_drafts if cfg.drafts == "pool+text" else 0,
-            remembered=cfg.text_drafts if memory is not None and cfg.memory and limit > 0 else 0,
+            remembered=cfg.text_drafts if memory is not None and memory.budget and cfg.memory and limit > 0 else 0,
             context=cfg.pool_order == "context" and N > 2,
             frequent=cfg.pool_order == "frequent",
             continuation_len=cfg.longest_continuation,

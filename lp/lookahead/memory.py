@@ -207,6 +207,8 @@ def _suffix_ids(memory: TextIndex, text: TextIndex) -> np.ndarray:
                 break
             before = g
         ids[L - MIN_MATCH] = g
+        if g < 0:  # a text without this suffix has no longer one either
+            break
     return ids
 
 
