@@ -220,3 +220,20 @@ def test_the_ladder_is_sized_so_shares_fill_buckets(P):
             assert sized.step_tokens % P == 0 and sized.step_tokens // P in BUCKETS
     if P in (2, 4, 8):
         assert ladder(P) == LADDER  # the ladder's powers of two fill buckets already
+
+
+def test_a_batch_made_before_any_w_auto_request_prices_its_steps(tiny_model_dir, monkeypatch):
+    """`LP.stream` and the server make their batch before the first request chooses its shape
+    (and so measures the step costs): the batch's budget still prices W=auto's trees with them."""
+    import lp.frontend.runtime
+    from lp import LP
+    from lp.decode.budget import Claim
+
+    lm = LP(str(tiny_model_dir))
+    budget = lm.budget()
+    assert lm._tuner is None  # nothing measured yet
+    flat = CostCurve((1, 64), (1.0, 1.0))  # nodes cost nothing: a step takes all it can
+    monkeypatch.setattr(lp.frontend.runtime, "calibrate_ranks", lambda *args: flat)
+    lm.ask([4, 5, 6, 7], W="auto", N="auto", G="auto", max_new_tokens=4)
+    assert budget.total([Claim(1, 40, True)]) == 40
+    lm.close()

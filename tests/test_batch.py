@@ -23,6 +23,7 @@ from lp.errors import LPError
 from lp.worker import Worker
 
 MAX_NEW = 32
+STEEP = CostCurve((1, 2, 4, 8, 16, 32, 64), (1.0, 1.05, 1.27, 1.55, 1.82, 2.45, 3.72))  # step costs of a CPU's shape
 SHAPES = [
     dict(W=5, N=3, G=5),
     dict(mode="ar"),
@@ -159,7 +160,7 @@ def test_the_steps_budget_keeps_every_output_greedy(policy, tiny_models):
     model = tiny_models["qwen2"]
     dec = Decoder(Worker(model), Collective(), set(), 512)
     cost = CostCurve((1, 16, 64, 256), (1.0, 1.05, 1.2, 2.0))
-    budget = Budget(policy, step_tokens=40, cost=cost if policy == "auto" else None)
+    budget = Budget(policy, step_tokens=40, cost=(lambda: cost) if policy == "auto" else None)
     prompts = _prompts(6)[1:]
     cfg = DecodeConfig(W=1, N=2, G=15, step_tokens=40, lone_matches=True, max_new_tokens=MAX_NEW)
     batch = dec.batch(5, budget=budget)
@@ -206,9 +207,9 @@ def test_the_cost_model_takes_the_nodes_that_pay():
     a steeper slope (more S per doubling) moves to more nodes."""
     one = [Claim(1, 40, True)]
     many = [Claim(1, 40, True) for _ in range(32)]
-    flat = Budget("auto", cost=CostCurve((1, 16, 64, 1024, 2048), (1.0, 1.0, 1.0, 1.0, 1.5)))
+    flat = Budget("auto", cost=lambda: CostCurve((1, 16, 64, 1024, 2048), (1.0, 1.0, 1.0, 1.0, 1.5)))
     assert flat.total(one) == 40 and flat.total(many) == 1024 - 32  # to the costs' edge
-    steep = Budget("auto", cost=CostCurve((1, 2, 4, 8, 16, 32, 64), (1.0, 1.05, 1.27, 1.55, 1.82, 2.45, 3.72)))
+    steep = Budget("auto", cost=lambda: STEEP)
     alone = steep.total(one)
     assert 0 < alone < 40 and steep.total(many) == 0
     eager = Budget("auto", cost=steep.cost, slope=lambda: 0.6)
@@ -221,7 +222,7 @@ def test_windows_are_priced_only_with_nodes():
     """A step of no node feeds no window of the sequences sharing the nodes: the cost model prices
     it so (one sequence whose window would cost as much as its nodes buy takes them anyway) and
     a sequence given no node decodes as plain decoding does, one token fed a step."""
-    steep = Budget("auto", cost=CostCurve((1, 2, 4, 8, 16, 32, 64), (1.0, 1.05, 1.27, 1.55, 1.82, 2.45, 3.72)))
+    steep = Budget("auto", cost=lambda: STEEP)
     assert steep.total([Claim(6, 40, True, window=5)]) == steep.total([Claim(6, 40, True)]) > 0
     # four such: their windows would cost more than the nodes they come with make
     assert steep.total([Claim(6, 40, True, window=5)] * 4) == 0 < steep.total([Claim(6, 40, True)] * 4)

@@ -15,7 +15,7 @@ from lp.config import DecodeConfig
 from lp.decode.loop import Decoder
 from lp.engine import kernel_choice
 from lp.engine.kernel_choice import SIZES, choose, table
-from lp.engine.kernels import FORMULATIONS, Kernels, Matrix
+from lp.engine.kernels import EXACT_ROWS, FORMULATIONS, Kernels, Matrix, padded_rows
 from lp.errors import LPError
 from lp.lookahead.mask import step_layout
 from lp.worker import Worker
@@ -53,15 +53,25 @@ def test_this_machine_has_more_than_one_formulation():
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("name", HERE)
 def test_every_formulation_is_linear_at_every_size(name, bias):
-    """The sizes a choice is made at, one between them and one past the last (prefills)."""
+    """The sizes a choice is made at, some between them (oneDNN's padded ones among them) and one
+    past the last (prefills)."""
     g = torch.Generator().manual_seed(1)
     weight = torch.randn(200, 576, generator=g) * 0.05
     m = FORMULATIONS[name].prepare(Matrix(weight, torch.randn(200, generator=g) if bias else None))
-    for M in (*SIZES, 5, 300):
+    for M in (*SIZES, 5, 17, 33, 100, 300):
         x = torch.randn(M, 576, generator=g)
         got = FORMULATIONS[name].run(x, m)
         assert got.shape == (M, 200)
         torch.testing.assert_close(got, F.linear(x, weight, m.bias), rtol=1e-5, atol=1e-5, msg=f"{name} at M={M}")
+
+
+def test_onednn_meets_a_bounded_set_of_row_counts():
+    """A server's packed steps take every size: oneDNN sees few, each at most 1/8 more rows."""
+    rows = [padded_rows(M) for M in range(1, 4097)]
+    assert rows[:EXACT_ROWS] == list(range(1, EXACT_ROWS + 1))
+    assert all(M <= r <= M * 9 / 8 for M, r in enumerate(rows, start=1))
+    assert len(set(rows)) <= EXACT_ROWS + 8 * 8  # 8 an octave from 16 to 4096
+    assert rows == sorted(rows) and padded_rows(rows[99]) == rows[99]
 
 
 @pytest.mark.parametrize("name", HERE)

@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         row = {"sequences": B}
         for name, budget in (
             ("none", Budget("none")),
-            ("auto_cpu", Budget("auto", cost=cpu)),
-            ("auto_gpu", Budget("auto", cost=gpu)),
+            ("auto_cpu", Budget("auto", cost=lambda: cpu)),
+            ("auto_gpu", Budget("auto", cost=lambda: gpu)),
         ):
             run = decode(lm, prompts, B, budget, args.max_new_tokens, 255)
             row[name] = full(run, B) | {

@@ -69,12 +69,13 @@ class Claim:
 class Budget:
     """How a step's nodes are shared (module docstring). `step_tokens`: the step's size for
     `shared` and `even`; `cost`: the machine's step costs for `auto`, and `slope`: the S-vs-step-
-    size slope it prices with (W=auto's tuner's, as it learns); `P`: the replicas that split each
-    tree (a rank's share of the nodes is 1/P of them)."""
+    size slope it prices with, both asked for when a step is priced (W=auto's tuner's: measured
+    once, at the first request that asks for W=auto, and learning); `P`: the replicas that split
+    each tree (a rank's share of the nodes is 1/P of them)."""
 
     policy: str = "auto"
     step_tokens: int | None = None
-    cost: CostCurve | None = None
+    cost: Callable[[], CostCurve] | None = None
     slope: Callable[[], float] = lambda: PRIOR_SLOPE
     P: int = 1
 
@@ -135,7 +136,8 @@ class Budget:
         shares = fixed + np.ceil(counts / self.P)
         shares[0] -= windows
         sizes = np.unique(shares)
-        seconds = np.array([self.cost.seconds_at(T) for T in sizes])
+        cost = self.cost()
+        seconds = np.array([cost.seconds_at(T) for T in sizes])
         rates = expected / seconds[np.searchsorted(sizes, shares)]
         best = int(np.argmax(rates))
         return best if rates[best] > MARGIN * rates[0] else 0

@@ -13,7 +13,10 @@ machine itself (lp/engine/kernel_choice.py):
   column falls back to a matrix-vector product); CPU.
 * `onednn`: oneDNN's matmul over a copy of the weights reordered once into its blocked layout
   (`mkldnn._linear_pointwise`, what inductor's CPU freezing uses); CPU with oneDNN, eager
-  steps only. The copy doubles the weights' memory.
+  steps only. The copy doubles the weights' memory. oneDNN compiles and keeps a primitive for
+  every row count it meets (about 0.6 MiB each for a 576-wide layer), and a batch's packed steps
+  change size step to step: rows past `EXACT_ROWS` are padded up to one of `PER_OCTAVE` sizes
+  an octave (`padded_rows`), so a server holds a few hundred primitives, not one per size seen.
 
 All compute the same sums in a different order: logits agree to fp32 rounding (tests check
 every formulation at every size it may be chosen for).
@@ -50,8 +53,25 @@ def _wx(x: torch.Tensor, m: Matrix) -> torch.Tensor:
     return y if m.bias is None else y + m.bias
 
 
+EXACT_ROWS = 16  # row counts oneDNN runs as they are
+PER_OCTAVE = 8  # padded sizes between M and 2M past EXACT_ROWS: at most 1/8 more rows
+
+
+def padded_rows(M: int) -> int:
+    """The rows a oneDNN matmul of M rows runs at: M up to `EXACT_ROWS`, else M rounded up to a
+    multiple of 2**(floor(log2 M)) / `PER_OCTAVE`."""
+    if M <= EXACT_ROWS:
+        return M
+    step = 1 << (M.bit_length() - PER_OCTAVE.bit_length())
+    return -(-M // step) * step
+
+
 def _onednn(x: torch.Tensor, m: Matrix) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), m.packed, m.bias, "none", [], "")
+    M = x.shape[0]
+    rows = padded_rows(M)
+    if rows != M:
+        x = torch.cat([x, x.new_zeros(rows - M, x.shape[1])])
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), m.packed, m.bias, "none", [], "")[:M]
 
 
 def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:

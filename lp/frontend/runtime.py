@@ -248,11 +248,10 @@ class LP:
         return self._tuner
 
     def budget(self) -> Budget:
-        """The step's budget: the machine's step costs once W=auto has measured them (only the
-        trees of shapes W=auto chose are cut by it)."""
-        if self._tuner is None:
-            return Budget("none", P=self.lp.world_size)
-        return Budget("auto", cost=self._tuner.cost, slope=self._tuner.slope, P=self.lp.world_size)
+        """The step's budget, priced with W=auto's step costs and slope (only the trees of shapes
+        W=auto chose are cut by it, and choosing one measured the costs: a batch made before any
+        request asked for W=auto prices its steps as well as one made after)."""
+        return Budget("auto", cost=lambda: self.tuner().cost, slope=lambda: self.tuner().slope(), P=self.lp.world_size)
 
     def calibrate(self) -> CostCurve:
         """This rank's step costs; under LP the slowest rank's, so all ranks choose alike."""
