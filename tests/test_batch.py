@@ -188,14 +188,16 @@ def _grown(claims: list[Claim]) -> list[Claim]:
 
 def test_the_shared_budget_takes_the_likeliest_nodes_of_all():
     """The step's nodes go best first across sequences, each a prefix of its own growth (its
-    chances made non-increasing): the likeliest overall, ties by sequence."""
+    chances made non-increasing): the likeliest overall, ties to the sequence with fewer so far."""
     claims = [
         Claim(1, 4, True, chances=np.array([0.9, 0.5, 0.6, 0.1])),  # 0.6 after 0.5: counts as 0.5
         Claim(1, 3, True, chances=np.array([0.8, 0.7, 0.2])),
         Claim(3, 1, False, chances=np.array([0.95])),  # its own tree: all of it
     ]
     b = Budget("shared", step_tokens=1 + 1 + 3 + 1 + 4)  # 5 fixed tokens and the own node: 4 shared
-    assert b.total(claims) == 4 and b.split(claims, 4) == [2, 2, 1]  # 0.9, 0.8, 0.7, then 0.5 (ties: the first)
+    assert b.total(claims) == 4 and b.split(claims, 4) == [2, 2, 1]  # 0.9, 0.8, 0.7, then 0.5
+    alike = [Claim(1, 3, True, chances=np.array([0.5, 0.25, 0.125]))] * 3  # fresh trees: the same prior
+    assert b.split(alike, 4) == [2, 1, 1] and b.split(alike, 6) == [2, 2, 2]  # round the sequences, not one deep
     even = Budget("even", step_tokens=11)
     assert even.total(claims) == 5 and even.split(claims, 5) == [3, 2, 1]  # 5 nodes: 3 + 2, then its cap
     assert Budget("none").total(claims) == 0 and Budget("none").split(claims, 0) == [0, 0, 1]

@@ -13,7 +13,8 @@ tree nodes. At a fixed step size T the nodes go
   * `none`: to no one (plain batched decoding).
 The figure is the tokens a step commits in all, over the steps where B sequences decode (the tail
 where fewer are left is left out), and per sequence; every output is checked against the first
-run's (each sequence's greedy output does not depend on the budget).
+run's (each sequence's greedy output does not depend on the budget). `none` is decoded once per B
+(it gives no node at any size), and at B = 1 the even split is the shared budget (all to one).
 
 Then the cost model's choice (`auto`, the server's default), against plain batched decoding, at
 each B: measured on this CPU with its own step costs (calibrated here: tokens/s of the decode
@@ -46,8 +47,8 @@ POLICIES = ("shared", "even", "none")
 
 def decode(lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, tree: int) -> dict:
     """The prompts decoded B at a time under `budget`, each sequence's tree of at most `tree` nodes:
-    per step, the sequences that decoded in it, the tokens they committed and fed, and its seconds;
-    every output."""
+    per step, the sequences that decoded in it, the tokens they committed and fed, its seconds and
+    whether it prefilled a prompt chunk too; every output."""
     from lp.config import DecodeConfig
 
     cfg = DecodeConfig(**SHAPE, tree_tokens=tree, max_new_tokens=max_new)
@@ -58,6 +59,7 @@ def decode(lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, t
     while not batch.idle:
         seqs = list(batch.running)
         before = {id(s): (len(s.state.output), len(s.state.accepted)) for s in seqs}
+        prefilled = {id(s): s.prefilled for s in seqs}
         t0 = time.perf_counter()
         ended = batch.step()
         seconds = time.perf_counter() - t0
@@ -70,6 +72,7 @@ def decode(lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, t
                     "committed": sum(len(s.state.output) - before.get(id(s), (0, 0))[0] for s in decoded),
                     "fed": sum(s.state.fed_per_step[-1] for s in decoded),
                     "seconds": seconds,
+                    "chunk": any(s.prefilled != prefilled.get(id(s), 0) for s in every),
                 }
             )
         for s in ended:
@@ -90,8 +93,10 @@ def full(run: dict, B: int) -> dict:
 
 
 def rate(run: dict, seconds_of) -> float:
-    """Tokens per second of a run's decode steps, each step's seconds `seconds_of(step)`."""
-    return sum(s["committed"] for s in run["steps"]) / sum(seconds_of(s) for s in run["steps"])
+    """Tokens per second of a run's decode steps, each step's seconds `seconds_of(step)`; steps that
+    also prefilled a joining prompt's chunk are left out (their seconds are mostly the prompt's)."""
+    steps = [s for s in run["steps"] if not s["chunk"]]
+    return sum(s["committed"] for s in steps) / sum(seconds_of(s) for s in steps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,12 +138,19 @@ def main(argv: list[str] | None = None) -> int:
         reference = reference or run["outputs"]
         return run["outputs"] == reference
 
+    plain: dict[int, dict] = {}  # `none` gives no node at any step size: decoded once per B
     for T in sizes:
         for B in counts:
             row: dict = {"step_tokens": T, "sequences": B}
             for policy in POLICIES:
-                run = decode(lm, prompts, B, Budget(policy, step_tokens=T), args.max_new_tokens, T - 1)
-                row[policy] = full(run, B) | {"identical": same(run)}
+                if policy == "even" and B == 1:  # one sequence: an even split of the nodes is all of them
+                    row[policy] = row["shared"]
+                elif policy == "none" and B in plain:
+                    row[policy] = plain[B]
+                else:
+                    run = decode(lm, prompts, B, Budget(policy, step_tokens=T), args.max_new_tokens, T - 1)
+                    row[policy] = full(run, B) | {"identical": same(run)}
+                    plain.update({B: row[policy]} if policy == "none" else {})
                 print(f"budget: T={T} B={B} {policy}: {row[policy]}", file=sys.stderr, flush=True)
             doc["fixed"].append(row)
     for B in counts:

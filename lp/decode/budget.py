@@ -116,11 +116,13 @@ class Budget:
                 counts[i] = min(len(claims[i].chances), total // len(shared) + (j < total % len(shared)))
             return counts
         # best first: each sequence's nodes in growth order (its chances made non-increasing, so the
-        # step's likeliest are a prefix of each), ties by sequence
+        # step's likeliest are a prefix of each); ties to the sequence with fewer nodes so far (fresh
+        # sequences' trees are alike, priced by the same prior rates: a tie is no reason to favour
+        # one, and a tree's next node adds less than another's first), then by sequence
         keys = np.concatenate([np.minimum.accumulate(claims[i].chances) for i in shared])
         owner = np.concatenate([np.full(len(claims[i].chances), j) for j, i in enumerate(shared)])
         place = np.concatenate([np.arange(len(claims[i].chances)) for i in shared])
-        order = np.lexsort((place, owner, -keys))
+        order = np.lexsort((owner, place, -keys))
         taken = np.bincount(owner[order[:total]], minlength=len(shared))
         for j, i in enumerate(shared):
             counts[i] = int(taken[j])
