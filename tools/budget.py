@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     run = decode(lm, prompts, B, Budget(policy, step_tokens=T), args.max_new_tokens, T - 1)
                     row[policy] = full(run, B) | {"identical": same(run)}
-                    plain.update({B: row[policy]} if policy == "none" else {})
+                    if policy == "none":
+                        plain[B] = row[policy]
                 print(f"budget: T={T} B={B} {policy}: {row[policy]}", file=sys.stderr, flush=True)
             doc["fixed"].append(row)
     for B in counts:

@@ -70,7 +70,7 @@ def _onednn(x: torch.Tensor, m: Matrix) -> torch.Tensor:
     M = x.shape[0]
     rows = padded_rows(M)
     if rows != M:
-        x = torch.cat([x, x.new_zeros(rows - M, x.shape[1])])
+        x = F.pad(x, (0, 0, 0, rows - M))
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), m.packed, m.bias, "none", [], "")[:M]
 
 
