@@ -65,9 +65,11 @@ def test_fixed_shape_step_equals_eager_step(arch, attention, tiny_models):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fixed_shape_decoding_equals_greedy(arch, N, W, G, tiny_models):
     """Whole generations, several prompts decoded together and one after another on one decoder:
-    buckets reused, cache never moved."""
+    buckets reused, cache never moved. FlexAttention on one architecture only: compiling it takes
+    half a minute a model on a CPU, and its step equals the eager one on every architecture
+    (`test_fixed_shape_step_equals_eager_step`)."""
     model = tiny_models[arch]
-    worker = Worker(model, graphs=True, attention="flex" if N == 5 else "sdpa")
+    worker = Worker(model, graphs=True, attention="flex" if N == 5 and arch == "llama" else "sdpa")
     dec = Decoder(worker, Collective(), set(), 512)
     cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=40)
     buffers = [t.data_ptr() for t in worker.kv.k]

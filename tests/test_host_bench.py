@@ -173,20 +173,20 @@ def test_ab_report_takes_each_steps_least_time_then_the_slowest_rank():
     assert "ratio (this / base): 0.50" in out and "each run's own median: 1.500 9.000 ms" in out
 
 
-def test_cli_compares_two_checkouts_on_one_recording(recording_file, tmp_path, capsys):
+def test_cli_compares_two_checkouts_each_on_its_recording(recording_file, tmp_path, capsys):
+    """This checkout against itself, each side replaying its own copy of one recording (as a change
+    that builds other trees does): one run of each, compared."""
     _, _, rec = recording_file
     args = ["W=8", "N=4", "G=8", "P=2", "tokens=24", "replays=1", "allgather=0"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    main([*args, f"recording={rec}", f"ab={root}", "rounds=1"])  # this checkout against itself
-    out = capsys.readouterr().out
-    assert out.count("median") == 4 and "ratio (this / base)" in out and "1 runs x 1 replays per rank" in out
     with pytest.raises(SystemExit, match="is not a checkout of lp"):
         main([*args, f"recording={rec}", f"ab={tmp_path}"])
     with pytest.raises(SystemExit, match="give recording=FILE"):
         main([*args, f"ab={root}"])
-    # a change that builds other trees: each version replays its own recording
     with pytest.raises(SystemExit, match="ab_recording=FILE"):
         main([*args, f"recording={rec}", f"ab={root}", f"ab_recording={tmp_path / 'none.npz'}"])
     shutil.copy(rec, tmp_path / "own.npz")
     main([*args, f"recording={tmp_path / 'own.npz'}", f"ab={root}", f"ab_recording={rec}", "rounds=1"])
-    assert "ratio (this / base)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.count("median") == 4 and "ratio (this / base)" in out and "1 runs x 1 replays per rank" in out
+    assert f"{root} on {rec}" in out and f"on {tmp_path / 'own.npz'}" in out

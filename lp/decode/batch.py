@@ -302,8 +302,7 @@ class Batch:
             grown.append(replace(claim, chances=np.zeros(0) if chances is None else chances))
         counts = self.budget.split(grown, total)
         for seq, claim, k in zip(seqs, grown, counts):
-            # a shared tree given no node: no window either (lp/decode/budget.py)
-            seq.plan = seq.drafter.plan(seq.state.pending, k if claim.shared else None, not claim.shared or k > 0)
+            seq.plan = seq.drafter.plan(seq.state.pending, k if claim.shared else None)
             self.observe.planned(seq.plan, seq.state.length - 1)
 
     def drain(self) -> Iterator[Sequence]:

@@ -123,14 +123,15 @@ class Drafter:
             return None
         return phases.grow_next(self.state, pending, nodes != 0)
 
-    def plan(self, pending: list[int], k: int | None = None, windowed: bool = True) -> StepPlan:
+    def plan(self, pending: list[int], k: int | None = None) -> StepPlan:
         """The next step's plan: it feeds `pending` (x0 last) and verifies the first `k` nodes of
-        its grown tree (None: all of them); without `windowed` (k 0), it feeds `pending` alone."""
+        its grown tree (None: all of them); given no node (k 0), it feeds `pending` alone: its
+        window waits for a step that verifies drafts (lp/decode/budget.py)."""
         fed = np.asarray(pending, dtype=np.int64)
         if not self.shape.shared:
             return self._unshared_step(fed)
         every = np.iinfo(np.int64).max
-        planned = phases.plan(self.state, fed, every if k is None else k, windowed)
+        planned = phases.plan(self.state, fed, every if k is None else k, k != 0)
         return StepPlan(planned, len(fed), self.shape.split)
 
     def next_step(self, pending: list[int], k: int | None = None) -> StepPlan:
