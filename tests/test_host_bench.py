@@ -189,4 +189,5 @@ def test_cli_compares_two_checkouts_each_on_its_recording(recording_file, tmp_pa
     main([*args, f"recording={tmp_path / 'own.npz'}", f"ab={root}", f"ab_recording={rec}", "rounds=1"])
     out = capsys.readouterr().out
     assert out.count("median") == 4 and "ratio (this / base)" in out and "1 runs x 1 replays per rank" in out
-    assert f"{root} on {rec}" in out and f"on {tmp_path / 'own.npz'}" in out
+    base, this = out.find(f"  {root} on {rec}: median"), out.find(f"  {root} on {tmp_path / 'own.npz'}: median")
+    assert 0 <= base < this, out  # the base's line (its own recording) first

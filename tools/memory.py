@@ -18,7 +18,8 @@ Each prompt is decoded twice in a row at the shape: `memory=false` (neither draw
 nor teaching it) and `memory=true` (drawing on every earlier prompt's text, then adding its own).
 Both outputs must equal transformers' greedy `generate` (cached in OUT/references.json). S is the
 committed tokens over the steps, pooled over the workload's prompts; per prompt, the ratio of
-the two steps counts (deterministic: S does not depend on the machine's speed) tells whether any
+the two steps counts (deterministic at a fixed shape: S does not depend on the machine's speed;
+at `auto` the shapes are chosen by its step costs) tells whether any
 prompt took more steps with the memory. The host's work after each message read (the time a
 device waits for the host; StepObserver) is timed per step with and without.
 
@@ -273,6 +274,13 @@ def write(doc: dict, out: Path) -> None:
     plot(doc, out / "memory.png")
 
 
+def on_the_machine(doc: dict) -> str:
+    """What of the run's S depends on the machine: nothing at a fixed shape; at `auto`, the shapes."""
+    if all(r["shape"] != "auto" for r in doc["results"]):
+        return "S does not depend on the machine"
+    return "S at a fixed shape does not depend on the machine; at `auto` the shapes are chosen by its step costs"
+
+
 def markdown(doc: dict) -> str:
     c = doc.get("cost")  # measured at the run's end
     lines = [
@@ -281,7 +289,7 @@ def markdown(doc: dict) -> str:
         f"`{doc['command']}` on {doc['device']}, {doc['date']}; {doc['model']}, greedy, "
         f"{doc['max_new_tokens']} new tokens, a memory of {doc['budget_tokens']} tokens cleared at each "
         "workload's start. Each prompt decoded without the memory, then with it, in order; S pooled over "
-        "the prompts (S does not depend on the machine); every output checked against transformers' "
+        f"the prompts ({on_the_machine(doc)}); every output checked against transformers' "
         "greedy `generate`.",
         "",
         "| shape | workload | prompts | S without | S with | ratio | per-prompt steps ratio (min, median) "
@@ -331,10 +339,9 @@ def plot(doc: dict, path: Path) -> None:
     ax.set_xticks(list(x), labels, fontsize=8)
     ax.set_ylabel("S (tokens per step)")
     ax.set_title(f"Draft memory, {doc['model']}", fontsize=10)
-    # a fixed shape's S does not depend on the machine; W=auto's shapes are chosen by its step costs
-    fig.text(0.01, 0.01, f"{doc['device']}; auto: shapes priced by its step costs", fontsize=7)
+    fig.text(0.01, 0.01, f"{doc['device']}: {on_the_machine(doc)}", fontsize=6, wrap=True)
     ax.legend()
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))  # room for the note below the axes
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
