@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             doc["fixed"].append(row)
     for B in counts:
         row = {"sequences": B}
+        # plain decoding again, timed right beside `auto` (this machine's speed drifts within the hour)
         for name, budget in (
             ("none", Budget("none")),
             ("auto_cpu", Budget("auto", cost=lambda: cpu)),

@@ -135,7 +135,8 @@ class Drafter:
         return StepPlan(planned, len(fed), self.shape.split)
 
     def next_step(self, pending: list[int], k: int | None = None) -> StepPlan:
-        """`grow` then `plan`: the next step, verifying the first `k` nodes of its tree (None: all)."""
+        """`grow` then `plan`: the next step, verifying the first `k` nodes of its tree (None: all;
+        0: none, and no window)."""
         self.grow(len(pending))
         return self.plan(pending, k)
 
