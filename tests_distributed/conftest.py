@@ -7,6 +7,7 @@ collective-count and mismatch tests all read that launch's per-rank results.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -19,6 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cases import EOS_MODEL, MAX_NEW, PROMPTS, api_spec  # noqa: E402
 from _launch import run_api_worker  # noqa: E402
 from helpers import ARCHS, load, reference_greedy, save_tiny  # noqa: E402
+
+# The server and the openai client come with `lp[test]`: where they are absent (a bare CUDA image
+# running `pytest -m cuda`), the server's modules are not collected.
+SERVE = ["test_serve.py", "test_serve_ranks.py", "test_serve_real.py"]
+collect_ignore = [] if importlib.util.find_spec("openai") and importlib.util.find_spec("uvicorn") else SERVE
 
 API_TIMEOUT_S = 150  # hard limit for one API launch (its whole batch of cases)
 

@@ -317,17 +317,22 @@ def run(cfg: Replayer) -> dict:
         raise LPError(f"recording: made on {doc['world_size']} rank(s), replayed on {P}: record it on {P}")
     names = _names(cfg.decoders)
     prompts = doc["prompts"][: cfg.limit or None]
+    t0 = time.perf_counter()
     model = steps.build(cfg.arch, comm.device, cfg.torch_dtype, cfg.seed)
     worker = cfg.worker(model)
     decoder = Decoder(worker, comm, set(), steps.ARCHS[cfg.arch].max_context)
     replay = Replay(decoder, doc, token_map(doc, worker.vocab_size))
+    _progress(f"built {cfg.arch} in {time.perf_counter() - t0:.1f} s")
     if "auto" in names:
         t0 = time.perf_counter()
         replay.tuner = AutoTuner(calibrate_ranks(worker, comm, P), P)
         _progress(f"W=auto calibrated in {time.perf_counter() - t0:.1f} s")
     for name in names:  # untimed: the decoders' first steps (caches, allocator), W=auto's choice untaught
         if cfg.warmup_tokens:
+            # where the compiler's cache is cold (a fresh GPU machine) each bucket compiles here first
+            t0 = time.perf_counter()
             replay.decode(prompts[0], name, cfg.warmup_tokens)
+            _progress(f"{name} warmed up in {time.perf_counter() - t0:.1f} s")
     for prompt in prompts:  # interleaved, so a slow spell of the machine touches every decoder
         for name in names:
             replay.rows.append(replay.decode(prompt, name))

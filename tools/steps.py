@@ -223,7 +223,7 @@ HELP = {
     "new_tokens": "tokens each decoder generates in the tokens/s comparison (128)",
     "runs": "timed runs of each decoder in that comparison, after one warm-up each (3; 0: no comparison)",
     "graphs": "auto | true | false: lp's fixed-shape steps, CUDA graphs on a GPU (auto: on cuda)",
-    "attention": "auto | sdpa | flex: lp's attention backend (auto: flex with graphs on cuda)",
+    "attention": "auto | sdpa | flex: lp's attention backend (auto: sdpa)",
     "copy_mib": "MiB copied per bandwidth repetition (0: 2048 on cuda, 256 on cpu)",
     "batches": "packed steps of B sequences to time too, each after its own prompt_len tokens, a step's tokens "
     "split among them (e.g. 1,8,32; default none)",

@@ -12,9 +12,10 @@ tails, free pages, the pad page) is never seen. Three ways to apply it:
   on the gathered slots. Each kv head's query heads are folded into the query length, which keeps
   one kv read per group (on a 2-core CPU 2.2x faster than repeating the kv heads, and 3.5x than a
   call per sequence, at 32 sequences of one token).
-* `Dense` (fixed-shape steps without FlexAttention, and models outside the Llama family): the
-  rule evaluated over the whole cache, one `[n, slots]` mask a step.
-* `FlexMask` (fixed-shape steps on a GPU): PyTorch's FlexAttention with the rule as its
+* `Dense` (fixed-shape steps, the GPU default, and models outside the Llama family): the rule
+  evaluated over the whole cache, one `[n, slots]` mask a step.
+* `FlexMask` (fixed-shape steps with `attention=flex`, opt-in: on an H200 its steps failed the
+  CUDA tests that `Dense` passed): PyTorch's FlexAttention with the rule as its
   `mask_mod` and a block mask that visits, per block of 128 queries, only the key blocks that
   hold pages of the sequences in it (and the pad page's); the rule's tensors and the block lists
   are static buffers filled per step, so one block mask per step size serves every step inside

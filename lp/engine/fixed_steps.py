@@ -5,8 +5,8 @@ a large share of the step. A CUDA graph replays them all with one launch, but on
 shapes and fixed buffers. So a packed step (lp/engine/packed.py) is padded to a bucket size B;
 its per-token arrays (ids, positions, slots, what each token sees) are copied into the bucket's
 static buffers; its KV goes to the slots they name; and its attention reads the whole cache under
-the visibility rule evaluated on the device (a FlexAttention block mask that visits only the
-step's pages on a GPU, or a dense mask: lp/engine/attention.py). Nothing captured depends on a
+the visibility rule evaluated on the device (a dense mask, or with `attention=flex` a
+FlexAttention block mask that visits only the step's pages: lp/engine/attention.py). Nothing captured depends on a
 host value, and the cache never moves, so each bucket is compiled and captured once per process
 and replayed for every later step. A capture that fails stores nothing. Pad tokens write to the
 pad page and see only its first slot; pad rows read row 0, and are dropped.
