@@ -65,11 +65,11 @@ def test_fixed_shape_step_equals_eager_step(arch, attention, tiny_models):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fixed_shape_decoding_equals_greedy(arch, N, W, G, tiny_models):
     """Whole generations, several prompts decoded together and one after another on one decoder:
-    buckets reused, cache never moved. FlexAttention on one architecture only: compiling it takes
-    half a minute a model on a CPU, and its step equals the eager one on every architecture
-    (`test_fixed_shape_step_equals_eager_step`)."""
+    buckets reused, cache never moved. With sdpa, the default; FlexAttention's step equals the
+    eager one on every architecture (`test_fixed_shape_step_equals_eager_step`), compiled too
+    (`test_compiled_step_equals_eager`)."""
     model = tiny_models[arch]
-    worker = Worker(model, graphs=True, attention="flex" if N == 5 and arch == "llama" else "sdpa")
+    worker = Worker(model, graphs=True, attention="sdpa")
     dec = Decoder(worker, Collective(), set(), 512)
     cfg = DecodeConfig(W=W, N=N, G=G, max_new_tokens=40)
     buffers = [t.data_ptr() for t in worker.kv.k]
@@ -105,18 +105,19 @@ def test_api_switch(tiny_model_dir):
     assert fixed.generate("w1 w2 w3 w1 w2", **kw).output_ids == eager.generate("w1 w2 w3 w1 w2", **kw).output_ids
 
 
-def test_compiled_step_equals_eager(tiny_models):
-    """torch.compile of the fixed-shape FlexAttention step (the CUDA default), run on CPU: the
-    same tokens as transformers' greedy decoding, lookahead and plain, and the same logits as the
-    eager step for a packed step of two sequences."""
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_compiled_step_equals_eager(tiny_models, attention):
+    """torch.compile of the fixed-shape step (with sdpa, the CUDA default; with FlexAttention),
+    run on CPU: the same tokens as transformers' greedy decoding, lookahead and plain, and the
+    same logits as the eager step for a packed step of two sequences."""
     model = tiny_models["qwen2"]
     prompt = make_prompt(5, 10, 2)
-    compiled = Worker(model, graphs=True, compile=True, attention="flex")
+    compiled = Worker(model, graphs=True, compile=True, attention=attention)
     dec = Decoder(compiled, Collective(), set(), 512)
     want = reference_greedy(model, prompt, 30)
     assert dec.generate(prompt, DecodeConfig(W=5, N=3, G=5, max_new_tokens=30)).output_ids == want
     assert dec.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=30)).output_ids == want
-    eager = Worker(model, graphs=True, attention="flex")
+    eager = Worker(model, graphs=True, attention=attention)
     logits = []
     for w in (compiled, eager):
         step, _, _ = two_segments(w, [prompt, make_prompt(2, 6, 3)])
