@@ -2,7 +2,7 @@
 
     from lp import LP
     lm = LP("smollm2-135m")
-    r = lm.generate("Write a haiku about GPUs.", chat=True, W=5, N=3, G=5, max_new_tokens=64)
+    r = lm.generate("Write a haiku about GPUs.", chat=True, max_new_tokens=64)  # W=N=G="auto"
     print(r.text, r.S, r.tokens_per_s)
     lm.generate("A poem about the sea.", chat=True, on_text=lambda t: print(t, end=""), stop=["\\n"])  # streamed
 
@@ -85,8 +85,10 @@ class Ask:
 
 
 def _auto_keys(settings: dict) -> list[str]:
-    """W, N, G left to W=auto (in place: to their defaults, where plain decoding is asked for)."""
-    auto = [k for k in AUTO_KEYS if settings.get(k) == "auto"]
+    """W, N, G left to W=auto, as they are where not given (in place: to their defaults, where
+    plain decoding is asked for)."""
+    settings.update({k: "auto" for k in AUTO_KEYS if k not in settings})
+    auto = [k for k in AUTO_KEYS if settings[k] == "auto"]
     if auto and settings.get("mode") == "ar":
         settings.update({k: getattr(DecodeConfig, k) for k in auto})
         return []
@@ -307,9 +309,10 @@ class LP:
     ) -> Result | list[Result]:
         """Decode one prompt (text, or token ids) with `DecodeConfig` settings (W, N, G,
         max_new_tokens, mode, temperature, top_k, top_p, seed, ...), or a list of prompts, `batch`
-        at a time (their results in order; `stream` yields them as they end). W, N and G may be
-        "auto": then a shape is chosen to maximise tokens/s (lp/decode/auto.py) and explicit values
-        override its fields. When sampling, `sample_stream` (with `seed`) picks the random stream:
+        at a time (their results in order; `stream` yields them as they end). W, N and G are
+        "auto" unless given, as on the command line: a shape is chosen to maximise tokens/s
+        (lp/decode/auto.py; plain decoding where no shape pays), and explicit values override its
+        fields. When sampling, `sample_stream` (with `seed`) picks the random stream:
         give each prompt of a run its own (a list's prompts get their places in it). `observer`
         watches each step (lp.bench times forwards with it).
 
