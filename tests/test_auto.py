@@ -8,6 +8,7 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import lp.decode.auto
@@ -105,6 +106,19 @@ def test_fixed_shape_costs_are_their_buckets():
     c = CostCurve((1, 16, 32, 64), (1.0, 1.5, 2.0, 3.0), padded=True)
     assert c.seconds_at(17) == c.seconds_at(32) == 2.0 and c.seconds_at(2) == 1.5
     assert CostCurve(c.tokens, c.seconds).seconds_at(24) == 1.75
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_costs_of_many_sizes_at_once_are_each_sizes(padded):
+    """`seconds_of` (a step's budget prices thousands of sizes with it) is `seconds_at` of each,
+    between the measured sizes and beyond them, bucket by bucket where steps are padded."""
+    from lp.engine.packed import bucket, buckets
+
+    sizes = np.arange(1, 3000)
+    assert buckets(sizes).tolist() == [bucket(int(T)) for T in sizes]
+    c = CostCurve((1, 16, 32, 64, 256), (1.0, 1.5, 2.0, 3.0, 6.0), padded=padded)
+    each = [c.seconds_at(T) for T in sizes / 2]
+    assert c.seconds_of(sizes / 2) == pytest.approx(each, rel=1e-12)
 
 
 def test_calibration_builds_every_bucket_auto_can_use(tiny_models):

@@ -20,7 +20,7 @@ import torch
 
 from lp.collective import Collective
 from lp.decode.ladder import LADDER, Shape, ladder, rank_tokens
-from lp.engine.packed import PackedStep, bucket, prompt_chunk
+from lp.engine.packed import PackedStep, bucket, buckets, prompt_chunk
 from lp.worker import STEP_ROOM, Worker
 
 # S - 1 per doubling of a step's tokens before anything is decoded: the least-squares slope
@@ -50,14 +50,16 @@ class CostCurve:
 
     def seconds_at(self, T: float) -> float:
         """Seconds of a T-token forward (linear in between and beyond the measured sizes)."""
+        return float(self.seconds_of(np.array([T]))[0])
+
+    def seconds_of(self, T: np.ndarray) -> np.ndarray:
+        """`seconds_at` of every size in `T` at once."""
         if self.padded:
-            T = bucket(math.ceil(T))
-        return float(
-            np.interp(T, self.tokens, self.seconds)
-            if T <= self.tokens[-1]
-            else self.seconds[-1]
-            + (T - self.tokens[-1]) * (self.seconds[-1] - self.seconds[-2]) / (self.tokens[-1] - self.tokens[-2])
+            T = buckets(np.ceil(T).astype(np.int64))
+        beyond = self.seconds[-1] + (T - self.tokens[-1]) * (self.seconds[-1] - self.seconds[-2]) / (
+            self.tokens[-1] - self.tokens[-2]
         )
+        return np.where(T <= self.tokens[-1], np.interp(T, self.tokens, self.seconds), beyond)
 
     @property
     def plain_seconds(self) -> float:

@@ -137,10 +137,7 @@ class Budget:
         expected = others + sequences * (1 + self.slope() * np.log2(1 + counts / sequences))
         shares = fixed + np.ceil(counts / self.P)
         shares[0] -= windows
-        sizes = np.unique(shares)
-        cost = self.cost()
-        seconds = np.array([cost.seconds_at(T) for T in sizes])
-        rates = expected / seconds[np.searchsorted(sizes, shares)]
+        rates = expected / self.cost().seconds_of(shares)
         best = int(np.argmax(rates))
         return best if rates[best] > MARGIN * rates[0] else 0
 
