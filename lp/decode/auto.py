@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from lp.collective import Collective
 from lp.decode.ladder import LADDER, Shape, ladder, rank_tokens
@@ -73,7 +74,12 @@ class CostCurve:
 
 @torch.inference_mode()
 def calibrate(
-    worker: Worker, sizes: tuple[int, ...] | None = None, context: int = 256, reps: int = 5, world_size: int = 1
+    worker: Worker,
+    sizes: tuple[int, ...] | None = None,
+    context: int = 256,
+    reps: int = 5,
+    world_size: int = 1,
+    progress: bool = False,
 ) -> CostCurve:
     """Time one forward of each size after a `context`-token prefill (fastest of `reps`), its
     logits of every row computed and read as a decode does; sizes and context shrink to what the
@@ -82,7 +88,9 @@ def calibrate(
     have, so each is compiled and captured here, once per process, and not inside a decode that
     `auto` switches to a larger shape (on an H100 that made one SmolLM2 decode 24 tok/s instead of
     400). The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
-    them instead of a few; and the fastest run is kept, since other load only ever adds time."""
+    them instead of a few; and the fastest run is kept, since other load only ever adds time.
+    `progress`: a bar on a terminal (the first pass compiles and captures each bucket: minutes on
+    a fresh GPU machine)."""
     padded = worker.fixed is not None
     if sizes is None and padded:
         shares = {
@@ -109,21 +117,25 @@ def calibrate(
             chunk.rows = np.arange(T)
             steps.append(PackedStep([chunk]))
         seconds = [math.inf] * len(sizes)
+        bar = tqdm(total=reps * len(sizes), desc="W=auto: timing step sizes", disable=None if progress else True)
         for _ in range(reps):
             for i, step in enumerate(steps):
                 t0 = time.perf_counter()
                 worker.run(step)[0].argmax().item()  # .item(): wait for the device, as a decode's read does
                 seconds[i] = min(seconds[i], time.perf_counter() - t0)
+                bar.update()
+        bar.close()
     finally:
         kv.release()
-    # Costs cannot fall with more tokens; a dip is timer noise.
-    return CostCurve(tuple(sizes), tuple(np.maximum.accumulate(seconds).tolist()), padded)
+    # An exact-size step's cost cannot fall with more tokens (a dip is timer noise); a bucket's can:
+    # each runs its own kernels (on an H200 a 64-token bucket cost 10.9 ms, a 128-token one 7.3)
+    return CostCurve(tuple(sizes), tuple(seconds if padded else np.maximum.accumulate(seconds).tolist()), padded)
 
 
 def calibrate_ranks(worker: Worker, comm: Collective, world_size: int) -> CostCurve:
     """`calibrate` on every rank of `comm`, each size at the slowest rank's cost, so all ranks
     choose alike; `world_size`: the LP replicas that split a step."""
-    mine = calibrate(worker, world_size=world_size)
+    mine = calibrate(worker, world_size=world_size, progress=comm.is_main)
     micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=comm.device)
     slowest = (x / 1e6 for x in comm.all_gather(micros).max(dim=0).values.cpu().tolist())
     return CostCurve(mine.tokens, tuple(slowest), mine.padded)
