@@ -48,7 +48,7 @@
 # status), one folder per step (its log and files), copies of the tables to read first. A failed
 # or timed-out step does not stop the next; the exit status is 1 if any step failed.
 # Knobs: PYTHON, DEVICE, STEPS_ARCH, STEPS_RUNS, DTYPES, PER_CATEGORY, MAX_NEW_TOKENS, LOOKAHEAD,
-# RANKS, RECORDING, RECORDING2, SITE, STASH, OUT, PER_TEST_S.
+# RANKS, RECORDING, RECORDING2, SITE, STASH, OUT.
 set -uo pipefail
 DRY=0
 [[ "${1:-}" == --dry-run ]] && { DRY=1; shift; }
@@ -103,7 +103,7 @@ step() {
   mkdir -p "$OUT/$name"
   echo "=== [$name] (limit ${limit} s) $*"
   local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name/log.txt"
+  timeout -s INT -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name/log.txt"
   local rc=${PIPESTATUS[0]}
   ((rc == 124 || rc == 137)) && echo "=== [$name] stopped at its ${limit} s limit"
   echo "=== [$name] exit $rc after $((SECONDS - t0)) s"
@@ -153,10 +153,8 @@ replay() {
 }
 
 # pytest's options for the CUDA tests: each test's outcome as it ends, the reasons of failures and
-# skips; with pytest-timeout, a test past PER_TEST_S fails alone instead of the step's limit
-# stopping pytest before it writes its summary (as a cold real-model test did on an H200)
+# skips (a step's limit interrupts pytest as Ctrl-C does: it still writes its summary and junit)
 PYTEST=(-m cuda -v --tb=short -rfEs -p no:cacheprovider)
-((DRY)) || ! "$PYTHON" -c "import pytest_timeout" 2>/dev/null || PYTEST+=(--timeout "${PER_TEST_S:-90}")
 
 tests() {
   step pytest-cuda 150 "$PYTHON" -m pytest "${PYTEST[@]}" --junitxml "$OUT/pytest-cuda/junit.xml" tests tests_distributed

@@ -61,9 +61,9 @@ def check_options(
 def _backend(choice: str, lean: bool, fixed: bool) -> str:
     """The attention backend for `choice` (lp/engine/attention.py); an LPError says why one cannot run."""
     if choice == "auto":
-        # sdpa on every device: FlexAttention's steps, faster on GPUs, failed the CUDA tests that
-        # sdpa's passed on an H200 (results/gpu/h200-2026-11-28), so they stay opt-in until a GPU
-        # shows them equal to the eager step
+        # sdpa on every device: FlexAttention's multi-token steps, faster on GPUs, failed CUDA
+        # tests that sdpa's passed on an H200 (results/gpu/h200-2026-11-28), so they stay opt-in
+        # until a GPU shows them equal to the eager step
         return "sdpa"
     if choice == "flex" and not lean:
         raise LPError(f"attention=flex needs a Llama-family model ({', '.join(llama.FAMILY)})")

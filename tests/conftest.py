@@ -9,4 +9,5 @@ torch.set_num_threads(1)
 
 # The server is the optional `serve` extra (`lp[test]` installs it): where it is absent, as on a
 # bare CUDA image running `pytest -m cuda`, the modules that import it are not collected.
-collect_ignore = [] if importlib.util.find_spec("uvicorn") else ["test_cli_help.py", "test_serve_cli.py"]
+SERVE = ("fastapi", "uvicorn")
+collect_ignore = [] if all(map(importlib.util.find_spec, SERVE)) else ["test_cli_help.py", "test_serve_cli.py"]

@@ -117,8 +117,17 @@ def test_costs_of_many_sizes_at_once_are_each_sizes(padded):
     sizes = np.arange(1, 3000)
     assert buckets(sizes).tolist() == [bucket(int(T)) for T in sizes]
     c = CostCurve((1, 16, 32, 64, 256), (1.0, 1.5, 2.0, 3.0, 6.0), padded=padded)
-    each = [c.seconds_at(T) for T in sizes / 2]
-    assert c.seconds_of(sizes / 2) == pytest.approx(each, rel=1e-12)
+    T = np.array([1, 8.5, 17, 48, 300, 768])
+    # exact sizes: interpolated, and beyond 256 the last slope (3/192 a token); padded: 8.5 -> 16,
+    # 17 -> 32, 48 -> 64, 300 -> 512, 768 -> 768 (buckets), 128 between 64 and 256
+    want = (
+        [1.0, 1.5, 2.0, 3.0, 6.0 + 256 * 3 / 192, 6.0 + 512 * 3 / 192]
+        if padded
+        else [1.0, 1.25, 1.53125, 2.5, 6.0 + 44 * 3 / 192, 6.0 + 512 * 3 / 192]
+    )
+    assert c.seconds_of(T) == pytest.approx(want) and [c.seconds_at(x) for x in T] == pytest.approx(want)
+    dip = CostCurve((1, 64, 128), (1.0, 3.0, 2.0), padded=padded)  # a bucket's cost can dip: none beyond it
+    assert dip.seconds_of(np.array([1024])) == pytest.approx([2.0])
 
 
 def test_calibration_builds_every_bucket_auto_can_use(tiny_models):

@@ -217,7 +217,12 @@ def test_api_bad_settings_raise(lm, settings):
         lm.generate(SHORT, **settings)
 
 
-def test_api_bad_prompts_raise(lm):
+def test_api_bad_prompts_raise(tiny_model_dir):
+    """Refused before W=auto (the API's default) times this machine's steps: a request that can
+    never run costs no calibration (minutes of compiling on a fresh GPU machine)."""
+    from lp import LP
+
+    lm = LP(str(tiny_model_dir))
     with pytest.raises(LPError, match="empty"):
         lm.generate("")
     with pytest.raises(LPError, match="empty"):
@@ -226,6 +231,7 @@ def test_api_bad_prompts_raise(lm):
         lm.generate(LONG, max_new_tokens=TINY_DIR_CONTEXT - 20 + 1)
     with pytest.raises(LPError, match="chat template"):
         lm.generate(SHORT, chat=True)
+    assert lm._tuner is None
 
 
 def test_api_bad_model_and_dtype():

@@ -23,8 +23,10 @@ from helpers import ARCHS, load, reference_greedy, save_tiny  # noqa: E402
 
 # The server and the openai client come with `lp[test]`: where they are absent (a bare CUDA image
 # running `pytest -m cuda`), the server's modules are not collected.
-SERVE = ["test_serve.py", "test_serve_ranks.py", "test_serve_real.py"]
-collect_ignore = [] if importlib.util.find_spec("openai") and importlib.util.find_spec("uvicorn") else SERVE
+SERVE = ("fastapi", "uvicorn", "openai")
+collect_ignore = (
+    [] if all(map(importlib.util.find_spec, SERVE)) else ["test_serve.py", "test_serve_ranks.py", "test_serve_real.py"]
+)
 
 API_TIMEOUT_S = 150  # hard limit for one API launch (its whole batch of cases)
 

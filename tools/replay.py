@@ -102,7 +102,7 @@ HELP = {
     "arch": f"shape replayed, random weights: {', '.join(steps.ARCHS)} (default llama-7b)",
     "dtype": "auto | float32 | bfloat16 | float16 (auto: bfloat16 on cuda, float32 on cpu)",
     "graphs": "auto | true | false: fixed-shape steps, CUDA graphs on a GPU (auto: on cuda)",
-    "attention": "auto | sdpa | flex | split",
+    "attention": "auto | sdpa | flex (auto: sdpa)",
     "seed": "seed of the random weights (0)",
     "recording": "a recording of `python -m tools.replay record` (of this world size)",
     "decoders": "what is replayed, comma separated: ar, auto, or config names of the recording (ar,auto)",

@@ -54,13 +54,13 @@ class CostCurve:
         return float(self.seconds_of(np.array([T]))[0])
 
     def seconds_of(self, T: np.ndarray) -> np.ndarray:
-        """`seconds_at` of every size in `T` at once."""
+        """`seconds_at` of every size in `T` at once. Beyond the largest size, the last two sizes'
+        slope (none, if their costs dip: a bucket's can, and a longer step never costs less)."""
         if self.padded:
             T = buckets(np.ceil(T).astype(np.int64))
-        beyond = self.seconds[-1] + (T - self.tokens[-1]) * (self.seconds[-1] - self.seconds[-2]) / (
-            self.tokens[-1] - self.tokens[-2]
-        )
-        return np.where(T <= self.tokens[-1], np.interp(T, self.tokens, self.seconds), beyond)
+        t, s = self.tokens, self.seconds
+        slope = max(0.0, (s[-1] - s[-2]) / (t[-1] - t[-2])) if len(t) > 1 else 0.0
+        return np.where(T <= t[-1], np.interp(T, t, s), s[-1] + (T - t[-1]) * slope)
 
     @property
     def plain_seconds(self) -> float:

@@ -275,11 +275,11 @@ class LP:
         """A prompt and its settings made ready to decode (`generate`'s arguments; `others`: the
         sequences expected to decode beside it, which W=auto prices; `tag`: the caller's). Every
         check that needs no decode runs here: an LPError says what is wrong."""
-        check_settings(settings)
+        ids = self.encode(prompt, chat) if not _is_ids(prompt) else list(prompt)
+        self.check(ids, **settings)  # before W=auto's first calibration: a request that never runs costs nothing
         settings = dict(settings)
         reason, shared = self._auto(settings, others)
         cfg = DecodeConfig(**settings).validate()
-        ids = self.encode(prompt, chat) if not _is_ids(prompt) else list(prompt)
         text = TextStream(self.tokenizer, stop or (), on_text) if on_text or stop else None
         request = Request(
             ids,
