@@ -30,6 +30,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # `pytest -n 2 --dist loadgroup` (the README's command): tests/ on one worker beside the tests
+    # that start ranks, those one at a time on the other (several at once would time each other out)
+    ranks = pytest.mark.xdist_group("ranks")
+    for item in items:
+        if "tests_distributed" in item.path.parts:
+            item.add_marker(ranks)
     cuda_tests = [item for item in items if item.get_closest_marker("cuda")]
     if not cuda_tests:
         return
