@@ -135,7 +135,7 @@ $PYTHON -m lp.models fetch smollm2-135m"
 }
 
 steps() {
-  step "steps-$STEPS_ARCH" 100 "$PYTHON" -m tools.steps "arch=$STEPS_ARCH" "device=$DEVICE" "runs=$STEPS_RUNS" \
+  step "steps-$STEPS_ARCH" 120 "$PYTHON" -m tools.steps "arch=$STEPS_ARCH" "device=$DEVICE" "runs=$STEPS_RUNS" \
     "out=$OUT/steps-$STEPS_ARCH"
   keep "$OUT/steps-$STEPS_ARCH/steps.md" "steps-$STEPS_ARCH.md"
 }
@@ -147,7 +147,7 @@ batched() {
 }
 
 replay() {
-  step replay-llama-7b 200 "$PYTHON" -m tools.replay run arch=llama-7b "device=$DEVICE" "recording=$RECORDING" \
+  step replay-llama-7b 190 "$PYTHON" -m tools.replay run arch=llama-7b "device=$DEVICE" "recording=$RECORDING" \
     decoders=ar,W3N3G15-L128-D14,auto "out=$OUT/replay-llama-7b"
   keep "$OUT/replay-llama-7b/replay.md" replay-llama-7b.md
 }
@@ -157,7 +157,7 @@ replay() {
 PYTEST=(-m cuda -v --tb=short -rfEs -p no:cacheprovider)
 
 tests() {
-  step pytest-cuda 150 "$PYTHON" -m pytest "${PYTEST[@]}" --junitxml "$OUT/pytest-cuda/junit.xml" tests tests_distributed
+  step pytest-cuda 140 "$PYTHON" -m pytest "${PYTEST[@]}" --junitxml "$OUT/pytest-cuda/junit.xml" tests tests_distributed
 }
 
 # CUDA graphs without torch.compile (each bucket that W=auto calibrates would compile first, longer
