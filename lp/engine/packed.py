@@ -22,19 +22,16 @@ BUCKETS = (1, 16, 32, 64, 128, 256, 512)  # few graphs, little padding; plain de
 LARGE = 256  # beyond the last bucket, steps round up to a multiple of this
 
 
-def bucket(tokens: int) -> int:
-    """The padded size of a step of `tokens` tokens."""
-    for size in BUCKETS:
-        if tokens <= size:
-            return size
-    return -(-tokens // LARGE) * LARGE
-
-
 def buckets(tokens: np.ndarray) -> np.ndarray:
-    """`bucket` of every count in `tokens` (integers) at once, for pricing thousands of step sizes
-    (lp/decode/budget.py); `bucket` stays scalar, a step's few calls cost less so."""
+    """The padded size of a step of each count of `tokens` (integers): the first bucket that holds
+    it, beyond the last a multiple of LARGE."""
     at = np.searchsorted(BUCKETS, tokens)
     return np.where(at < len(BUCKETS), np.take(BUCKETS, at, mode="clip"), -(-tokens // LARGE) * LARGE)
+
+
+def bucket(tokens: int) -> int:
+    """The padded size of a step of `tokens` tokens."""
+    return int(buckets(np.asarray(tokens)))
 
 
 @dataclass(eq=False)

@@ -276,7 +276,9 @@ class LP:
         sequences expected to decode beside it, which W=auto prices; `tag`: the caller's). Every
         check that needs no decode runs here: an LPError says what is wrong."""
         ids = self.encode(prompt, chat) if not _is_ids(prompt) else list(prompt)
-        self.check(ids, **settings)  # before W=auto's first calibration: a request that never runs costs nothing
+        # every check, before W=auto's first calibration (a request that never runs costs nothing):
+        # at the ladder's largest shape, which whatever W=auto chooses cannot exceed
+        self.check(ids, **settings)
         settings = dict(settings)
         reason, shared = self._auto(settings, others)
         cfg = DecodeConfig(**settings).validate()
@@ -291,7 +293,6 @@ class LP:
             shared=shared,
             tag=tag,
         )
-        self.decoder.batch().check(request)
         return Ask(request, text, reason)
 
     def generate(
