@@ -13,7 +13,9 @@ tree nodes. At a fixed step size T the nodes go
   * `none`: to no one (plain batched decoding).
 The figure is the tokens a step commits in all, over the steps where B sequences decode (the tail
 where fewer are left is left out), and per sequence; every output is checked against the first
-run's (each sequence's greedy output does not depend on the budget). `none` is decoded once per B
+run's (each sequence's greedy output does not depend on the budget). Beside it, how well the
+chances the budget compares predict what the drafts achieve: the chances of the nodes verified,
+summed (the drafts the trees expect accepted), over the drafts accepted. `none` is decoded once per B
 (it gives no node at any size), and at B = 1 the even split is the shared budget (all to one).
 
 Then the cost model's choice (`auto`, the server's default), against plain batched decoding, at
@@ -34,7 +36,10 @@ import shlex
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from lp.decode.budget import Budget
 from lp.decode.loop import Request
@@ -45,6 +50,19 @@ SHAPE = dict(W=1, N=2, G=15, lone_matches=True, draft_len=14)
 POLICIES = ("shared", "even", "none")
 
 
+@dataclass(frozen=True)
+class Noting(Budget):
+    """A budget that notes, per split, the chances of the nodes it gives summed: the drafts the
+    step's trees expect accepted."""
+
+    expected: list[float] = field(default_factory=list)
+
+    def split(self, claims: list, total: int) -> list[int]:
+        counts = super().split(claims, total)
+        self.expected.append(sum(float(np.sum(c.chances[:k])) for c, k in zip(claims, counts) if c.shared))
+        return counts
+
+
 def decode(lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, tree: int) -> dict:
     """The prompts decoded B at a time under `budget`, each sequence's tree of at most `tree` nodes:
     per step, the sequences that decoded in it, the tokens they committed and fed, its seconds and
@@ -52,6 +70,7 @@ def decode(lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, t
     from lp.config import DecodeConfig
 
     cfg = DecodeConfig(**SHAPE, tree_tokens=tree, max_new_tokens=max_new)
+    budget = Noting(**{f: getattr(budget, f) for f in ("policy", "step_tokens", "cost", "slope", "P")})
     batch = lm.decoder.batch(max_batch=B, budget=budget)
     for i, ids in enumerate(prompts):
         batch.submit(Request(ids, cfg, shared=True, tag=i))
@@ -71,6 +90,7 @@ def decode(lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, t
                     "sequences": len(decoded),
                     "committed": sum(len(s.state.output) - before.get(id(s), (0, 0))[0] for s in decoded),
                     "fed": sum(s.state.fed_per_step[-1] for s in decoded),
+                    "expected": budget.expected[-1],
                     "seconds": seconds,
                     "chunk": any(s.prefilled != prefilled.get(id(s), 0) for s in every),
                 }
@@ -84,8 +104,10 @@ def full(run: dict, B: int) -> dict:
     """The run's figures over its steps where B sequences decoded."""
     rows = [s for s in run["steps"] if s["sequences"] == B] or run["steps"]
     committed = sum(s["committed"] for s in rows)
+    drafts = committed - sum(s["sequences"] for s in rows)  # a sequence's step commits its drafts and one more
     return {
         "steps": len(rows),
+        "expected_per_accepted": sum(s["expected"] for s in rows) / max(1, drafts),
         "tokens_per_step": committed / len(rows),
         "per_sequence": committed / sum(s["sequences"] for s in rows),
         "fed_per_step": statistics.mean(s["fed"] for s in rows),
@@ -195,13 +217,15 @@ def markdown(doc: dict) -> str:
         "",
         "## At a fixed step size: tokens a step commits (per sequence)",
         "",
-        "| step tokens | sequences | shared (best first) | even split | plain batched | shared / even |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| step tokens | sequences | shared (best first) | even split | plain batched | shared / even | "
+        "chances / accepted: shared, even |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["fixed"]:
         cells = [f"{r[p]['tokens_per_step']:.2f} ({r[p]['per_sequence']:.2f})" for p in POLICIES]
         ratio = r["shared"]["tokens_per_step"] / r["even"]["tokens_per_step"]
-        lines.append(f"| {r['step_tokens']} | {r['sequences']} | {' | '.join(cells)} | {ratio:.2f}x |")
+        over = ", ".join(f"{r[p]['expected_per_accepted']:.2f}" for p in ("shared", "even"))
+        lines.append(f"| {r['step_tokens']} | {r['sequences']} | {' | '.join(cells)} | {ratio:.2f}x | {over} |")
     lines += [
         "",
         "## The cost model's choice (`auto`) against plain batched decoding",
