@@ -48,15 +48,16 @@ class _Sizes(StepObserver):
         self.forwards += 1
 
 
-@pytest.mark.parametrize("max_batch,prefill_chunk", [(4, 512), (6, 7)])
-def test_many_sequences_together_each_greedy(max_batch, prefill_chunk, tiny_models):
+@pytest.mark.parametrize("max_batch,prefill_chunk,with_prompt", [(4, 512, False), (6, 7, False), (6, 7, True)])
+def test_many_sequences_together_each_greedy(max_batch, prefill_chunk, with_prompt, tiny_models):
     """12 prompts of 6 shapes, `max_batch` at a time, joining as others end, long prompts prefilled
-    in chunks beside the others' steps: each output is its own decode's and greedy decoding's."""
+    in chunks beside the others' steps (`with_prompt`: each first step in its last chunk's forward):
+    each output is its own decode's and greedy decoding's."""
     model = tiny_models["llama"]
     dec = Decoder(Worker(model), Collective(), set(), 512)
     prompts = _prompts(12)
     cfgs = [DecodeConfig(max_new_tokens=MAX_NEW - i, **SHAPES[i % len(SHAPES)]) for i in range(12)]
-    batch = dec.batch(max_batch, prefill_chunk=prefill_chunk)
+    batch = dec.batch(max_batch, prefill_chunk=prefill_chunk, first_step_with_prompt=with_prompt)
     sizes = _Sizes(batch)
     batch.observe = sizes
     done = {
@@ -70,6 +71,28 @@ def test_many_sequences_together_each_greedy(max_batch, prefill_chunk, tiny_mode
     assert max(sizes.running) == max_batch and sizes.forwards < sum(r.steps for r in done.values())
     pool = dec.worker.kv.pool
     assert pool.free == pool.pages - 1 and pool.promised == 0  # every page given back
+
+
+@pytest.mark.parametrize("with_prompt", [False, True])
+def test_the_first_step_may_share_the_prompts_last_forward(with_prompt, tiny_models):
+    """With `first_step_with_prompt` (the server's), a sequence's first decode step runs in the
+    forward that writes its prompt's last chunk: its first tokens come a forward sooner, and its
+    steps and output are those of the decode that waits for its prompt."""
+    model = tiny_models["llama"]
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    prompt, cfg = make_prompt(3, 12, 3), DecodeConfig(W=5, N=3, G=5, max_new_tokens=12)  # 36 tokens
+    batch = dec.batch(1, prefill_chunk=10, first_step_with_prompt=with_prompt)
+    batch.submit(Request(prompt, cfg))
+    steps, ended = 0, []
+    while not (batch.running and batch.running[0].state.output):
+        ended += batch.step()
+        steps += 1
+    assert steps == (4 if with_prompt else 5)  # 35 prompt tokens before x0: chunks of 10, 10, 10, 5
+    while not batch.idle:
+        ended += batch.step()
+    alone = dec.generate(prompt, cfg)
+    assert ended[0].result.output_ids == alone.output_ids == reference_greedy(model, prompt, 12)
+    assert ended[0].result.accepted_per_step == alone.accepted_per_step
 
 
 def test_prompts_are_prefilled_in_chunks_beside_the_decodes(tiny_models):

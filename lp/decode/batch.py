@@ -8,7 +8,8 @@ A step, top to bottom:
   plan     each decoding sequence grows its next tree, the step's budget (lp/decode/budget.py) says
            how many of its nodes it verifies, and it lays out its share of the step;
   pack     prompt chunks of the sequences still prefilling (at most `prefill_chunk` tokens a step,
-           first come first), then every decoding sequence's step, side by side;
+           first come first), then every decoding sequence's step, side by side (with
+           `first_step_with_prompt`, a sequence whose last chunk is in the step among them);
   forward  one masked pass, no communication (lp/worker.py);
   decide   each decoding sequence's acceptance and message, on the device; where one replica
            decodes, the accepted drafts' KV moved after x0's (`keep`);
@@ -73,7 +74,10 @@ class Batch:
     prefills at most; `budget`: how a step's tree nodes are
     shared (lp/decode/budget.py; requests whose trees are not `shared` verify all of theirs);
     `memory`: the draft memory its sequences draw on and teach (lp/lookahead/memory.py; None:
-    none); `rehearse`: rehearse a lone sequence's next plan while the device computes (a GPU's host)."""
+    none); `rehearse`: rehearse a lone sequence's next plan while the device computes (a GPU's host);
+    `first_step_with_prompt`: a sequence's first decode step shares the forward that writes its
+    prompt's last chunk (its first token a step sooner: the server's), else it follows it (the
+    decode's clock then starts with its prompt in the cache, as benchmarks time a decode)."""
 
     def __init__(
         self,
@@ -88,6 +92,7 @@ class Batch:
         observer: StepObserver | None = None,
         memory: DraftMemory | None = None,
         rehearse: bool = False,
+        first_step_with_prompt: bool = False,
     ) -> None:
         for key, value in (("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -97,7 +102,7 @@ class Batch:
         self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
         self.budget = budget or Budget("none")
         self.observe = observer or StepObserver()
-        self.memory, self.rehearse = memory, rehearse
+        self.memory, self.rehearse, self.first_step_with_prompt = memory, rehearse, first_step_with_prompt
         self.waiting: deque[Request] = deque()
         self.running: list[Sequence] = []
         self._steps = torch.arange(0, device=worker.device)  # kept drafts' depths: max_commit of any sequence
@@ -152,9 +157,14 @@ class Batch:
         """One step of every running sequence: those that ended in it, done (`result`)."""
         self._admit()
         chunks = self._chunks()
+        segments = [seq.chunk(n) for seq, n in chunks]
+        if self.first_step_with_prompt:
+            # the chunks' KV counts as committed now: each layer writes the step's KV before any
+            # token attends, so a sequence's first step sees its last chunk in the same forward
+            self._prefilled(chunks)
         self._plan(sum(n for _, n in chunks))
         decoding = [s for s in self.running if s.plan is not None]
-        segments = [seq.chunk(n) for seq, n in chunks] + [seq.segment() for seq in decoding]
+        segments += [seq.segment() for seq in decoding]
         if not segments:
             return []
         step = PackedStep(segments)
@@ -175,10 +185,8 @@ class Batch:
                 moves.append(move)
         if moves:
             self.worker.move(torch.cat([m[0] for m in moves]), torch.cat([m[1] for m in moves]))
-        for seq, n in chunks:
-            seq.prefilled_chunk(n)
-            if seq.decoding:
-                self.observe.prefill_done()
+        if not self.first_step_with_prompt:
+            self._prefilled(chunks)
         ended = []
         if decoding:
             for seq in decoding:  # what the outcome does not decide, while the device computes
@@ -197,6 +205,13 @@ class Batch:
             if self.memory is not None and seq.cfg.memory:
                 seq.drafter.teach(seq.request.prompt, seq.result.output_ids)
         return ended
+
+    def _prefilled(self, chunks: list[tuple[Sequence, int]]) -> None:
+        """The step's prompt chunks are in the cache: a sequence whose whole prompt is in decodes."""
+        for seq, n in chunks:
+            seq.prefilled_chunk(n)
+            if seq.decoding:
+                self.observe.prefill_done()
 
     def _stamped(self, messages: list[torch.Tensor], decoding: list[Sequence]) -> torch.Tensor:
         """The step's messages in one tensor, each with its halt slot set to rank 0's answer to its

@@ -55,6 +55,7 @@ class Decoder:
         budget: Budget | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
         observer: StepObserver | None = None,
+        first_step_with_prompt: bool = False,
     ) -> Batch:
         """A batch of at most `max_batch` sequences at once (lp/decode/batch.py)."""
         return Batch(
@@ -68,6 +69,7 @@ class Decoder:
             observer=observer,
             memory=self.memory,
             rehearse=self.rehearse,
+            first_step_with_prompt=first_step_with_prompt,
         )
 
     def run(self, requests: Iterable[Request], batch: Batch) -> Iterator[Sequence]:

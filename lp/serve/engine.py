@@ -67,7 +67,9 @@ class Engine:
     ) -> None:
         """`on_failure`: called once from the decode thread when a step failed (stops the server)."""
         self.lm, self.channel, self.on_failure = lm, channel, on_failure
-        self.batch = lm.decoder.batch(max_batch=max_batch, budget=lm.budget(), prefill_chunk=prefill_chunk)
+        self.batch = lm.decoder.batch(
+            max_batch=max_batch, budget=lm.budget(), prefill_chunk=prefill_chunk, first_step_with_prompt=True
+        )
         self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self.failure: str | None = None  # why the ranks can no longer decode
         self.served = 0  # requests answered whole
@@ -174,7 +176,9 @@ class Engine:
 def follow(lm: Any, channel: Channel, max_batch: int, prefill_chunk: int) -> None:
     """A rank other than 0: the same requests joining the same batch at the same steps, until rank
     0 stops the server."""
-    batch = lm.decoder.batch(max_batch=max_batch, budget=lm.budget(), prefill_chunk=prefill_chunk)
+    batch = lm.decoder.batch(
+        max_batch=max_batch, budget=lm.budget(), prefill_chunk=prefill_chunk, first_step_with_prompt=True
+    )
     asks: dict[int, Any] = {}
     tags = itertools.count()
     while (joins := channel.receive()) is not None:
