@@ -73,13 +73,14 @@ def test_many_sequences_together_each_greedy(max_batch, prefill_chunk, with_prom
     assert pool.free == pool.pages - 1 and pool.promised == 0  # every page given back
 
 
-@pytest.mark.parametrize("with_prompt", [False, True])
-def test_the_first_step_may_share_the_prompts_last_forward(with_prompt, tiny_models):
+@pytest.mark.parametrize("with_prompt,graphs", [(False, False), (True, False), (True, True)])
+def test_the_first_step_may_share_the_prompts_last_forward(with_prompt, graphs, tiny_models):
     """With `first_step_with_prompt` (the server's), a sequence's first decode step runs in the
-    forward that writes its prompt's last chunk: its first tokens come a forward sooner, and its
-    steps and output are those of the decode that waits for its prompt."""
+    forward that writes its prompt's last chunk (exact-size steps, or fixed-shape ones: the GPU's):
+    its first tokens come a forward sooner, and its steps and output are those of the decode that
+    waits for its prompt."""
     model = tiny_models["llama"]
-    dec = Decoder(Worker(model), Collective(), set(), 512)
+    dec = Decoder(Worker(model, graphs=graphs, attention="sdpa"), Collective(), set(), 512)
     prompt, cfg = make_prompt(3, 12, 3), DecodeConfig(W=5, N=3, G=5, max_new_tokens=12)  # 36 tokens
     batch = dec.batch(1, prefill_chunk=10, first_step_with_prompt=with_prompt)
     batch.submit(Request(prompt, cfg))

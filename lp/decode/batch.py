@@ -9,7 +9,7 @@ A step, top to bottom:
            how many of its nodes it verifies, and it lays out its share of the step;
   pack     prompt chunks of the sequences still prefilling (at most `prefill_chunk` tokens a step,
            first come first), then every decoding sequence's step, side by side (with
-           `first_step_with_prompt`, a sequence whose last chunk is in the step among them);
+           `first_step_with_prompt`, including a sequence whose last chunk is in the step);
   forward  one masked pass, no communication (lp/worker.py);
   decide   each decoding sequence's acceptance and message, on the device; where one replica
            decodes, the accepted drafts' KV moved after x0's (`keep`);
@@ -49,8 +49,9 @@ class StepObserver:
     a no-op here; none may change the decode."""
 
     def prefill_done(self) -> None:
-        """A sequence's prompt is in the cache and its drafting state made: its decode's clock
-        starts here."""
+        """A sequence's prompt is in the cache (with `first_step_with_prompt`: its last chunk is in
+        the step about to run, beside its first decode step) and its drafting state made: its
+        decode's clock starts here."""
 
     def planned(self, step: object, position: int) -> None:
         """A sequence's step is planned (its tree, every rank's share, this rank's layout); x0 sits
@@ -76,8 +77,9 @@ class Batch:
     `memory`: the draft memory its sequences draw on and teach (lp/lookahead/memory.py; None:
     none); `rehearse`: rehearse a lone sequence's next plan while the device computes (a GPU's host);
     `first_step_with_prompt`: a sequence's first decode step shares the forward that writes its
-    prompt's last chunk (its first token a step sooner: the server's), else it follows it (the
-    decode's clock then starts with its prompt in the cache, as benchmarks time a decode)."""
+    prompt's last chunk (its first token a forward sooner: the server's), else it follows it (the
+    decode's clock then starts with its prompt in the cache, as benchmarks time a decode; with it,
+    the clock takes in that last chunk's forward, and a batch whose step failed is not reused)."""
 
     def __init__(
         self,
@@ -207,7 +209,8 @@ class Batch:
         return ended
 
     def _prefilled(self, chunks: list[tuple[Sequence, int]]) -> None:
-        """The step's prompt chunks are in the cache: a sequence whose whole prompt is in decodes."""
+        """The step's prompt chunks count as written (they are, or are in the step about to run): a
+        sequence whose whole prompt is in decodes."""
         for seq, n in chunks:
             seq.prefilled_chunk(n)
             if seq.decoding:
@@ -263,7 +266,8 @@ class Batch:
     def _prepare(self, seq: Sequence) -> None:
         """At fixed shapes, compile (and capture) now every bucket of the decoding steps the running
         sequences can take together, and their kept drafts' moves, so that none is compiled inside
-        a decode's clock (prompt chunks may compile theirs while they prefill)."""
+        a decode's clock (prompt chunks may compile theirs while they prefill, and with
+        `first_step_with_prompt` a first step beside its prompt's last chunk)."""
         P = self.comm.world_size
         W, N, _, _ = seq.cfg.step_shape
         fewest = RankPlan(range(W), range(0)).cost(N, pending=1, candidate_tokens=1) if P == 1 else 1

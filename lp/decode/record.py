@@ -16,8 +16,10 @@ class Generation:
     """One sequence's result: the record every decoder returns (lp.frontend.runtime.Result and the
     benchmark's rows extend it), its figures computed here once. `prefill_seconds` is the
     prompt's prefill, with the host's indexing of the prompt for drafts (which a GPU's prefill
-    hides); `seconds` the decode time after it; `accepted_per_step` the tokens committed by each step, `fed_per_step`
-    the tokens of this rank's forward in each step (empty where a decoder cannot tell)."""
+    hides; in a batch with `first_step_with_prompt`, all but its last chunk's forward, which the
+    first step shares); `seconds` the decode time after it; `accepted_per_step` the tokens
+    committed by each step, `fed_per_step` the tokens of this rank's forward in each step (empty
+    where a decoder cannot tell)."""
 
     output_ids: list[int]
     steps: int
