@@ -36,7 +36,7 @@ import shlex
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +70,7 @@ def decode(lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, t
     from lp.config import DecodeConfig
 
     cfg = DecodeConfig(**SHAPE, tree_tokens=tree, max_new_tokens=max_new)
-    budget = Noting(**{f: getattr(budget, f) for f in ("policy", "step_tokens", "cost", "slope", "P")})
+    budget = Noting(**{f.name: getattr(budget, f.name) for f in fields(Budget)})
     batch = lm.decoder.batch(max_batch=B, budget=budget)
     for i, ids in enumerate(prompts):
         batch.submit(Request(ids, cfg, shared=True, tag=i))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -152,18 +152,16 @@ class AutoTuner:
     cost: CostCurve
     world_size: int = 1
     explore_every: int = 8  # after this many plain sequences, try the cheapest shape again
-    seen: list[tuple[float, float, int]] = field(default_factory=list)  # (a step's tokens, S, steps) a sequence
     plain_streak: int = 0
+    learned: int = 0  # sequences the slope is fitted on
+    # the fit's sums (`slope`), the prior's to start: kept as sequences come (the budget asks each step)
+    _num: float = PRIOR_STEPS * math.log2(128) ** 2 * PRIOR_SLOPE
+    _den: float = PRIOR_STEPS * math.log2(128) ** 2
 
     def slope(self) -> float:
         """Least-squares slope of S - 1 against log2(step tokens) through the origin, each sequence
         weighing its steps, the prior `PRIOR_STEPS` steps at 128 tokens."""
-        x0 = math.log2(128)
-        num, den = PRIOR_STEPS * x0 * x0 * PRIOR_SLOPE, PRIOR_STEPS * x0 * x0
-        for T, S, steps in self.seen:
-            x = math.log2(T)
-            num, den = num + steps * x * (S - 1), den + steps * x * x
-        return num / den
+        return self._num / self._den
 
     def expect(self, shape: Shape | None, others: int = 0) -> tuple[float, float, float]:
         """(expected S, tokens/s, tokens/s relative to plain decoding) of a shape (None: plain): S
@@ -189,7 +187,7 @@ class AutoTuner:
             rate = self.expect(shape, others)[2]
             if rate > best_rate * margin:
                 best, best_rate = shape, rate
-        b, n = self.slope(), len(self.seen)
+        b, n = self.slope(), self.learned
         basis = (
             f"acceptance fitted on {_plural(n, 'sequence')}: S - 1 = {b:.2f} x log2(step tokens)"
             if n
@@ -229,4 +227,7 @@ class AutoTuner:
         """Record the S a sequence achieved in `steps` steps of `tokens` tokens on average (a plain
         sequence's single tokens teach nothing)."""
         if tokens > 1:
-            self.seen.append((tokens, S, steps))
+            x = math.log2(tokens)
+            self._num += steps * x * (S - 1)
+            self._den += steps * x * x
+            self.learned += 1

@@ -23,12 +23,13 @@ import os
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from lp.engine.attention import FLEX_BLOCK, Dense, FlexMask, Visibility
 from lp.engine.forward import Forward, StepInputs
 from lp.engine.kv import KVCache
-from lp.engine.packed import PackedStep, PackedTensors, bucket, flex_blocks, padded
+from lp.engine.packed import PackedStep, PackedTensors, bucket, buckets, flex_blocks, padded
 from lp.errors import LPError
 from lp.models import cache_dir
 
@@ -85,7 +86,7 @@ class FixedSteps:
         """Compile (and capture, on a GPU) every bucket of steps of `fewest` to `most` tokens now
         rather than in the middle of a decode, where one bucket's compile and capture takes
         seconds. Its forwards write only the pad page."""
-        for B in sorted({bucket(t) for t in range(fewest, most + 1)}):
+        for B in np.unique(buckets(np.arange(fewest, most + 1))).tolist():
             self._ready(B)
 
     def _ready(self, B: int) -> _Bucket:
@@ -179,7 +180,7 @@ class FixedSteps:
     def prepare_moves(self, most: int) -> None:
         """Capture the moves of up to `most` slots now (on a GPU), not inside a decode."""
         if self.capture:
-            for n in sorted({bucket(t) for t in range(1, most + 1)}):
+            for n in np.unique(buckets(np.arange(1, most + 1))).tolist():
                 self._ready_move(n)
 
     def _ready_move(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.CUDAGraph]:

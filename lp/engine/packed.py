@@ -147,11 +147,12 @@ class PackedStep:
     def groups(self) -> list[tuple[np.ndarray, int]]:
         """The segments by size bucket (each bucket's segment indices, its padded size), in
         order of their first segment."""
-        buckets: dict[int, list[int]] = {}
-        for i, s in enumerate(self.segments):
-            buckets.setdefault(bucket(s.size), []).append(i)
+        by_bucket: dict[int, list[int]] = {}
+        for i, B in enumerate(buckets(np.array([s.size for s in self.segments])).tolist()):
+            by_bucket.setdefault(B, []).append(i)
         return [
-            (np.asarray(members, np.int64), max(self.segments[i].size for i in members)) for members in buckets.values()
+            (np.asarray(members, np.int64), max(self.segments[i].size for i in members))
+            for members in by_bucket.values()
         ]
 
 

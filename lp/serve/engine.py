@@ -47,6 +47,14 @@ class Job:
             self.cancelled.set()
 
 
+def _batch(lm: Any, max_batch: int, prefill_chunk: int) -> Any:
+    """The server's batch, alike on every rank (their steps must pack alike): a request's first
+    step shares its prompt's last forward (lp/decode/batch.py)."""
+    return lm.decoder.batch(
+        max_batch=max_batch, budget=lm.budget(), prefill_chunk=prefill_chunk, first_step_with_prompt=True
+    )
+
+
 def _ask(lm: Any, request: DecodeRequest, batch: Any, tag: Any = None, **hooks: Any) -> Any:
     """`request` made ready to join `batch` (W=auto priced beside the sequences already in it)."""
     others = len(batch.running) + len(batch.waiting)
@@ -67,9 +75,7 @@ class Engine:
     ) -> None:
         """`on_failure`: called once from the decode thread when a step failed (stops the server)."""
         self.lm, self.channel, self.on_failure = lm, channel, on_failure
-        self.batch = lm.decoder.batch(
-            max_batch=max_batch, budget=lm.budget(), prefill_chunk=prefill_chunk, first_step_with_prompt=True
-        )
+        self.batch = _batch(lm, max_batch, prefill_chunk)
         self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self.failure: str | None = None  # why the ranks can no longer decode
         self.served = 0  # requests answered whole
@@ -176,9 +182,7 @@ class Engine:
 def follow(lm: Any, channel: Channel, max_batch: int, prefill_chunk: int) -> None:
     """A rank other than 0: the same requests joining the same batch at the same steps, until rank
     0 stops the server."""
-    batch = lm.decoder.batch(
-        max_batch=max_batch, budget=lm.budget(), prefill_chunk=prefill_chunk, first_step_with_prompt=True
-    )
+    batch = _batch(lm, max_batch, prefill_chunk)
     asks: dict[int, Any] = {}
     tags = itertools.count()
     while (joins := channel.receive()) is not None:
