@@ -176,9 +176,10 @@ def test_decode_draws_on_memory_output_unchanged(tiny_models):
     assert second.steps < first.steps / 2
 
 
-def test_lp_saves_at_close_loads_at_start_and_refuses_another_model(tiny_model_dir, tmp_path):
+def test_lp_saves_at_close_loads_at_start_or_later_and_refuses_another_model(tiny_model_dir, tmp_path):
     """LP(draft_memory_file=...): saved by `close`, loaded by the next LP of the same model (its
-    decodes draw on it at once), refused by an LP of another model."""
+    decodes draw on it at once) or by `load_memory` between decodes, refused by an LP of another
+    model."""
     from helpers import save_word_model
 
     from lp import LP
@@ -195,6 +196,8 @@ def test_lp_saves_at_close_loads_at_start_and_refuses_another_model(tiny_model_d
     assert again.output_ids == fresh.output_ids and again.steps < fresh.steps
     lm.clear_memory()
     assert lm.memory.tokens == 0 and lm.generate(prompt, **settings).steps == fresh.steps
+    lm.load_memory(path)  # between decodes: the saved memory back, whatever was learned since
+    assert lm.generate(prompt, **settings).steps == again.steps
     lm.comm.close()
     other = save_word_model(tmp_path / "other", num_hidden_layers=3)
     with pytest.raises(LPError, match="another model"):

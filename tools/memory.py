@@ -3,10 +3,11 @@ S without it, one run side by side, and what it costs.
 
     python -m tools.memory [--spec 48] [--mt 24] [--humaneval 32] [--max-new-tokens 128]
         [--shapes W3N3G15-L128-D14,auto] [--workloads spec,mt2,humaneval,repeat] [--budget 65536]
-        [--out results/memory]   (written after every workload: a run stopped early keeps them)
+        [--warm 0] [--out results/memory]   (written after every workload: a run stopped early keeps them)
 
-Three workloads, each decoded in order by one LP (SmolLM2-135M, greedy), once per shape with a
-memory cleared at its start:
+Four workloads, each decoded in order by one LP (SmolLM2-135M, greedy), once per shape with a
+memory cleared at its start, or with `--warm N`, the memory of a server that has served N earlier
+requests of the same kinds of text, none of them measured (`warm_memory`):
   * `spec`: the Spec-Bench prompts (8 a category, chat);
   * `mt2`: MT-Bench conversations: the first turn, then the second after it (the first answer in
     its prompt); S counted on the second turns;
@@ -48,6 +49,7 @@ from lp.engine.kernel_choice import cpu_name
 
 WORKLOADS = ("spec", "mt2", "humaneval", "repeat")
 TEXTS = 1000  # texts fed to the memory whose cost is measured
+WARM_BATCH = 32  # the warming requests decoded together, as a server under load does
 
 
 class HostClock(StepObserver):
@@ -115,11 +117,47 @@ class Run:
         return {"without": without, "with": with_, "identical": same, "prompt_ids": ids}
 
 
-def workload(run: Run, name: str, items: list, settings: dict, progress) -> list[dict]:
+def warm_prompts(n: int, measured: int, mt: int) -> list[str]:
+    """`n` Spec-Bench prompts that no workload measures: each group's past its first `measured` (the
+    `spec` workload's), MT-Bench's past its first `mt` too (the `mt2` conversations'), round robin
+    over the groups."""
+    from lp.bench.datasets import load
+
+    groups: dict[str, list[str]] = {}
+    for p in load("spec_bench"):
+        groups.setdefault(p.category, []).append(p.text)
+    rest = [texts[max(measured, mt) if group == "mt_bench" else measured :] for group, texts in groups.items()]
+    order = [texts[i] for i in range(max(map(len, rest))) for texts in rest if i < len(texts)]
+    if len(order) < n:
+        raise SystemExit(f"--warm {n}: Spec-Bench has {len(order)} prompts that no workload measures")
+    return order[:n]
+
+
+def warm_memory(lm, prompts: list[str], max_new: int, path: Path, progress) -> dict:
+    """The draft memory of a server that has answered `prompts` (chat, greedy, `max_new` tokens,
+    WARM_BATCH at a time at `W=auto`), saved to `path`; a memory saved there before is reused (the
+    same model's: `load_memory` refuses another's; delete it to warm with other requests). Each
+    workload starts from it."""
+    if not path.exists():
+        lm.clear_memory()
+        t = time.perf_counter()
+        answers = lm.stream(prompts, chat=True, batch=WARM_BATCH, max_new_tokens=max_new)
+        for _ in progress(answers, desc="warming the memory", total=len(prompts)):
+            pass
+        lm.save_memory(path)
+        print(f"memory: warmed by {len(prompts)} requests in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    lm.load_memory(path)
+    return {"requests": len(prompts), "tokens": lm.memory.tokens, "file": path.name}
+
+
+def workload(run: Run, name: str, items: list, settings: dict, progress, warm: Path | None = None) -> list[dict]:
     """A workload's prompts in order, each a pair (mt2: its first turn decoded with the memory first;
-    repeat: every prompt decoded with it once before)."""
+    repeat: every prompt decoded with it once before), from an empty memory or the `warm` one."""
     lm = run.lm
-    lm.clear_memory()
+    if warm is None:
+        lm.clear_memory()
+    else:
+        lm.load_memory(warm)
     if name == "repeat":
         for ids in progress(items, desc="repeat, first pass"):
             run.decode(ids, settings, True)
@@ -212,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="W3N3G15-L128-D14,auto")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
     ap.add_argument("--budget", type=int, default=65536, help="the memory's tokens")
+    ap.add_argument("--warm", type=int, default=0, help="earlier requests that taught the memory (0: empty)")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out", type=Path, default=Path("results/memory"))
     args = ap.parse_args(argv)
@@ -221,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     from lp.bench.datasets import load
     from lp.bench.references import References
 
-    def progress(items, desc):
-        return tqdm(items, desc=desc, file=sys.stderr, mininterval=10, ncols=100)
+    def progress(items, desc, total=None):
+        return tqdm(items, desc=desc, total=total, file=sys.stderr, mininterval=10, ncols=100)
 
     args.out.mkdir(parents=True, exist_ok=True)
     lm = LP(args.model, draft_memory=args.budget)
@@ -243,11 +282,16 @@ def main(argv: list[str] | None = None) -> int:
         "budget_tokens": args.budget,
         "results": [],
     }
+    warm = None
+    if args.warm:
+        warm = args.out / "warm_memory.lp"
+        prompts = warm_prompts(args.warm, args.spec // 6, args.mt)
+        doc["warm"] = warm_memory(lm, prompts, args.max_new_tokens, warm, progress)
     texts: list[tuple[list[int], list[int]]] = []
     for shape in args.shapes.split(","):
         settings = parse_lookahead(shape)  # a lp.bench config name (W3N3G15-L128-D14), or auto
         for name in args.workloads.split(","):
-            rows = workload(run, name, items[name], settings, progress)
+            rows = workload(run, name, items[name], settings, progress, warm)
             texts += [(r["prompt_ids"], r["with"]["output_ids"]) for r in rows]
             entry = {"shape": shape, "workload": name, **summary(rows)}
             entry["prompts_detail"] = [
@@ -282,13 +326,20 @@ def on_the_machine(doc: dict) -> str:
 
 
 def markdown(doc: dict) -> str:
-    c = doc.get("cost")  # measured at the run's end
+    c, w = doc.get("cost"), doc.get("warm")  # the cost is measured at the run's end
+    start = (
+        f"restored at each workload's start to what {w['requests']} earlier requests taught it ({w['tokens']} "
+        f"tokens: Spec-Bench prompts that no workload measures, chat, {WARM_BATCH} at a time at `W=auto`, as a "
+        "server answers them)"
+        if w
+        else "cleared at each workload's start"
+    )
     lines = [
         "# The draft memory: S with it and without it",
         "",
         f"`{doc['command']}` on {doc['device']}, {doc['date']}; {doc['model']}, greedy, "
-        f"{doc['max_new_tokens']} new tokens, a memory of {doc['budget_tokens']} tokens cleared at each "
-        "workload's start. Each prompt decoded without the memory, then with it, in order; S pooled over "
+        f"{doc['max_new_tokens']} new tokens, a memory of {doc['budget_tokens']} tokens {start}. "
+        "Each prompt decoded without the memory, then with it, in order; S pooled over "
         f"the prompts ({on_the_machine(doc)}); every output checked against transformers' "
         "greedy `generate`.",
         "",
@@ -338,7 +389,8 @@ def plot(doc: dict, path: Path) -> None:
     ax.bar([i + 0.2 for i in x], [r["S_with"] for r in rows], 0.4, label="with the memory")
     ax.set_xticks(list(x), labels, fontsize=8)
     ax.set_ylabel("S (tokens per step)")
-    ax.set_title(f"Draft memory, {doc['model']}", fontsize=10)
+    warm = f", starting from what {doc['warm']['requests']} earlier requests taught it" if doc.get("warm") else ""
+    ax.set_title(f"Draft memory, {doc['model']}{warm}", fontsize=10)
     fig.text(0.01, 0.01, f"{doc['device']}: {on_the_machine(doc)}", fontsize=6, wrap=True)
     ax.legend()
     fig.tight_layout(rect=(0, 0.06, 1, 1))  # room for the note below the axes

@@ -171,16 +171,10 @@ class LP:
                 self._tuner = AutoTuner(curve, self.lp.world_size)
             if self.comm.is_main:
                 print(f"lp: tp=auto: {self.mesh}", file=sys.stderr, flush=True)
-        failed = None  # a rank that cannot read its file says so in the check, so no other rank waits
         if draft_memory_file and Path(draft_memory_file).exists():
-            try:
-                me = identity(self.model, self.tokenizer)
-                self.decoder.memory = DraftMemory.load(draft_memory_file, draft_memory, me)
-            except LPError as e:
-                failed = e
-            if self.comm.is_main and failed is None:
-                print(f"lp: draft memory: {self.memory.tokens} tokens from {draft_memory_file}", file=sys.stderr)
-        self._same_memory(failed)
+            self.load_memory(draft_memory_file)
+        else:
+            self._same_memory(None)
 
     def _load(self, model: str, dtype: torch.dtype, timeout_s: float, tp: int, memory: DraftMemory, **options) -> None:
         """Split the world into replicas of `tp` ranks, load this rank's model (its shard with
@@ -440,6 +434,20 @@ class LP:
         """Forget every text the draft memory holds, between decodes (every rank alike), in place:
         a server's batch and a running stream hold the same memory."""
         self.memory.clear()
+
+    def load_memory(self, path: str | Path) -> None:
+        """Replace the draft memory by the one saved at `path`, in its budget (every rank loads its
+        own file), between decodes: a batch made before keeps the memory it was given. An LPError
+        where the file was learned from another model or tokenizer, or the ranks' memories differ."""
+        failed = None  # a rank that cannot read its file says so in the check, so no other rank waits
+        try:
+            me = identity(self.model, self.tokenizer)
+            self.decoder.memory = DraftMemory.load(path, self.memory.budget, me)
+        except LPError as e:
+            failed = e
+        if self.comm.is_main and failed is None:
+            print(f"lp: draft memory: {self.memory.tokens} tokens from {path}", file=sys.stderr)
+        self._same_memory(failed)
 
     def save_memory(self, path: str | Path) -> None:
         """Write the draft memory to `path` (rank 0; every rank holds the same), with the model and
