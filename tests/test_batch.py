@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from helpers import build_tiny, make_prompt, reference_greedy
+from numba import njit
 
 from lp.collective import Collective
 from lp.config import DecodeConfig
@@ -17,7 +18,7 @@ from lp.decode.auto import CostCurve
 from lp.decode.batch import StepObserver
 from lp.decode.budget import Budget, Claim
 from lp.decode.loop import Decoder, Request
-from lp.decode.phases import first_grown
+from lp.decode.phases import DraftState, first_grown
 from lp.engine.pages import PAGE
 from lp.errors import LPError
 from lp.worker import Worker
@@ -264,6 +265,31 @@ def test_a_shared_tree_given_no_node_feeds_its_pending_tokens_alone(tiny_models)
     assert set(plain.fed_per_step) == {1} and plain.steps == MAX_NEW
     full = dec.generate(prompt, cfg, budget=Budget("none"), shared=False)  # its own tree: window and all
     assert full.output_ids == plain.output_ids and min(full.fed_per_step) > 1
+
+
+@pytest.mark.parametrize("budget", ["none", "shared"])
+def test_a_step_that_drafts_nothing_teaches_no_successor_table(budget, tiny_models):
+    """A step of plain batched decoding computes no top-k and sends no successor row (under load
+    lookahead costs what plain decoding does); a step with nodes teaches every sequence's table."""
+    model = tiny_models["llama"]
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    cfg = DecodeConfig(W=3, N=3, G=15, step_tokens=64, max_new_tokens=MAX_NEW)
+    prompts = [make_prompt(2, 20, 3), make_prompt(3, 30, 2)]
+    requests = [Request(p, cfg, shared=True) for p in prompts]
+    seqs = list(dec.run(requests, dec.batch(max_batch=2, budget=Budget(budget, step_tokens=24))))
+    for seq in seqs:
+        assert seq.result.output_ids == reference_greedy(model, seq.request.prompt, MAX_NEW)
+        rows = _successor_rows(seq.drafter.state)
+        assert (rows == 0) == (budget == "none"), rows
+
+
+@njit
+def _successor_rows(state: DraftState) -> int:
+    """The tokens a sequence's successor table holds a row of."""
+    held = 0
+    for t in range(state.table.table.shape[0]):
+        held += state.table.table[t, 0] >= 0
+    return held
 
 
 def test_a_trees_first_grown_nodes_are_a_tree():

@@ -8,7 +8,7 @@ import torch
 from helpers import chain_accept
 
 from lp.errors import LPError
-from lp.message import HEADER, merge, message_size, pack
+from lp.message import HEADER, merge, merge_messages, message_size, pack
 from lp.partition import RankPlan, partition
 from lp.verify import Acceptance
 
@@ -211,6 +211,25 @@ def test_successor_rows_merge_in_one_rank_order():
     out = merge(gather(*msgs), plans, N, k)
     assert out.successors[:, 0].tolist() == [1, 2, 3, 4, 8, 6, 5]
     assert out.successors[:, 1:].tolist() == [[t * 10, t * 10 + 1] for t in [1, 2, 3, 4, 8, 6, 5]]
+
+
+def test_a_step_that_drafts_nothing_sends_no_successor_row():
+    """x0 alone: its row sent (a drafting step's x0 row) or padding (a step that drafts nothing,
+    lp/decode/sequence.py), merged as one row or none. A step without its window fills none of its
+    W slots, which the merge skips as the decode's does (`slots`)."""
+    k, rows, window = 2, 4, 3
+    bounds = np.array([[0, 0, 0, 0]])
+
+    def merged(successors: list[list[int]]) -> np.ndarray:
+        sent = t(successors).view(-1, 1 + k)
+        msg = pack(t(4), acceptance(-1, 0, [4, -1, -1]), 0, t([]), 10, 77, window, sent, rows)
+        assert msg.numel() == message_size(window, N, rows, k)
+        best, _, successors = merge_messages(gather(msg), bounds, HEADER + N, k, np.zeros(0, np.int64), window)
+        assert best == -1
+        return successors
+
+    assert merged([[4, 40, 41]]).tolist() == [[4, 40, 41]]
+    assert merged([]).shape == (0, 1 + k)
 
 
 def test_no_successor_rows_without_k():

@@ -176,7 +176,9 @@ class Batch:
         if decoding:
             self.observe.forward_done()
         messages, moves = [], []
-        k = max((seq.cfg.successors_sent for seq in decoding), default=0)
+        # successor rows from the steps that draft: one of plain batched decoding (the budget gave
+        # no sequence a node) computes none, so lookahead under load costs what plain decoding does
+        k = max((seq.cfg.successors_sent for seq in decoding if seq.plan.drafts), default=0)
         top = logits.topk(k, dim=-1).indices if k else logits.new_zeros((logits.shape[0], 0), dtype=torch.long)
         rows = StepOutputs(logits, logits.argmax(dim=-1), top)  # one pass each over the step's rows
         for i, seq in enumerate(decoding):

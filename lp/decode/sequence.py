@@ -28,7 +28,8 @@ from lp.verify.verifier import Verifier, verifier_for
 @dataclass(frozen=True)
 class StepOutputs:
     """A step's logits rows, and what one pass over all of them gives every sequence: each row's
-    argmax and its `top` next tokens (as many as the most successors a sequence keeps)."""
+    argmax and its `top` next tokens (as many as the most successors a drafting sequence keeps;
+    none where no sequence drafts: such a step teaches no successor table)."""
 
     logits: torch.Tensor
     argmax: torch.Tensor
@@ -140,9 +141,12 @@ class Sequence:
             max_commit=cfg.max_commit,
         )
         # every used row's input token and its top-k next tokens, for the successor table (but
-        # the rows of nodes fed again: another rank's, which sends them)
+        # the rows of nodes fed again: another rank's, which sends them); none where the step
+        # computed no top-k: no sequence in it drafts (plain batched decoding teaches no table)
         top = None
-        if k:
+        if k and rows.top.shape[1] < k:
+            top = seg.ids.new_zeros((0, 1 + k))
+        elif k:
             inputs = packed.ids.index_select(0, packed.rows[seg.rows])
             top = torch.cat([inputs[:, None], rows.top[seg.rows, :k]], dim=1)
             if plan.dups:
