@@ -147,13 +147,11 @@ class PackedStep:
     def groups(self) -> list[tuple[np.ndarray, int]]:
         """The segments by size bucket (each bucket's segment indices, its padded size), in
         order of their first segment."""
+        sizes = np.array([s.size for s in self.segments])
         by_bucket: dict[int, list[int]] = {}
-        for i, B in enumerate(buckets(np.array([s.size for s in self.segments])).tolist()):
+        for i, B in enumerate(buckets(sizes).tolist()):
             by_bucket.setdefault(B, []).append(i)
-        return [
-            (np.asarray(members, np.int64), max(self.segments[i].size for i in members))
-            for members in by_bucket.values()
-        ]
+        return [(np.asarray(m, np.int64), int(sizes[m].max())) for m in by_bucket.values()]
 
 
 @dataclass(eq=False)
