@@ -11,8 +11,8 @@ draft + 1; R, k: logits rows and successors per row sent for the successor table
   [6+K : 6+K+W] new tokens of the rank's window columns (first len(columns) slots)
   [6+K+W : ]    R rows of (input token, its top-k next tokens): the rank's logits rows, then
                 rows of -1 (padding, which `merge` drops; lp/lookahead/successors.py); all of
-                them padding in a step where no sequence drafts (plain batched decoding
-                computes no top-k: lp/decode/batch.py)
+                them padding in a step of plain batched decoding, where the budget gave no
+                node (it computes no top-k: lp/decode/batch.py)
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def merge_messages(
     step without its window fills none of them: its level is empty): the
     rank whose path wins (-1: none; an LPError where the ranks' output lengths or checksums
     differ: they drifted apart), the window's new level, and
-    the successor rows (none: `[0, 1]` without k, `[0, 1 + k]` from a step where no sequence drafts) in
+    the successor rows (none: `[0, 1]` without k, `[0, 1 + k]` from a step of plain batched decoding) in
     the order that every rank applies them:
     x0, every column, then every node from the last to the first. The table keeps a token's last row, so a
     token's row computed after its likeliest node (the tree puts the best drafts first) wins
@@ -154,7 +154,7 @@ def merge_messages(
     if not k:
         return best, new, np.zeros((0, 1), np.int64)
     width, base = 1 + k, start + slots  # rank r's row c at [r, base + c * width]
-    if gathered[0, base] < 0:  # x0's row is padding: a step that drafts nothing sends no row
+    if gathered[0, base] < 0:  # x0's row is padding: a step of plain batched decoding sends no row
         return best, new, np.zeros((0, width), np.int64)
     n = 1 + W + nodes.sum()
     at = np.empty(n, np.int64)  # each row's first element in the flat messages, in order

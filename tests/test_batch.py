@@ -283,6 +283,22 @@ def test_a_step_that_drafts_nothing_teaches_no_successor_table(budget, tiny_mode
         assert (rows == 0) == (budget == "none"), rows
 
 
+def test_a_tree_that_found_nothing_to_draft_still_learns(tiny_models):
+    """A step with nodes to give whose one tree is empty (a prompt of distinct tokens: no text
+    match, no n-gram, no successor row yet, no window) feeds x0 alone, yet its x0 row teaches the
+    table: only a budget that gives no node makes a step teach nothing."""
+    model = tiny_models["llama"]
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    cfg = DecodeConfig(W=1, N=2, G=15, step_tokens=24, max_new_tokens=MAX_NEW)
+    batch = dec.batch(max_batch=1, budget=Budget("shared", step_tokens=24))
+    batch.submit(Request(list(range(3, 23)), cfg, shared=True))
+    while not batch.running or len(batch.running[0].state.fed_per_step) < 2:
+        batch.step()  # a step's rows are written to the table in the next step
+    (seq,) = batch.running
+    assert seq.state.fed_per_step[0] == 1  # x0 alone: the tree found nothing
+    assert _successor_rows(seq.drafter.state) >= 1
+
+
 @njit
 def _successor_rows(state: DraftState) -> int:
     """The tokens a sequence's successor table holds a row of."""

@@ -213,10 +213,11 @@ def test_successor_rows_merge_in_one_rank_order():
     assert out.successors[:, 1:].tolist() == [[t * 10, t * 10 + 1] for t in [1, 2, 3, 4, 8, 6, 5]]
 
 
-def test_a_step_that_drafts_nothing_sends_no_successor_row():
-    """x0 alone: its row sent (a drafting step's x0 row) or padding (a step that drafts nothing,
-    lp/decode/sequence.py), merged as one row or none. A step without its window fills none of its
-    W slots, which the merge skips as the decode's does (`slots`)."""
+def test_a_step_of_plain_batched_decoding_sends_no_successor_row():
+    """x0 alone: its row sent (a step with nodes, or whose tree found nothing to draft) or padding
+    (a step of plain batched decoding: the budget gave no node, lp/decode/batch.py), merged as one
+    row or none. A step without its window fills none of its W slots, which the merge skips as the
+    decode's does (`slots`)."""
     k, rows, window = 2, 4, 3
     bounds = np.array([[0, 0, 0, 0]])
 

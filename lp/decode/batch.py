@@ -108,6 +108,7 @@ class Batch:
         self.waiting: deque[Request] = deque()
         self.running: list[Sequence] = []
         self._steps = torch.arange(0, device=worker.device)  # kept drafts' depths: max_commit of any sequence
+        self._successors = 0  # the top-k successors the planned step computes (`_plan`)
 
     @property
     def idle(self) -> bool:
@@ -176,9 +177,7 @@ class Batch:
         if decoding:
             self.observe.forward_done()
         messages, moves = [], []
-        # successor rows from the steps that draft: one of plain batched decoding (the budget gave
-        # no sequence a node) computes none, so lookahead under load costs what plain decoding does
-        k = max((seq.cfg.successors_sent for seq in decoding if seq.plan.drafts), default=0)
+        k = self._successors
         top = logits.topk(k, dim=-1).indices if k else logits.new_zeros((logits.shape[0], 0), dtype=torch.long)
         rows = StepOutputs(logits, logits.argmax(dim=-1), top)  # one pass each over the step's rows
         for i, seq in enumerate(decoding):
@@ -317,6 +316,13 @@ class Batch:
             shared = seq.request.shared and seq.drafter.shape.shared
             claims.append(Claim(fixed, seq.drafter.cap(pending), shared, window=fixed - pending))
         total = self.budget.total(claims, base)
+        # the step's successor rows: none in a step of plain batched decoding (the budget gave no
+        # node, and no prompt chunk beside the decodes costs more than a top-k), so lookahead under
+        # load costs what plain decoding does; a tree that found nothing to draft still learns
+        plain = total == 0 and not base
+        self._successors = max(
+            (seq.cfg.successors_sent for seq, claim in zip(seqs, claims) if not (plain and claim.shared)), default=0
+        )
         grown = []
         for seq, claim in zip(seqs, claims):
             chances = seq.drafter.grow(len(seq.state.pending), claim.cap if total or not claim.shared else 0)

@@ -297,7 +297,7 @@ def observe(d: DraftState, accepted: np.ndarray, new: np.ndarray, level: np.ndar
     count(d.rates, d.tokens, d.parents, d.labels, accepted)
     seq, n = d.text.seq, d.text.n
     if s.k and len(rows):  # on the table the drafts used, before the step's rows are staged (a step
-        # that drafted nothing sent none: it neither teaches the table nor scores it)
+        # of plain batched decoding sent none: it neither teaches the table nor scores it)
         tail = np.concatenate((seq[max(n - 2, 0) : n], new))
         count_ranks(d.table, tail)
         tables.stage(d.table, rows, d.keys, d.first_key)

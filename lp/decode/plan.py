@@ -54,13 +54,6 @@ class StepPlan:
         self.dups = len(self.layout.parents) - (d - c)
 
     @property
-    def drafts(self) -> bool:
-        """Whether the step feeds drafts on some rank (window columns or tree nodes), not only its
-        pending tokens."""
-        fed = self.bounds[:, 1::2] > self.bounds[:, 0::2]
-        return bool(fed.any())
-
-    @property
     def first_node(self) -> int:
         """The node (in `bounds`' count) that this rank's local node 0 would be, were its own
         nodes all it fed: its own nodes' local indices less this are their indices."""

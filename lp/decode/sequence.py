@@ -29,7 +29,8 @@ from lp.verify.verifier import Verifier, verifier_for
 class StepOutputs:
     """A step's logits rows, and what one pass over all of them gives every sequence: each row's
     argmax and its `top` next tokens (as many as the most successors a drafting sequence keeps;
-    none where no sequence drafts: such a step teaches no successor table)."""
+    none in a step of plain batched decoding, where the budget gave no node: it teaches no
+    successor table)."""
 
     logits: torch.Tensor
     argmax: torch.Tensor
@@ -142,7 +143,7 @@ class Sequence:
         )
         # every used row's input token and its top-k next tokens, for the successor table (but
         # the rows of nodes fed again: another rank's, which sends them); none where the step
-        # computed no top-k: no sequence in it drafts (plain batched decoding teaches no table)
+        # computed no top-k: the budget gave no node (plain batched decoding teaches no table)
         top = None
         if k and rows.top.shape[1] < k:
             top = seg.ids.new_zeros((0, 1 + k))
