@@ -12,11 +12,17 @@ tree nodes. At a fixed step size T the nodes go
   * `even`: an even split of the same nodes among the sequences;
   * `none`: to no one (plain batched decoding).
 The figure is the tokens a step commits in all, over the steps where B sequences decode (the tail
-where fewer are left is left out), and per sequence; every output is checked against the first
-run's (each sequence's greedy output does not depend on the budget). Beside it, how well the
-chances the budget compares predict what the drafts achieve: the chances of the nodes verified,
-summed (the drafts the trees expect accepted), over the drafts accepted. `none` is decoded once per B
-(it gives no node at any size), and at B = 1 the even split is the shared budget (all to one).
+where fewer are left is left out), and per sequence; every output is checked against plain
+decoding's (each sequence's greedy output does not depend on the budget). Each policy's decode
+follows its own course: what its steps verify teaches its sources, so its later trees differ.
+Beside it, the two splits on the same trees: at each step of each decode, the tokens the shared
+and the even split of that step's grown trees would commit, read off the greedy output (a node is
+accepted where it and its ancestors are the output's next tokens; the running split's figure is
+checked against what its step committed). That isolates the split from the course it sets. And how
+well the chances the budget compares predict what the drafts achieve: the chances of the nodes
+verified, summed (the drafts the trees expect accepted), over the drafts accepted. `none` is
+decoded once per B (it gives no node at any size), and at B = 1 the even split is the shared
+budget (all to one).
 
 Then the cost model's choice (`auto`, the server's default), against plain batched decoding, at
 each B: measured on this CPU with its own step costs (calibrated here: tokens/s of the decode
@@ -36,68 +42,112 @@ import shlex
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from lp.decode.budget import Budget
 from lp.decode.loop import Request
+from lp.decode.phases import DraftState
 from lp.engine.kernel_choice import cpu_name
 from tools.pricing import COSTS, bucket_costs
 
 SHAPE = dict(W=1, N=2, G=15, lone_matches=True, draft_len=14)
-POLICIES = ("shared", "even", "none")
+POLICIES = ("none", "shared", "even")  # plain decoding first: its outputs are the references
+
+
+@njit
+def _grown(state: DraftState) -> tuple:
+    """The tree a sequence grew for its step: tokens, parents, labels, growth places, root sizes."""
+    return state.grown
+
+
+def tokens_committed(grown: tuple, output: list[int], k: int) -> int:
+    """The tokens a step that verifies the first `k` grown nodes of `grown` commits, where `output`
+    is the sequence's greedy output from the step's first new token on: the accepted path (the nodes
+    that, with their ancestors, are the output's next tokens) and one more, within the output."""
+    tokens, parents, _, growth, _ = grown
+    depth = np.zeros(len(tokens), np.int64)
+    right = np.zeros(len(tokens), np.bool_)
+    for v in range(len(tokens)):  # a parent comes before its children
+        p = parents[v]
+        depth[v] = 1 if p < 0 else depth[p] + 1
+        right[v] = (p < 0 or right[p]) and depth[v] <= len(output) and tokens[v] == output[depth[v] - 1]
+    return min(1 + int(np.sum(right & (growth < k))), len(output))
 
 
 @dataclass(frozen=True)
 class Noting(Budget):
-    """A budget that notes, per split, the chances of the nodes it gives summed: the drafts the
-    step's trees expect accepted."""
+    """A budget that notes, per split, the chances of the nodes it gives summed (the drafts the
+    step's trees expect accepted) and, given the greedy `outputs` and the batch (`watched`), what
+    each split of the same trees would commit (`same_trees`: shared, even, and per sequence the
+    running split's figure)."""
 
     expected: list[float] = field(default_factory=list)
+    outputs: list[list[int]] | None = None
+    watched: list = field(default_factory=list)
+    same_trees: list[dict] = field(default_factory=list)
 
     def split(self, claims: list, total: int) -> list[int]:
         counts = super().split(claims, total)
         self.expected.append(sum(float(np.sum(c.chances[:k])) for c, k in zip(claims, counts) if c.shared))
+        if self.outputs is not None:
+            seqs = [s for s in self.watched[0].running if s.decoding]  # the claims' sequences, in order
+            splits = {p: Budget.split(replace(self, policy=p), claims, total) for p in ("shared", "even")}
+            ahead = [self.outputs[s.request.tag][len(s.state.output) :] for s in seqs]
+            trees = [_grown(s.drafter.state) for s in seqs]
+            note = {p: sum(tokens_committed(t, o, k) for t, o, k in zip(trees, ahead, ks)) for p, ks in splits.items()}
+            note["running"] = {id(s): tokens_committed(t, o, k) for s, t, o, k in zip(seqs, trees, ahead, counts)}
+            self.same_trees.append(note)
         return counts
 
 
-def decode(lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, tree: int) -> dict:
+def decode(
+    lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, tree: int, outputs: list | None = None
+) -> dict:
     """The prompts decoded B at a time under `budget`, each sequence's tree of at most `tree` nodes:
     per step, the sequences that decoded in it, the tokens they committed and fed, its seconds and
-    whether it prefilled a prompt chunk too; every output."""
+    whether it prefilled a prompt chunk too, and given the greedy `outputs`, what the shared and the
+    even split of its trees would commit (the running split's checked against the step's); every
+    output."""
     from lp.config import DecodeConfig
 
     cfg = DecodeConfig(**SHAPE, tree_tokens=tree, max_new_tokens=max_new)
-    budget = Noting(**{f.name: getattr(budget, f.name) for f in fields(Budget)})
+    budget = Noting(**{f.name: getattr(budget, f.name) for f in fields(Budget)}, outputs=outputs)
     batch = lm.decoder.batch(max_batch=B, budget=budget)
+    budget.watched.append(batch)
     for i, ids in enumerate(prompts):
         batch.submit(Request(ids, cfg, shared=True, tag=i))
-    steps, outputs = [], {}
+    steps, done, mismatches = [], {}, 0
     while not batch.idle:
         seqs = list(batch.running)
         before = {id(s): (len(s.state.output), len(s.state.accepted)) for s in seqs}
         prefilled = {id(s): s.prefilled for s in seqs}
+        notes = len(budget.same_trees)
         t0 = time.perf_counter()
         ended = batch.step()
         seconds = time.perf_counter() - t0
         every = {id(s): s for s in seqs + ended + batch.running}.values()  # those admitted in the step too
         decoded = [s for s in every if len(s.state.accepted) > before.get(id(s), (0, 0))[1]]
         if decoded:
-            steps.append(
-                {
-                    "sequences": len(decoded),
-                    "committed": sum(len(s.state.output) - before.get(id(s), (0, 0))[0] for s in decoded),
-                    "fed": sum(s.state.fed_per_step[-1] for s in decoded),
-                    "expected": budget.expected[-1],
-                    "seconds": seconds,
-                    "chunk": any(s.prefilled != prefilled.get(id(s), 0) for s in every),
-                }
-            )
+            step = {
+                "sequences": len(decoded),
+                "committed": sum(len(s.state.output) - before.get(id(s), (0, 0))[0] for s in decoded),
+                "fed": sum(s.state.fed_per_step[-1] for s in decoded),
+                "expected": budget.expected[-1],
+                "seconds": seconds,
+                "chunk": any(s.prefilled != prefilled.get(id(s), 0) for s in every),
+            }
+            if len(budget.same_trees) > notes:
+                note = budget.same_trees[-1]
+                step |= {"same_trees": {p: note[p] for p in ("shared", "even")}}
+                mismatches += sum(note["running"][id(s)] != len(s.state.output) - before[id(s)][0] for s in decoded)
+            steps.append(step)
         for s in ended:
-            outputs[s.request.tag] = s.result.output_ids
-    return {"steps": steps, "outputs": [outputs[i] for i in range(len(prompts))]}
+            done[s.request.tag] = s.result.output_ids
+    return {"steps": steps, "outputs": [done[i] for i in range(len(prompts))], "mismatches": mismatches}
 
 
 def full(run: dict, B: int) -> dict:
@@ -105,13 +155,17 @@ def full(run: dict, B: int) -> dict:
     rows = [s for s in run["steps"] if s["sequences"] == B] or run["steps"]
     committed = sum(s["committed"] for s in rows)
     drafts = committed - sum(s["sequences"] for s in rows)  # a sequence's step commits its drafts and one more
-    return {
+    figures = {
         "steps": len(rows),
         "expected_per_accepted": sum(s["expected"] for s in rows) / max(1, drafts),
         "tokens_per_step": committed / len(rows),
         "per_sequence": committed / sum(s["sequences"] for s in rows),
         "fed_per_step": statistics.mean(s["fed"] for s in rows),
     }
+    if "mismatches" in run and all("same_trees" in s for s in rows):
+        same = {p: sum(s["same_trees"][p] for s in rows) / len(rows) for p in ("shared", "even")}
+        figures |= {"same_trees_tokens_per_step": same, "same_trees_mismatches": run["mismatches"]}
+    return figures
 
 
 def rate(run: dict, seconds_of) -> float:
@@ -170,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                 elif policy == "none" and B in plain:
                     row[policy] = plain[B]
                 else:
-                    run = decode(lm, prompts, B, Budget(policy, step_tokens=T), args.max_new_tokens, T - 1)
+                    budget = Budget(policy, step_tokens=T)
+                    run = decode(lm, prompts, B, budget, args.max_new_tokens, T - 1, reference)
                     row[policy] = full(run, B) | {"identical": same(run)}
                     if policy == "none":
                         plain[B] = row[policy]
@@ -198,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(doc, args.out / "budget.png")
     print(markdown(doc))
     ok = all(r["shared"]["tokens_per_step"] >= r["even"]["tokens_per_step"] for r in doc["fixed"])
+    ok = ok and not any(r[p].get("same_trees_mismatches") for r in doc["fixed"] for p in ("shared", "even"))
     ok = ok and all(p["identical"] for r in doc["fixed"] + doc["auto"] for p in r.values() if isinstance(p, dict))
     return 0 if ok else 1
 
@@ -212,20 +268,25 @@ def markdown(doc: dict) -> str:
         f"- {doc['prompts']} Spec-Bench prompts, {doc['model']}, chat, greedy, {doc['max_new_tokens']} new tokens, "
         "B at a time (each joining as another ends); every sequence W1 N2 G15, text drafts of up to 14, lone "
         "matches, 8 successors: a step spends beyond its pending tokens on tree nodes only",
-        "- figures over the steps where B sequences decode; every output identical to the first run's "
+        "- figures over the steps where B sequences decode; every output identical to plain decoding's "
         f"({'yes' if all(p['identical'] for r in doc['fixed'] for p in r.values() if isinstance(p, dict)) else 'NO'})",
         "",
         "## At a fixed step size: tokens a step commits (per sequence)",
         "",
         "| step tokens | sequences | shared (best first) | even split | plain batched | shared / even | "
-        "chances / accepted: shared, even |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "same trees, shared / even: shared's steps, even's | chances / accepted: shared, even |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in doc["fixed"]:
-        cells = [f"{r[p]['tokens_per_step']:.2f} ({r[p]['per_sequence']:.2f})" for p in POLICIES]
+        cells = [f"{r[p]['tokens_per_step']:.2f} ({r[p]['per_sequence']:.2f})" for p in ("shared", "even", "none")]
         ratio = r["shared"]["tokens_per_step"] / r["even"]["tokens_per_step"]
+        same = ", ".join(
+            f"{t['shared'] / t['even']:.3f}x" for t in (r[p]["same_trees_tokens_per_step"] for p in ("shared", "even"))
+        )
         over = ", ".join(f"{r[p]['expected_per_accepted']:.2f}" for p in ("shared", "even"))
-        lines.append(f"| {r['step_tokens']} | {r['sequences']} | {' | '.join(cells)} | {ratio:.2f}x | {over} |")
+        lines.append(
+            f"| {r['step_tokens']} | {r['sequences']} | {' | '.join(cells)} | {ratio:.2f}x | {same} | {over} |"
+        )
     lines += [
         "",
         "## The cost model's choice (`auto`) against plain batched decoding",
