@@ -270,13 +270,15 @@ def test_a_shared_tree_given_no_node_feeds_its_pending_tokens_alone(tiny_models)
 @pytest.mark.parametrize("budget", ["none", "shared"])
 def test_a_step_that_drafts_nothing_teaches_no_successor_table(budget, tiny_models):
     """A step of plain batched decoding computes no top-k and sends no successor row (under load
-    lookahead costs what plain decoding does); a step with nodes teaches every sequence's table."""
+    lookahead costs what plain decoding does), beside a prompt chunk too (small chunks: the second
+    prompt prefills while the first decodes); a step with nodes teaches every sequence's table."""
     model = tiny_models["llama"]
     dec = Decoder(Worker(model), Collective(), set(), 512)
     cfg = DecodeConfig(W=3, N=3, G=15, step_tokens=64, max_new_tokens=MAX_NEW)
     prompts = [make_prompt(2, 20, 3), make_prompt(3, 30, 2)]
     requests = [Request(p, cfg, shared=True) for p in prompts]
-    seqs = list(dec.run(requests, dec.batch(max_batch=2, budget=Budget(budget, step_tokens=24))))
+    batch = dec.batch(max_batch=2, budget=Budget(budget, step_tokens=24), prefill_chunk=8)
+    seqs = list(dec.run(requests, batch))
     for seq in seqs:
         assert seq.result.output_ids == reference_greedy(model, seq.request.prompt, MAX_NEW)
         rows = _successor_rows(seq.drafter.state)

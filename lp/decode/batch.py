@@ -316,10 +316,11 @@ class Batch:
             shared = seq.request.shared and seq.drafter.shape.shared
             claims.append(Claim(fixed, seq.drafter.cap(pending), shared, window=fixed - pending))
         total = self.budget.total(claims, base)
-        # the step's successor rows: none in a step of plain batched decoding (the budget gave no
-        # node, and no prompt chunk beside the decodes costs more than a top-k), so lookahead under
-        # load costs what plain decoding does; a tree that found nothing to draft still learns
-        plain = total == 0 and not base
+        # the step's successor rows: none where the budget chose plain batched decoding (it gives no
+        # node, and would give none without the step's prompt chunk), so lookahead under load costs
+        # what plain decoding does; a tree that found nothing to draft, or whose nodes a prompt
+        # chunk crowded out, still learns
+        plain = (self.budget.total(claims) if base else total) == 0
         self._successors = max(
             (seq.cfg.successors_sent for seq, claim in zip(seqs, claims) if not (plain and claim.shared)), default=0
         )
