@@ -294,8 +294,10 @@ def test_a_tree_that_found_nothing_to_draft_still_learns(tiny_models):
     cfg = DecodeConfig(W=1, N=2, G=15, step_tokens=24, max_new_tokens=MAX_NEW)
     batch = dec.batch(max_batch=1, budget=Budget("shared", step_tokens=24))
     batch.submit(Request(list(range(3, 23)), cfg, shared=True))
-    while not batch.running or len(batch.running[0].state.fed_per_step) < 2:
-        batch.step()  # a step's rows are written to the table in the next step
+    for _ in range(8):  # the prefill, then two decode steps: a step's rows are written in the next
+        batch.step()
+        if batch.running and len(batch.running[0].state.fed_per_step) == 2:
+            break
     (seq,) = batch.running
     assert seq.state.fed_per_step[0] == 1  # x0 alone: the tree found nothing
     assert _successor_rows(seq.drafter.state) >= 1

@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                     row[policy] = plain[B]
                 else:
                     budget = Budget(policy, step_tokens=T)
-                    run = decode(lm, prompts, B, budget, args.max_new_tokens, T - 1, reference)
+                    outputs = None if policy == "none" else reference  # the splits' figures: none to split
+                    run = decode(lm, prompts, B, budget, args.max_new_tokens, T - 1, outputs)
                     row[policy] = full(run, B) | {"identical": same(run)}
                     if policy == "none":
                         plain[B] = row[policy]

@@ -28,8 +28,8 @@ from lp.verify.verifier import Verifier, verifier_for
 @dataclass(frozen=True)
 class StepOutputs:
     """A step's logits rows, and what one pass over all of them gives every sequence: each row's
-    argmax and its `top` next tokens (as many as the most successors a drafting sequence keeps;
-    none in a step of plain batched decoding, where the budget gave no node: it teaches no
+    argmax and its `top` next tokens (as many as the most successors a sequence of the step keeps;
+    none in a step of plain batched decoding, where the budget chose no node: it teaches no
     successor table)."""
 
     logits: torch.Tensor
