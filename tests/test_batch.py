@@ -303,6 +303,22 @@ def test_a_tree_that_found_nothing_to_draft_still_learns(tiny_models):
     assert _successor_rows(seq.drafter.state) >= 1
 
 
+def test_a_step_whose_nodes_a_prompt_chunk_crowded_out_still_learns(tiny_models):
+    """A 24-token step whose prompt chunk takes all 24 tokens gives the decoding sequence no node,
+    yet the budget would give some without the chunk: the step still teaches its table."""
+    model = tiny_models["llama"]
+    dec = Decoder(Worker(model), Collective(), set(), 512)
+    cfg = DecodeConfig(W=1, N=2, G=15, step_tokens=24, max_new_tokens=MAX_NEW)
+    batch = dec.batch(max_batch=2, budget=Budget("shared", step_tokens=24), prefill_chunk=24)
+    batch.submit(Request(list(range(3, 23)), cfg, shared=True))  # 20 tokens: prefilled in step 1
+    batch.submit(Request(make_prompt(5, 40, 3), cfg, shared=True))  # 120: 4 tokens in step 1, then 24 a step
+    for _ in range(3):  # step 2 crowded out (its chunk fills the step); step 3 writes its rows
+        batch.step()
+    first = batch.running[0]
+    assert first.state.fed_per_step[:2] == [1, 1]  # x0 alone: no node in either step
+    assert _successor_rows(first.drafter.state) >= 1
+
+
 @njit
 def _successor_rows(state: DraftState) -> int:
     """The tokens a sequence's successor table holds a row of."""
