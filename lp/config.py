@@ -55,9 +55,9 @@ class DecodeConfig:
     `frequent` (most often produced first). `tree`: verify candidates that share a prefix once (a
     token tree grown best first across all sources, lp/lookahead/grow.py); false: one chain per
     candidate. `successors`: the model's top-k next tokens kept per token from the logits rows of
-    every step in which a sequence drafts (lp/lookahead/successors.py), whose paths compete with
-    the other drafts' tokens for the tree (0: off; None: SUCCESSORS, or the shape's where `W=auto`
-    chose it). `continuation_len`:
+    every step but those of plain batched decoding (lp/lookahead/successors.py), whose paths
+    compete with the other drafts' tokens for the tree (0: off; None: SUCCESSORS, or the shape's
+    where `W=auto` chose it). `continuation_len`:
     below each tree node (but those it made), the text after an earlier occurrence of its token,
     the one whose tokens before it match the node's path longest, up to this many tokens (at most
     the longest draft), sources with their own counted rates (0: off; text drafts only).

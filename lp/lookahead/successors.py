@@ -1,7 +1,7 @@
 """Drafts recycled from the model's own predictions (as in Token Recycling, Luo et al. 2024):
-every drafting step's forward computes logits for many rows, and each row's top-k tokens say what
-the model expects after that row's input token (a step of plain batched decoding, where no
-sequence drafts, computes none: under load lookahead costs what plain decoding does). A table
+every step's forward computes logits for many rows, and each row's top-k tokens say what the
+model expects after that row's input token (a step of plain batched decoding, where the budget
+chose no node, computes none: under load lookahead costs what plain decoding does). A table
 keeps, per token, the top-k of the last row it was the input of, and per pair (token before,
 token) where a row's context is known (the tree's nodes, x0), the pair's row, preferred where it
 exists (more context predicts better). A step's recycled drafts are the likeliest paths through
