@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from lp.config import DecodeConfig
-from lp.lookahead.drafts import KINDS, MEMORY_SOURCE, WINDOW_SOURCE
 from lp.lookahead.memory import CONTEXT, END, VISITS
+from lp.lookahead.sources import KINDS, MEMORY_SOURCE, WINDOW_SOURCE
 from lp.lookahead.text import MAX_MATCH, MIN_MATCH
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from lp.lookahead.chains import Chains, add, new_chains
-from lp.lookahead.drafts import MATCHED
 from lp.lookahead.grow import WALK, grow
+from lp.lookahead.sources import MATCHED
 from lp.lookahead.successors import SuccessorTable, new_table
 from lp.lookahead.text import TextIndex
 from lp.lookahead.tree import DraftTree, TreeBuilder

@@ -10,10 +10,11 @@ from lp.config import DecodeConfig
 from lp.decode.drafter import NO_MEMORY
 from lp.decode.plan import Split
 from lp.lookahead.chains import new_chains
-from lp.lookahead.drafts import SOURCES, step_drafts
+from lp.lookahead.drafts import step_drafts
 from lp.lookahead.grow import grow
 from lp.lookahead.pool import NGramPool
 from lp.lookahead.rates import DraftRates
+from lp.lookahead.sources import SOURCES
 from lp.lookahead.successors import SuccessorTable, new_table, pair_key
 from lp.lookahead.text import TextIndex
 from lp.lookahead.tree import DraftTree, TreeBuilder

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lp.errors import LPError
-from lp.lookahead.drafts import CONTINUATION_SOURCE, SOURCES
+from lp.lookahead.sources import CONTINUATION_SOURCE, SOURCES
 from lp.lookahead.successors import SuccessorTable, rates
 from tests.reference_grow import DictTable, chains_of, lp_grow, reference_grow, subtree_order
 

@@ -5,6 +5,7 @@ greedy output unchanged, fewer steps where earlier texts repeat."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -19,6 +20,7 @@ from lp.decode.loop import Decoder
 from lp.errors import LPError
 from lp.lookahead.chains import new_chains
 from lp.lookahead.memory import DraftMemory, identity, memory_drafts
+from lp.lookahead.successors import SuccessorTable
 from lp.lookahead.text import TextIndex
 from lp.worker import Worker
 
@@ -205,41 +207,91 @@ def test_lp_saves_at_close_loads_at_start_or_later_and_refuses_another_model(tin
 
 
 def test_the_memory_learns_its_rates_across_decodes():
-    """A decode's counts of the memory's drafts go to the memory at its end; the next decode's
-    memory rates start from them (worth a few offers), and a saved memory keeps them."""
-    from lp.lookahead.drafts import MEMORY_SOURCE, SOURCES
-    from lp.lookahead.memory import MEMORY_SOURCES, SEED, learn, seed
-    from lp.lookahead.rates import DraftRates
+    """A decode's counts of every source go to the memory at its end; the next decode's counts start
+    from them (worth what the memory counted, a few offers at most). An empty memory starts a
+    decode where no memory does: the blind prior."""
+    from lp.lookahead.memory import SEED, learn, seed
+    from lp.lookahead.rates import PRIOR_OFFERED, DraftRates
+    from lp.lookahead.sources import MEMORY_SOURCE, SOURCES
 
     depth, memory = 4, DraftMemory(100)
-    rates = DraftRates(SOURCES, depth)
-    written = seed(memory, rates, MEMORY_SOURCE, depth)
-    assert np.allclose(rates.chances[MEMORY_SOURCE : MEMORY_SOURCE + MEMORY_SOURCES], 0.5)
-    # three steps offer a memory draft of 2-token matches (source 2) at depth 1: never right
+    rates, blind = DraftRates(SOURCES, depth), DraftRates(SOURCES, depth)
+    written = seed(memory, rates, SuccessorTable(2, 16))
+    assert np.array_equal(rates.chances, blind.chances) and np.array_equal(rates.offered, blind.offered)
+    # three steps offer a memory draft of 2-token matches (source + 2) at depth 1: never right;
+    # and a text draft (source 0) right at depth 1 and 2
     labels = np.array([(MEMORY_SOURCE + 2) * depth])
     for _ in range(3):
         rates.observe(np.array([9]), np.array([-1]), labels, [])
-    learn(memory, rates, MEMORY_SOURCE, depth, written)
-    assert memory.rates[2, 0] == pytest.approx(1 / 5) and memory.rates[0, 0] == 0.5
+        rates.observe(np.array([5, 6]), np.array([-1, 0]), np.array([0, 1]), [5, 6])
+    learn(memory, rates, SuccessorTable(2, 16), written)
+    assert memory.rates[MEMORY_SOURCE + 2, 0] == pytest.approx(1 / 5) and memory.rates[0, 1] == pytest.approx(4 / 5)
+    assert memory.rates[MEMORY_SOURCE, 0] == 0.5
     later = DraftRates(SOURCES, depth)
-    seed(memory, later, MEMORY_SOURCE, depth)
-    assert later.chances[MEMORY_SOURCE + 2, 0] == pytest.approx(1 / 5)
-    assert later.offered[(MEMORY_SOURCE + 2) * depth] == SEED
+    seed(memory, later, SuccessorTable(2, 16))
+    assert later.chances[MEMORY_SOURCE + 2, 0] == pytest.approx(1 / 5) and later.chances[0, 1] == pytest.approx(4 / 5)
+    assert later.offered[(MEMORY_SOURCE + 2) * depth] == SEED > 5 - PRIOR_OFFERED  # at most SEED offers
+    assert later.offered[MEMORY_SOURCE * depth] == PRIOR_OFFERED  # a source never counted: the blind prior
+
+
+def _table_counting(ranks: list[int], k: int = 2) -> SuccessorTable:
+    """A table whose committed tokens were these ranks of their predecessor's row (k: none)."""
+    table = SuccessorTable(k, 16)
+    table.update(np.array([[t, 10, 11] for t in range(8)]), np.full(8, -1), -1)  # after token t: 10, 11
+    for r in ranks:
+        table.observe([0, 1, 10 + r])  # 10 + k: neither successor
+    return table
+
+
+def test_a_new_table_starts_from_the_ranks_the_memory_counted():
+    """The successor table's rank counts go to the memory too; a new table starts in the shares
+    the memory counted (its own prior's weight, one count a rank and one for none)."""
+    from lp.lookahead.memory import learn, seed
+    from lp.lookahead.rates import DraftRates
+    from lp.lookahead.sources import SOURCES
+
+    memory, rates = DraftMemory(100), DraftRates(SOURCES, 2)
+    fresh = SuccessorTable(2, 16)
+    written = seed(memory, rates, fresh)
+    assert np.allclose(fresh.hits, [1, 1, 1])  # an empty memory: the table's own prior
+    table = _table_counting([0] * 6 + [1] * 2 + [2] * 1)
+    learn(memory, rates, table, (written[0], np.ones(3)))
+    assert np.array_equal(memory.ranks[:, :2], [[6, 2], [9, 3]])
+    later = SuccessorTable(2, 16)
+    seed(memory, rates, later)
+    assert np.allclose(later.hits, [3 * 7 / 12, 3 * 3 / 12, 3 * 2 / 12])
+    wider = SuccessorTable(3, 16)  # a rank the memory never counted shares what the others leave
+    seed(memory, rates, wider)
+    assert np.allclose(wider.hits, [28 / 13, 12 / 13, 6 / 13, 6 / 13])  # what ranks 0 and 1 leave, split evenly
 
 
 def test_saved_rates_come_back(tmp_path):
-    from lp.lookahead.drafts import MEMORY_SOURCE, SOURCES
     from lp.lookahead.memory import learn, seed
     from lp.lookahead.rates import DraftRates
+    from lp.lookahead.sources import MEMORY_SOURCE, SOURCES
 
     memory, depth = DraftMemory(100), 3
-    rates = DraftRates(SOURCES, depth)
-    written = seed(memory, rates, MEMORY_SOURCE, depth)
+    rates, table = DraftRates(SOURCES, depth), SuccessorTable(2, 16)
+    written = seed(memory, rates, table)
     rates.observe(
         np.array([9, 8]), np.array([-1, 0]), np.array([MEMORY_SOURCE * depth, MEMORY_SOURCE * depth + 1]), [9]
     )
-    learn(memory, rates, MEMORY_SOURCE, depth, written)
+    learn(memory, rates, _table_counting([0, 0, 1]), (written[0], np.ones(3)))
     me = _identity()
     memory.save(tmp_path / "m", me)
-    assert np.array_equal(DraftMemory.load(tmp_path / "m", 100, me).rates, memory.rates)
-    assert memory.rates[0, 0] > 0.5 > memory.rates[0, 1]
+    loaded = DraftMemory.load(tmp_path / "m", 100, me)
+    assert np.array_equal(loaded.rates, memory.rates) and np.array_equal(loaded.ranks, memory.ranks)
+    assert memory.rates[MEMORY_SOURCE, 0] > 0.5 > memory.rates[MEMORY_SOURCE, 1] and memory.ranks[0, 0] == 2
+
+
+def test_a_file_of_another_version_is_refused(tmp_path):
+    memory, me = DraftMemory(100), _identity()
+    memory.save(tmp_path / "m", me)
+    with np.load(tmp_path / "m") as f:
+        arrays = {key: f[key] for key in f.files if key != "ranks"}
+    meta = json.loads(str(arrays["meta"]))
+    arrays["meta"] = np.asarray(json.dumps({**meta, "version": meta["version"] - 1}))
+    with open(tmp_path / "old", "wb") as f:
+        np.savez_compressed(f, **arrays)
+    with pytest.raises(LPError, match="version 1, lp reads version 2"):
+        DraftMemory.load(tmp_path / "old", 100, me)

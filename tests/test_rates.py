@@ -8,10 +8,11 @@ import pytest
 
 from lp.config import DecodeConfig
 from lp.decode.drafter import NO_MEMORY
-from lp.lookahead.drafts import SOURCES, step_drafts
+from lp.lookahead.drafts import step_drafts
 from lp.lookahead.grow import grow
 from lp.lookahead.pool import NGramPool
 from lp.lookahead.rates import PRIOR_HITS, PRIOR_OFFERED, DraftRates
+from lp.lookahead.sources import SOURCES
 from lp.lookahead.successors import SuccessorTable, new_table
 from lp.lookahead.text import TextIndex
 from lp.lookahead.tree import DraftTree

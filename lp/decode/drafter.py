@@ -18,11 +18,11 @@ from lp.decode.plan import Split, StepPlan
 from lp.decode.shares import share_cap
 from lp.errors import LPError
 from lp.lookahead.chains import new_chains
-from lp.lookahead.drafts import MEMORY_SOURCE, SOURCES
 from lp.lookahead.grow import grow
 from lp.lookahead.memory import DraftMemory, learn, seed
 from lp.lookahead.pool import NGramPool
 from lp.lookahead.rates import DraftRates
+from lp.lookahead.sources import SOURCES
 from lp.lookahead.successors import SuccessorTable, new_table
 from lp.lookahead.text import TextIndex
 from lp.lookahead.tree import DraftTree, TreeBuilder
@@ -85,16 +85,16 @@ class Drafter:
         # the tree of a step that feeds p pending tokens (at most a step's commit)
         self.budgets = np.array([cfg.tree_budget(p) for p in range(1, cfg.max_commit + 1)], np.int64)
         self.memory = memory if memory is not None else NO_MEMORY
-        # the memory's rates start where the earlier decodes' counts left them
-        self._seeded = seed(self.memory, self.rates, MEMORY_SOURCE, cfg.max_draft) if self.shape.remembered else None
+        # the counts start where the earlier decodes' left them (where it draws on the memory)
+        self._seeded = seed(self.memory, self.rates, self.table) if self.memory.budget and cfg.memory else None
         sources = (self.text, self.pool, self.table, self.rates, self.window, self.memory)
         self.state = phases.new_state(*sources, self.shape, self.budgets)
 
     def teach(self, prompt: list[int], output: list[int]) -> None:
-        """At the decode's end: its text, and its counts of the memory's drafts, to the memory."""
+        """At the decode's end: its text, and its counts of its sources' rates, to the memory."""
         self.memory.add(prompt, output)
         if self._seeded is not None:
-            learn(self.memory, self.rates, MEMORY_SOURCE, self.shape.depth, self._seeded)
+            learn(self.memory, self.rates, self.table, self._seeded)
 
     def before_read(self, rehearse: bool = False) -> None:
         """The step's work that its outcome does not decide (`phases.before_read`); with

@@ -1,31 +1,17 @@
-"""A step's drafts, best first by kind, as chains (lp/lookahead/chains.py), and the draft sources
-whose acceptance rates are counted apart (lp/lookahead/rates.py): each kind's drafts by rank (the
-last rank's row takes the ranks after it), the window's row 0, and the text's continuations below
-tree nodes by the length of their match (lp/lookahead/grow.py). The draft memory's drafts, what
-followed the text's suffix in earlier decodes (lp/lookahead/memory.py), are a kind of their own:
-where they do not fit a request, their counted rate drops them from its trees."""
+"""A step's drafts, best first by kind, as chains (lp/lookahead/chains.py), each from a source whose
+acceptance rate is counted apart (lp/lookahead/sources.py numbers them). The draft memory's
+drafts, what followed the text's suffix in earlier decodes (lp/lookahead/memory.py), are a kind of
+their own: where they do not fit a request, their counted rate drops them from its trees."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from lp.jit import compiled
 from lp.lookahead.chains import Chains, add, new_chains
-from lp.lookahead.memory import MEMORY_SOURCES, DraftMemory, memory_drafts
+from lp.lookahead.memory import DraftMemory, memory_drafts
 from lp.lookahead.pool import NGramPool, tail_drafts
+from lp.lookahead.sources import LONE_RANKS, MEMORY_SOURCE, POOL_RANKS, TEXT_RANKS, WINDOW_SOURCE
 from lp.lookahead.text import TextIndex, lone_drafts, suffix_drafts
 from lp.lookahead.window import JacobiWindow
-
-TEXT_RANKS, POOL_RANKS, LONE_RANKS = 4, 3, 2
-# the kinds in the order a step takes them: the text's suffix matches, the pool's context-matched
-# n-grams, the pool's n-grams under x0, the text's lone matches of x0, the memory's suffix matches
-# (its sources by the match's length, lp/lookahead/memory.py)
-KINDS = (TEXT_RANKS, POOL_RANKS, POOL_RANKS, LONE_RANKS, MEMORY_SOURCES)
-MEMORY_SOURCE = sum(KINDS[:-1])  # the memory's first source
-WINDOW_SOURCE = sum(KINDS)  # the window's row 0: its guesses of the next W - 1 tokens
-CONTINUATION_SOURCE = WINDOW_SOURCE + 1  # + m: the text after an occurrence matching m more tokens
-MATCHED = 2  # the path's tokens before a node that an earlier occurrence's must match, at most
-SOURCES = CONTINUATION_SOURCE + MATCHED + 1
 
 
 @compiled
@@ -70,18 +56,4 @@ def step_drafts(
     return chains
 
 
-def kind_of(sources: np.ndarray) -> np.ndarray:
-    """The kind (an index of KINDS) of each draft source below WINDOW_SOURCE."""
-    return np.searchsorted(np.cumsum(KINDS), sources, side="right")
-
-
-__all__ = [
-    "CONTINUATION_SOURCE",
-    "KINDS",
-    "MATCHED",
-    "MEMORY_SOURCE",
-    "SOURCES",
-    "WINDOW_SOURCE",
-    "kind_of",
-    "step_drafts",
-]
+__all__ = ["step_drafts"]

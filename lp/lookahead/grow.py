@@ -26,7 +26,6 @@ import numpy as np
 from lp.errors import LPError
 from lp.jit import compiled
 from lp.lookahead.chains import Chains
-from lp.lookahead.drafts import CONTINUATION_SOURCE, MATCHED
 from lp.lookahead.growing_tree import (
     GrowingTree,
     add_node,
@@ -37,6 +36,7 @@ from lp.lookahead.growing_tree import (
     take,
     waits_first,
 )
+from lp.lookahead.sources import CONTINUATION_SOURCE, MATCHED
 from lp.lookahead.successors import NO_ROW, SuccessorTable, find_row, rates, successor
 from lp.lookahead.text import TextIndex
 

@@ -3,9 +3,15 @@ prompt tokens before it), indexed as a sequence's own text is (lp/lookahead/text
 decode's tree can draw on what earlier ones produced: the continuations of earlier occurrences of
 its own text's suffix. They are draft sources of their own, by the length of their match
 (`MEMORY_SOURCES`: 4 tokens or more, 3, 2), whose rates each sequence counts like every source's
-(lp/lookahead/rates.py), starting from what the earlier decodes counted (`hits`, `offered`: the
-memory learns how well it fits the requests it serves). Where it does not fit, its drafts lose
-their place in the best-first tree and cost nothing.
+(lp/lookahead/rates.py). Where it does not fit, its drafts lose their place in the best-first tree
+and cost nothing.
+
+The memory also keeps what the earlier decodes counted of every source's rates (`hits`, `offered`,
+by source and depth) and of their successor tables' ranks (`ranks`), and a new decode's counts
+start from them (`seed`) rather than from a blind prior: a source that is rarely right starts low,
+a text match that runs on starts high, so a fresh decode's first trees (and, in a batch, the step's
+budget across its sequences) rank nodes as the earlier decodes found them. A sequence's own counts
+soon outweigh them (SEED offers' worth at most).
 
 Bounded: `budget` tokens in two generations of half each; when the newer is full it becomes the
 older and the older is dropped, so the oldest texts age out whole (and the counts halve). Every rank feeds it the same
@@ -29,16 +35,18 @@ from lp.errors import LPError
 from lp.jit import State, compiled
 from lp.lookahead.chains import Chains, add, holds
 from lp.lookahead.rates import PRIOR_HITS, PRIOR_OFFERED, DraftRates
+from lp.lookahead.sources import MEMORY_SOURCES, SOURCES
+from lp.lookahead.successors import SuccessorTable
 from lp.lookahead.text import GRAMS, MAX_MATCH, MIN_MATCH, TextIndex, extend, find_gram, new_text_index, reserve
 
 DRAFT_MEMORY = 1 << 16  # tokens kept by default
 END = -1  # between two texts: no draft runs past it
 CONTEXT = MAX_MATCH  # prompt tokens kept before each output: the first output tokens' context
 VISITS = 64  # occurrences a step's walk visits at most per memory generation (common n-grams recur often)
-MEMORY_SOURCES = 3  # a draft's source by its match: 4 tokens or more, 3, 2
 DEPTHS = 64  # depths counted (deeper ones count as the last)
-SEED = 4.0  # the offers a new sequence's memory rates start from, at the rates the memory counted
-VERSION = 1  # of the saved file
+SEED = 4.0  # the offers a new sequence's rates start from at most, at the rates the memory counted
+RANKS = 64  # successor ranks counted (a table of more successors starts the ones after from no count)
+VERSION = 2  # of the saved file
 
 
 def check_budget(budget: object) -> None:
@@ -92,10 +100,16 @@ class DraftMemory(structref.StructRefProxy):
 
     @property
     def rates(self) -> np.ndarray:
-        """The acceptance rates the memory's drafts had in the decodes it learned from, `[source,
-        depth]` (its sources by match: 4 tokens or more, 3, 2)."""
-        hits, offered = _counts(self)
+        """The acceptance rates every draft source had in the decodes it learned from, `[source,
+        depth]` (lp/lookahead/sources.py), a blind 1/2 where they counted none."""
+        hits, offered, _ = _counts(self)
         return hits / offered
+
+    @property
+    def ranks(self) -> np.ndarray:
+        """`[2, RANKS]`: the decodes' committed tokens that were their predecessor's rank-r
+        successor, and those counted by a table with a rank r that were of rank r or more."""
+        return _counts(self)[2]
 
     @property
     def digest(self) -> int:
@@ -113,12 +127,14 @@ class DraftMemory(structref.StructRefProxy):
     def save(self, path: str | Path, identity: dict) -> None:
         """Write the texts and what they were learned from (`identity`: the model and tokenizer)."""
         older, newer = self.texts()
-        hits, offered = _counts(self)
+        hits, offered, ranks = _counts(self)
         meta = json.dumps({"version": VERSION, "budget": self.budget, "digest": self.digest, **identity})
         path = Path(path)
         partial = path.with_name(path.name + ".partial")  # a crash while writing leaves the old file whole
         with open(partial, "wb") as f:
-            np.savez_compressed(f, meta=np.asarray(meta), older=older, newer=newer, hits=hits, offered=offered)
+            np.savez_compressed(
+                f, meta=np.asarray(meta), older=older, newer=newer, hits=hits, offered=offered, ranks=ranks
+            )
         partial.replace(path)
 
     @classmethod
@@ -127,16 +143,20 @@ class DraftMemory(structref.StructRefProxy):
         LPError where the file is not a draft memory or was learned from another model or tokenizer."""
         try:
             with np.load(Path(path)) as f:
-                meta, older, newer = json.loads(str(f["meta"])), f["older"], f["newer"]
-                hits, offered = f["hits"], f["offered"]
-            if not isinstance(meta, dict) or older.dtype != np.int64 or newer.dtype != np.int64:
+                meta = json.loads(str(f["meta"]))
+                if not isinstance(meta, dict):
+                    raise ValueError("unexpected contents")
+                if meta.get("version") != VERSION:  # an older lp's file holds other arrays
+                    raise LPError(
+                        f"draft_memory_file={path}: version {meta.get('version')}, lp reads version {VERSION}"
+                    )
+                older, newer, hits, offered, ranks = (f[key] for key in ("older", "newer", "hits", "offered", "ranks"))
+            if older.dtype != np.int64 or newer.dtype != np.int64:
                 raise ValueError("unexpected contents")
-            if hits.shape != (MEMORY_SOURCES, DEPTHS) or offered.shape != hits.shape:
+            if hits.shape != (SOURCES, DEPTHS) or offered.shape != hits.shape or ranks.shape != (2, RANKS):
                 raise ValueError("unexpected counts")
         except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
             raise LPError(f"draft_memory_file={path}: not a draft memory ({e})") from None
-        if meta.get("version") != VERSION:
-            raise LPError(f"draft_memory_file={path}: version {meta.get('version')}, lp reads version {VERSION}")
         for key, value in identity.items():
             if meta.get(key) != value:
                 raise LPError(
@@ -151,11 +171,11 @@ class DraftMemory(structref.StructRefProxy):
         # the saved memory's digest (it counts texts aged out before the save), mixed with another budget's
         digest = int(meta.get("digest", 0))
         _set_digest(memory, digest if budget == meta.get("budget") else _mixed(digest, budget))
-        _set_counts(memory, hits.astype(np.float64), offered.astype(np.float64))
+        _set_counts(memory, hits.astype(np.float64), offered.astype(np.float64), ranks.astype(np.float64))
         return memory
 
 
-structref.define_proxy(DraftMemory, DraftMemoryType, ["texts_", "budget", "digest", "hits", "offered"])
+structref.define_proxy(DraftMemory, DraftMemoryType, ["texts_", "budget", "digest", "hits", "offered", "ranks"])
 
 
 @compiled
@@ -164,8 +184,10 @@ def new_memory(budget: int) -> DraftMemory:
     empty = np.zeros(0, np.int64)
     half = budget // 2
     texts = (new_text_index(empty, budget > 0, False, half, 0), new_text_index(empty, budget > 0, False, half, 0))
-    counts = np.full((MEMORY_SOURCES, DEPTHS), PRIOR_HITS), np.full((MEMORY_SOURCES, DEPTHS), PRIOR_OFFERED)
-    return DraftMemory(texts, budget, _mixed(0, budget), *counts)  # ranks of other budgets differ at once
+    counts = np.full((SOURCES, DEPTHS), PRIOR_HITS), np.full((SOURCES, DEPTHS), PRIOR_OFFERED)
+    return DraftMemory(
+        texts, budget, _mixed(0, budget), *counts, np.zeros((2, RANKS))
+    )  # ranks of other budgets differ at once
 
 
 @compiled
@@ -185,6 +207,7 @@ def add_text(m: DraftMemory, tokens: np.ndarray) -> None:
         m.texts_ = (older, newer)
         m.hits *= 0.5  # the counts age with the texts
         m.offered *= 0.5
+        m.ranks *= 0.5
     reserve(newer, len(text) + 1)
     extend(newer, text)
     extend(newer, np.full(1, END, np.int64))
@@ -254,32 +277,51 @@ def match_source(L: int) -> int:
 
 
 @compiled
-def seed(m: DraftMemory, rates: DraftRates, first: int, depth: int) -> np.ndarray:
-    """Start a new sequence's rates of the memory's sources (`first`.., at `depth` depths) at the
-    rates the memory counted, worth SEED offers each; what was written (its hits and offers, `[2,
-    MEMORY_SOURCES, depth]`), which `learn` takes back out."""
-    written = np.empty((2, MEMORY_SOURCES, depth))
+def seed(m: DraftMemory, rates: DraftRates, table: SuccessorTable) -> tuple[np.ndarray, np.ndarray]:
+    """Start a new sequence's counts where the earlier decodes' left them: each source's rate at
+    each depth at the rate the memory counted, worth what the memory counted of it, SEED offers at
+    most (an empty memory's: the blind prior, 1 hit in 2 offers); the successor table's rank counts
+    in the shares the memory counted, worth the table's own prior (one count a rank and one for
+    none, which an empty memory's shares give). What was written, which `learn` takes back out."""
+    sources, depth = rates.chances.shape
     chances = rates.chances.reshape(-1)
-    for r in range(MEMORY_SOURCES):
+    for s in range(min(sources, SOURCES)):
         for d in range(depth):
             c = min(d, DEPTHS - 1)
-            rate = m.hits[r, c] / m.offered[r, c]
-            label = (first + r) * depth + d
-            rates.hits[label], rates.offered[label], chances[label] = SEED * rate, SEED, rate
-            written[0, r, d], written[1, r, d] = SEED * rate, SEED
-    return written
+            weight = min(m.offered[s, c], SEED)
+            label = s * depth + d
+            chances[label] = m.hits[s, c] / m.offered[s, c]
+            rates.hits[label], rates.offered[label] = weight * chances[label], weight
+    k = table.k
+    if 0 < k <= RANKS:  # the chance of rank r where no lower rank was right, its prior uniform
+        left = 1.0
+        for r in range(k):
+            c = (m.ranks[0, r] + 1.0) / (m.ranks[1, r] + k + 1.0 - r)
+            table.hits[r] = (k + 1.0) * left * c
+            left *= 1.0 - c
+        table.hits[k] = (k + 1.0) * left
+    return np.stack((rates.hits.copy(), rates.offered.copy())), table.hits.copy()
 
 
 @compiled
-def learn(m: DraftMemory, rates: DraftRates, first: int, depth: int, written: np.ndarray) -> None:
-    """Add a finished sequence's counts of the memory's sources (less what `seed` wrote) to the
-    memory's."""
-    for r in range(MEMORY_SOURCES):
+def learn(m: DraftMemory, rates: DraftRates, table: SuccessorTable, written: tuple[np.ndarray, np.ndarray]) -> None:
+    """Add a finished sequence's counts (less what `seed` wrote) to the memory's."""
+    sources, depth = rates.chances.shape
+    counts, ranks = written
+    for s in range(min(sources, SOURCES)):
         for d in range(depth):
-            label = (first + r) * depth + d
-            c = min(d, DEPTHS - 1)
-            m.hits[r, c] += rates.hits[label] - written[0, r, d]
-            m.offered[r, c] += rates.offered[label] - written[1, r, d]
+            label, c = s * depth + d, min(d, DEPTHS - 1)
+            m.hits[s, c] += rates.hits[label] - counts[0, label]
+            m.offered[s, c] += rates.offered[label] - counts[1, label]
+    k = table.k
+    if 0 < k <= RANKS:
+        reached = 0.0  # tokens counted whose rank was r or more
+        for r in range(k + 1):
+            reached += table.hits[r] - ranks[r]
+        for r in range(k):
+            m.ranks[0, r] += table.hits[r] - ranks[r]
+            m.ranks[1, r] += reached
+            reached -= table.hits[r] - ranks[r]
 
 
 @compiled
@@ -289,6 +331,7 @@ def _clear(m: DraftMemory) -> None:
     m.digest = empty.digest
     m.hits[:] = empty.hits
     m.offered[:] = empty.offered
+    m.ranks[:] = empty.ranks
 
 
 @compiled
@@ -302,14 +345,15 @@ def _set_digest(m: DraftMemory, value: int) -> None:
 
 
 @compiled
-def _counts(m: DraftMemory) -> tuple[np.ndarray, np.ndarray]:
-    return m.hits.copy(), m.offered.copy()
+def _counts(m: DraftMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return m.hits.copy(), m.offered.copy(), m.ranks.copy()
 
 
 @compiled
-def _set_counts(m: DraftMemory, hits: np.ndarray, offered: np.ndarray) -> None:
+def _set_counts(m: DraftMemory, hits: np.ndarray, offered: np.ndarray, ranks: np.ndarray) -> None:
     m.hits[:] = hits
     m.offered[:] = offered
+    m.ranks[:] = ranks
 
 
 @compiled
@@ -324,7 +368,7 @@ def _digest(m: DraftMemory) -> int:
 
 @compiled
 def _nbytes(m: DraftMemory) -> int:
-    total = m.hits.nbytes + m.offered.nbytes
+    total = m.hits.nbytes + m.offered.nbytes + m.ranks.nbytes
     for mem in m.texts_:
         total += mem.seq.nbytes + mem.grams.nbytes + mem.head.nbytes + mem.table.nbytes + mem.latest.nbytes
         total += mem.earlier.nbytes
@@ -364,7 +408,6 @@ __all__ = [
     "CONTEXT",
     "DRAFT_MEMORY",
     "END",
-    "MEMORY_SOURCES",
     "DraftMemory",
     "check_budget",
     "identity",

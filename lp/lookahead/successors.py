@@ -15,7 +15,8 @@ lookups read first (`stage`), and written once the next forward is queued (`appl
 Fields: `table[t]` token t's row (-1: never seen), `pairs[p]` pair row p, found by its key
 (`pair_key`) in the open-addressing hash `index` of (key, p); `hits[r]`: committed tokens that were
 their predecessor's rank-r successor, `hits[k]`: none of them (one pseudo-count each, so the first
-steps spread drafts evenly over the ranks); the staged rows `staged` (input token, successors),
+steps spread drafts evenly over the ranks; a draft memory shares them out as earlier decodes
+counted); the staged rows `staged` (input token, successors),
 their pair keys `staged_keys` (the last rows'; `staged_first`: row 0's, -1: none) and the hash
 `stage` of (key, row of `staged`): pair keys, and STAGED_TOKEN | token for the token rows."""
 
@@ -103,7 +104,7 @@ def new_table(k: int, vocab: int, pairs: int) -> SuccessorTable:
         np.zeros((pairs, k), np.int32),
         np.full((1 << bit_length(2 * pairs), 2), -1, np.int64),
         0,
-        np.ones(k + 1, np.int64),
+        np.ones(k + 1, np.float64),
         np.full((STAGE_SLOTS, 2), -1, np.int64),
         np.zeros((0, 1 + k), np.int64),
         np.zeros(0, np.int64),
