@@ -62,8 +62,9 @@ class DecodeConfig:
     the one whose tokens before it match the node's path longest, up to this many tokens (at most
     the longest draft), sources with their own counted rates (0: off; text drafts only).
     `memory`: draw on the draft memory of earlier decodes (lp/lookahead/memory.py; LP's
-    `draft_memory`), `text_drafts` of its drafts a step as a source of its own, and teach it this
-    decode's text when it ends (false: neither)."""
+    `draft_memory`), `text_drafts` of its drafts a step as a source of its own, start the sources'
+    rates from what it counted, and teach it this decode's text and counts when it ends (false:
+    none of these)."""
 
     W: int = 5
     N: int = 3

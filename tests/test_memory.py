@@ -232,6 +232,12 @@ def test_the_memory_learns_its_rates_across_decodes():
     assert later.chances[MEMORY_SOURCE + 2, 0] == pytest.approx(1 / 5) and later.chances[0, 1] == pytest.approx(4 / 5)
     assert later.offered[(MEMORY_SOURCE + 2) * depth] == SEED > 5 - PRIOR_OFFERED  # at most SEED offers
     assert later.offered[MEMORY_SOURCE * depth] == PRIOR_OFFERED  # a source never counted: the blind prior
+    for _ in range(12):  # texts that age the counts out, twice and more: the prior does not age
+        memory.add([], list(range(30)))
+    aged = DraftRates(SOURCES, depth)
+    seed(memory, aged, SuccessorTable(2, 16))
+    assert aged.offered[MEMORY_SOURCE * depth] == PRIOR_OFFERED and aged.hits[MEMORY_SOURCE * depth] == 1
+    assert 1 / 5 < aged.chances[MEMORY_SOURCE + 2, 0] < 1 / 2  # the counts halved, not the prior
 
 
 def _table_counting(ranks: list[int], k: int = 2) -> SuccessorTable:
@@ -251,9 +257,10 @@ def test_a_new_table_starts_from_the_ranks_the_memory_counted():
     from lp.lookahead.sources import SOURCES
 
     memory, rates = DraftMemory(100), DraftRates(SOURCES, 2)
-    fresh = SuccessorTable(2, 16)
+    fresh, wide = SuccessorTable(2, 16), SuccessorTable(8, 16)
     written = seed(memory, rates, fresh)
-    assert np.allclose(fresh.hits, [1, 1, 1])  # an empty memory: the table's own prior
+    seed(memory, rates, wide)
+    assert fresh.hits.tolist() == [1] * 3 and wide.hits.tolist() == [1] * 9  # an empty memory: the table's own prior
     table = _table_counting([0] * 6 + [1] * 2 + [2] * 1)
     learn(memory, rates, table, (written[0], np.ones(3)))
     assert np.array_equal(memory.ranks[:, :2], [[6, 2], [9, 3]])
@@ -293,5 +300,24 @@ def test_a_file_of_another_version_is_refused(tmp_path):
     arrays["meta"] = np.asarray(json.dumps({**meta, "version": meta["version"] - 1}))
     with open(tmp_path / "old", "wb") as f:
         np.savez_compressed(f, **arrays)
-    with pytest.raises(LPError, match="version 1, lp reads version 2"):
+    with pytest.raises(LPError, match="^draft_memory_file=.*: version 1, lp reads version 2$"):
         DraftMemory.load(tmp_path / "old", 100, me)
+
+
+def test_ranks_check_the_counts_as_well_as_the_texts():
+    """Two memories of the same texts but other counts (files learned apart) would draw other trees
+    on the ranks: their fingerprints differ; memories fed alike match."""
+    from lp.lookahead.memory import learn, seed
+    from lp.lookahead.rates import DraftRates
+    from lp.lookahead.sources import SOURCES
+
+    a, b, c = DraftMemory(100), DraftMemory(100), DraftMemory(100)
+    for m in (a, b, c):
+        m.add([1, 2], [3, 4, 5])
+    assert a.digest == b.digest == c.digest and a.fingerprint == b.fingerprint == c.fingerprint
+    for m in (a, b):
+        rates = DraftRates(SOURCES, 2)
+        written = seed(m, rates, SuccessorTable(2, 16))
+        rates.observe(np.array([9]), np.array([-1]), np.array([0]), [9])
+        learn(m, rates, SuccessorTable(2, 16), written)
+    assert a.digest == c.digest and a.fingerprint == b.fingerprint != c.fingerprint

@@ -280,7 +280,7 @@ class Batch:
         """Refuse to decode unless every rank got the same prompt and settings and holds the same
         draft memory (one all-gather per sequence, so a mismatch is an error rather than a garbled
         or hung step)."""
-        remembered = self.memory.digest if self.memory is not None else 0
+        remembered = self.memory.fingerprint if self.memory is not None else 0
         mine = torch.tensor(
             [fingerprint(request.cfg), fingerprint(request.prompt), remembered, self.comm.world_size],
             dtype=torch.long,

@@ -173,8 +173,8 @@ class Drafter:
 
 def warm_up() -> None:
     """Compile the drafter's calls, or load them from numba's cache, on two steps of tiny decodes
-    (with successors, continuations and a draft memory, and with one chain per draft over two
-    ranks), so that no decode compiles in its first steps (tens of seconds on a fresh install,
+    (with successors, continuations and a draft memory they then teach, and with one chain per
+    draft over two ranks), so that no decode compiles in its first steps (tens of seconds on a fresh install,
     once per process)."""
     shared, unshared = (
         DecodeConfig(W=2, N=3, G=2, successors=2, continuation_len=2),
@@ -190,6 +190,7 @@ def warm_up() -> None:
             drafter.before_read(rehearse)
             tokens, _ = drafter.after_read(gathered, step, 3, np.zeros(0, np.int64))
             step = drafter.next_step(tokens)
+        drafter.teach([1, 2, 1, 2, 1], tokens)
     merge(gathered, step.plans, unshared.max_commit, unshared.successors_sent)
 
 

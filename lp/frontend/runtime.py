@@ -412,7 +412,7 @@ class LP:
         """Refuse to start unless every rank holds the same draft memory (each loaded its own file;
         `failed`: this rank's error reading it, raised on it, and one line on the others)."""
         if self.comm.world_size > 1:
-            mine = torch.tensor([failed is not None, self.memory.digest], device=self.comm.device)
+            mine = torch.tensor([failed is not None, self.memory.fingerprint], device=self.comm.device)
             seen = self.comm.all_gather(mine).cpu().view(-1, 2)
             if failed is None and seen[:, 0].any():
                 bad = seen[:, 0].nonzero().view(-1).tolist()

@@ -16,7 +16,8 @@ soon outweigh them (SEED offers' worth at most).
 Bounded: `budget` tokens in two generations of half each; when the newer is full it becomes the
 older and the older is dropped, so the oldest texts age out whole (and the counts halve). Every rank feeds it the same
 texts in the same order (a batch's sequences as they end, between steps: one writer), so every
-rank's drafts stay alike; `digest`, a running hash of every text fed, lets the ranks check it.
+rank's drafts stay alike; `fingerprint` (a running hash of every text fed, `digest`, and a hash of the
+counts) lets the ranks check it.
 Saved to a file and loaded with the model and tokenizer it was learned from named (`identity`): a
 file learned from another model is refused."""
 
@@ -45,7 +46,7 @@ CONTEXT = MAX_MATCH  # prompt tokens kept before each output: the first output t
 VISITS = 64  # occurrences a step's walk visits at most per memory generation (common n-grams recur often)
 DEPTHS = 64  # depths counted (deeper ones count as the last)
 SEED = 4.0  # the offers a new sequence's rates start from at most, at the rates the memory counted
-RANKS = 64  # successor ranks counted (a table of more successors starts the ones after from no count)
+RANKS = 64  # successor ranks counted (a table of more successors starts from its own prior, teaching none)
 VERSION = 2  # of the saved file
 
 
@@ -103,13 +104,21 @@ class DraftMemory(structref.StructRefProxy):
         """The acceptance rates every draft source had in the decodes it learned from, `[source,
         depth]` (lp/lookahead/sources.py), a blind 1/2 where they counted none."""
         hits, offered, _ = _counts(self)
-        return hits / offered
+        return (hits + PRIOR_HITS) / (offered + PRIOR_OFFERED)
 
     @property
     def ranks(self) -> np.ndarray:
         """`[2, RANKS]`: the decodes' committed tokens that were their predecessor's rank-r
         successor, and those counted by a table with a rank r that were of rank r or more."""
         return _counts(self)[2]
+
+    @property
+    def fingerprint(self) -> int:
+        """The digest mixed with a hash of the counts: equal on ranks that hold the same memory (two
+        files of the same texts may hold other counts, which would draw other trees)."""
+        hits, offered, ranks = _counts(self)
+        h = hashlib.sha256(np.int64(self.digest).tobytes() + hits.tobytes() + offered.tobytes() + ranks.tobytes())
+        return int.from_bytes(h.digest()[:8], "little", signed=True)
 
     @property
     def digest(self) -> int:
@@ -155,6 +164,8 @@ class DraftMemory(structref.StructRefProxy):
                 raise ValueError("unexpected contents")
             if hits.shape != (SOURCES, DEPTHS) or offered.shape != hits.shape or ranks.shape != (2, RANKS):
                 raise ValueError("unexpected counts")
+        except LPError:
+            raise
         except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
             raise LPError(f"draft_memory_file={path}: not a draft memory ({e})") from None
         for key, value in identity.items():
@@ -184,7 +195,7 @@ def new_memory(budget: int) -> DraftMemory:
     empty = np.zeros(0, np.int64)
     half = budget // 2
     texts = (new_text_index(empty, budget > 0, False, half, 0), new_text_index(empty, budget > 0, False, half, 0))
-    counts = np.full((SOURCES, DEPTHS), PRIOR_HITS), np.full((SOURCES, DEPTHS), PRIOR_OFFERED)
+    counts = np.zeros((SOURCES, DEPTHS)), np.zeros((SOURCES, DEPTHS))  # learned: the prior is added where read
     return DraftMemory(
         texts, budget, _mixed(0, budget), *counts, np.zeros((2, RANKS))
     )  # ranks of other budgets differ at once
@@ -279,21 +290,22 @@ def match_source(L: int) -> int:
 @compiled
 def seed(m: DraftMemory, rates: DraftRates, table: SuccessorTable) -> tuple[np.ndarray, np.ndarray]:
     """Start a new sequence's counts where the earlier decodes' left them: each source's rate at
-    each depth at the rate the memory counted, worth what the memory counted of it, SEED offers at
-    most (an empty memory's: the blind prior, 1 hit in 2 offers); the successor table's rank counts
-    in the shares the memory counted, worth the table's own prior (one count a rank and one for
-    none, which an empty memory's shares give). What was written, which `learn` takes back out."""
+    each depth at the rate the memory counted on top of the blind prior (1 hit in 2 offers), worth
+    as many offers, SEED at most (where it counted none: the blind prior itself); the successor
+    table's rank counts in the shares the memory counted, worth the table's own prior (one count a
+    rank and one for none: left as they are where it counted none). What was written, which
+    `learn` takes back out."""
     sources, depth = rates.chances.shape
     chances = rates.chances.reshape(-1)
     for s in range(min(sources, SOURCES)):
         for d in range(depth):
             c = min(d, DEPTHS - 1)
-            weight = min(m.offered[s, c], SEED)
+            weight = min(m.offered[s, c] + PRIOR_OFFERED, SEED)
             label = s * depth + d
-            chances[label] = m.hits[s, c] / m.offered[s, c]
+            chances[label] = (m.hits[s, c] + PRIOR_HITS) / (m.offered[s, c] + PRIOR_OFFERED)
             rates.hits[label], rates.offered[label] = weight * chances[label], weight
     k = table.k
-    if 0 < k <= RANKS:  # the chance of rank r where no lower rank was right, its prior uniform
+    if 0 < k <= RANKS and m.ranks[1, 0] > 0:  # rank r's chance where no lower rank was right, prior uniform
         left = 1.0
         for r in range(k):
             c = (m.ranks[0, r] + 1.0) / (m.ranks[1, r] + k + 1.0 - r)
