@@ -16,7 +16,8 @@ requests of the same kinds of text, none of them measured (`warm_memory`):
   * `repeat`: the Spec-Bench prompts, then each of them again (retried and popular questions): S
     counted on the second pass.
 Each prompt is decoded twice in a row at the shape: `memory=false` (neither drawing on the memory
-nor teaching it) and `memory=true` (drawing on every earlier prompt's text, then adding its own).
+nor teaching it) and `memory=true` (drawing on every earlier prompt's text and starting from their
+counts of the sources' rates, then adding its own).
 Both outputs must equal transformers' greedy `generate` (cached in OUT/references.json). S is the
 committed tokens over the steps, pooled over the workload's prompts; per prompt, the ratio of
 the two steps counts (deterministic at a fixed shape: S does not depend on the machine's speed;
