@@ -174,8 +174,8 @@ class Drafter:
 def warm_up() -> None:
     """Compile the drafter's calls, or load them from numba's cache, on two steps of tiny decodes
     (with successors, continuations and a draft memory they then teach, and with one chain per
-    draft over two ranks), so that no decode compiles in its first steps (tens of seconds on a fresh install,
-    once per process)."""
+    draft over two ranks), so that no decode compiles in its first steps (tens of seconds on a
+    fresh install, once per process)."""
     shared, unshared = (
         DecodeConfig(W=2, N=3, G=2, successors=2, continuation_len=2),
         DecodeConfig(W=2, N=3, G=2, tree=False),

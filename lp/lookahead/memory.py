@@ -14,12 +14,12 @@ budget across its sequences) rank nodes as the earlier decodes found them. A seq
 soon outweigh them (SEED offers' worth at most).
 
 Bounded: `budget` tokens in two generations of half each; when the newer is full it becomes the
-older and the older is dropped, so the oldest texts age out whole (and the counts halve). Every rank feeds it the same
-texts in the same order (a batch's sequences as they end, between steps: one writer), so every
-rank's drafts stay alike; `fingerprint` (a running hash of every text fed, `digest`, and a hash of the
-counts) lets the ranks check it.
-Saved to a file and loaded with the model and tokenizer it was learned from named (`identity`): a
-file learned from another model is refused."""
+older and the older is dropped, so the oldest texts age out whole (and the counts halve). Every
+rank feeds it the same texts and counts in the same order (a batch's sequences as they end, between
+steps: one writer), so every rank's drafts stay alike; `fingerprint` (`digest`, a running hash of
+every text fed, mixed with a hash of the counts) lets the ranks check it. Saved to a file and
+loaded with the model and tokenizer it was learned from named (`identity`): a file learned from
+another model is refused."""
 
 from __future__ import annotations
 

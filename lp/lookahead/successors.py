@@ -16,9 +16,9 @@ Fields: `table[t]` token t's row (-1: never seen), `pairs[p]` pair row p, found 
 (`pair_key`) in the open-addressing hash `index` of (key, p); `hits[r]`: committed tokens that were
 their predecessor's rank-r successor, `hits[k]`: none of them (one pseudo-count each, so the first
 steps spread drafts evenly over the ranks; a draft memory shares them out as earlier decodes
-counted); the staged rows `staged` (input token, successors),
-their pair keys `staged_keys` (the last rows'; `staged_first`: row 0's, -1: none) and the hash
-`stage` of (key, row of `staged`): pair keys, and STAGED_TOKEN | token for the token rows."""
+counted); the staged rows `staged` (input token, successors), their pair keys `staged_keys` (the
+last rows'; `staged_first`: row 0's, -1: none) and the hash `stage` of (key, row of `staged`): pair
+keys, and STAGED_TOKEN | token for the token rows."""
 
 from __future__ import annotations
 
