@@ -8,6 +8,7 @@ from helpers import make_prompt
 from lp.collective import Collective
 from lp.decode.budget import Budget
 from lp.decode.loop import Decoder
+from lp.lookahead.memory import DraftMemory
 from lp.worker import Worker
 from tools.budget import decode, tokens_committed
 
@@ -34,3 +35,28 @@ def test_the_running_split_on_the_same_trees_is_what_its_steps_committed(tiny_mo
     steps = [s for s in run["steps"] if "same_trees" in s]
     assert any(s["committed"] > s["sequences"] for s in steps)  # drafts were accepted
     assert sum(s["same_trees"]["shared"] for s in steps) == sum(s["committed"] for s in steps)
+
+
+def test_every_decode_starts_from_the_saved_memory(tiny_models, tmp_path):
+    # a memory taught by other prompts, saved; each decode loads it, so what one decode teaches the
+    # memory does not reach the next (each policy's run starts where the others' did)
+    decoder = Decoder(Worker(tiny_models["llama"]), Collective(), set(), 512, memory=DraftMemory(4096))
+
+    def load_memory(path):
+        decoder.memory = DraftMemory.load(path, 4096, {})
+
+    lm = SimpleNamespace(decoder=decoder, load_memory=load_memory)
+    prompts = [make_prompt(2, 20, 3), make_prompt(3, 30, 2), make_prompt(4, 12, 4)]
+    decode(lm, [make_prompt(5, 24, 3), make_prompt(6, 16, 2)], 2, Budget("none"), 24, 23)
+    path = tmp_path / "warm.lp"
+    decoder.memory.save(path, {})
+
+    def committed(run):
+        return [s["committed"] for s in run["steps"]]
+
+    shared = Budget("shared", step_tokens=24)
+    first = decode(lm, prompts, 2, shared, 24, 23, memory=path)
+    again = decode(lm, prompts, 2, shared, 24, 23, memory=path)
+    taught = decode(lm, prompts, 2, shared, 24, 23)  # from the memory `again` left: it knows these outputs
+    assert committed(again) == committed(first)
+    assert sum(committed(taught)) == sum(committed(first)) and len(taught["steps"]) < len(first["steps"])

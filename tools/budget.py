@@ -2,7 +2,7 @@
 does not matter: the tokens a step commits, over the sequences decoding together.
 
     python -m tools.budget [--sizes 64,128,256] [--sequences 1,4,8,16] [--prompts 16]
-        [--max-new-tokens 128] [--out results/budget]
+        [--max-new-tokens 128] [--warm 0] [--out results/budget]
 
 Spec-Bench prompts (SmolLM2-135M, chat, greedy) decode B at a time, each joining as another ends,
 every sequence with the same windowless shape (W1 N2 G15, text drafts of up to 14 tokens, lone
@@ -13,8 +13,12 @@ tree nodes. At a fixed step size T the nodes go
   * `none`: to no one (plain batched decoding).
 The figure is the tokens a step commits in all, over the steps where B sequences decode (the tail
 where fewer are left is left out), and per sequence; every output is checked against plain
-decoding's (each sequence's greedy output does not depend on the budget). Each policy's decode
-follows its own course: what its steps verify teaches its sources, so its later trees differ.
+decoding's (each sequence's greedy output does not depend on the budget). With `--warm N`, every
+decode starts from the draft memory of a server that has answered N other Spec-Bench prompts
+(tools.memory's `warm_memory`; saved to OUT/warm_memory.lp and loaded before each decode): its
+sources' rates start from the rates those decodes counted, not from a blind prior, and its text
+drafts from their outputs too (without it, the LP holds no memory). Each policy's decode follows
+its own course: what its steps verify teaches its sources, so its later trees differ.
 Beside it, the two splits on the same trees: at each step of each decode, the tokens the shared
 and the even split of that step's grown trees would commit, read off the greedy output (a node is
 accepted where it and its ancestors are the output's next tokens; the running split's figure is
@@ -42,6 +46,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -52,6 +57,7 @@ from lp.decode.budget import Budget
 from lp.decode.loop import Request
 from lp.decode.phases import DraftState
 from lp.engine.kernel_choice import cpu_name
+from tools.memory import warm_memory, warm_prompts
 from tools.pricing import COSTS, bucket_costs
 
 SHAPE = dict(W=1, N=2, G=15, lone_matches=True, draft_len=14)
@@ -105,14 +111,24 @@ class Noting(Budget):
 
 
 def decode(
-    lm, prompts: list[list[int]], B: int, budget: Budget, max_new: int, tree: int, outputs: list | None = None
+    lm,
+    prompts: list[list[int]],
+    B: int,
+    budget: Budget,
+    max_new: int,
+    tree: int,
+    outputs: list | None = None,
+    memory: Path | None = None,
 ) -> dict:
-    """The prompts decoded B at a time under `budget`, each sequence's tree of at most `tree` nodes:
-    per step, the sequences that decoded in it, the tokens they committed and fed, its seconds and
-    whether it prefilled a prompt chunk too, and given the greedy `outputs`, what the shared and the
-    even split of its trees would commit (the running split's checked against the step's); every
-    output."""
+    """The prompts decoded B at a time under `budget`, each sequence's tree of at most `tree` nodes,
+    from the draft memory saved at `memory` (None: the LP's as it is): per step, the sequences that
+    decoded in it, the tokens they committed and fed, its seconds and whether it prefilled a prompt
+    chunk too, and given the greedy `outputs`, what the shared and the even split of its trees would
+    commit (the running split's checked against the step's); every output."""
     from lp.config import DecodeConfig
+
+    if memory is not None:  # what this decode teaches the memory must not reach the next one
+        lm.load_memory(memory)
 
     cfg = DecodeConfig(**SHAPE, tree_tokens=tree, max_new_tokens=max_new)
     budget = Noting(**{f.name: getattr(budget, f.name) for f in fields(Budget)}, outputs=outputs)
@@ -181,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sequences", default="1,4,8,16")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--warm", type=int, default=0, help="other prompts that taught the draft memory (0: no memory)")
     ap.add_argument("--costs", type=Path, default=COSTS, help="a tools.steps run on a GPU (the projection's)")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out", type=Path, default=Path("results/budget"))
@@ -190,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = [int(x) for x in args.sizes.split(",")]
     counts = [int(x) for x in args.sequences.split(",")]
-    lm = LP(args.model, draft_memory=0)  # the budgets' S, not the memory's
-    prompts = [lm.encode(p.text, chat=True) for p in load("spec_bench", limit=args.prompts)]
+    lm = LP(args.model, **({} if args.warm else {"draft_memory": 0}))
+    measured = load("spec_bench", limit=args.prompts)
+    prompts = [lm.encode(p.text, chat=True) for p in measured]
+    args.out.mkdir(parents=True, exist_ok=True)
+    warm = args.out / "warm_memory.lp" if args.warm else None
     gpu, about = bucket_costs(args.costs)
     cpu = lm.calibrate()
     doc: dict = {
@@ -207,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         "fixed": [],
         "auto": [],
     }
+    if warm is not None:
+        per_group = max(Counter(p.category for p in measured).values())
+        doc["warm"] = warm_memory(lm, warm_prompts(args.warm, per_group, 0), args.max_new_tokens, warm)
     reference = None
 
     def same(run: dict) -> bool:
@@ -226,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     budget = Budget(policy, step_tokens=T)
                     outputs = None if policy == "none" else reference  # the splits' figures: none to split
-                    run = decode(lm, prompts, B, budget, args.max_new_tokens, T - 1, outputs)
+                    run = decode(lm, prompts, B, budget, args.max_new_tokens, T - 1, outputs, warm)
                     row[policy] = full(run, B) | {"identical": same(run)}
                     if policy == "none":
                         plain[B] = row[policy]
@@ -240,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             ("auto_cpu", Budget("auto", cost=lambda: cpu)),
             ("auto_gpu", Budget("auto", cost=lambda: gpu)),
         ):
-            run = decode(lm, prompts, B, budget, args.max_new_tokens, 255)
+            run = decode(lm, prompts, B, budget, args.max_new_tokens, 255, memory=warm)
             row[name] = full(run, B) | {
                 "identical": same(run),
                 "cpu_tokens_per_s": rate(run, lambda s: s["seconds"]),
@@ -248,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(f"budget: B={B} {name}: {row[name]}", file=sys.stderr, flush=True)
         doc["auto"].append(row)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "budget.json").write_text(json.dumps(doc, indent=1) + "\n")
     (args.out / "budget.md").write_text(markdown(doc))
     plot(doc, args.out / "budget.png")
@@ -271,6 +293,14 @@ def markdown(doc: dict) -> str:
         "matches, 8 successors: a step spends beyond its pending tokens on tree nodes only",
         "- figures over the steps where B sequences decode; every output identical to plain decoding's "
         f"({'yes' if all(p['identical'] for r in doc['fixed'] for p in r.values() if isinstance(p, dict)) else 'NO'})",
+        *(
+            [
+                f"- every decode starts from the draft memory of {w['requests']} other Spec-Bench prompts' decodes "
+                f"({w['tokens']} tokens, `{w['file']}`): its rates from their counts, text drafts from their outputs"
+            ]
+            if (w := doc.get("warm"))
+            else ["- no draft memory: every sequence's rates start from the blind prior"]
+        ),
         "",
         "## At a fixed step size: tokens a step commits (per sequence)",
         "",
@@ -333,7 +363,8 @@ def plot(doc: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     (axes if len(sizes) == 1 else axes[0]).set_ylabel("tokens committed per step")
     (axes if len(sizes) == 1 else axes[0]).legend()
-    fig.suptitle(f"{doc['model']}, {doc['prompts']} Spec-Bench prompts: the step's nodes shared best first")
+    warm = f", a memory of {doc['warm']['requests']} other prompts" if doc.get("warm") else ""
+    fig.suptitle(f"{doc['model']}, {doc['prompts']} Spec-Bench prompts{warm}: the step's nodes shared best first")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

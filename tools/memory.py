@@ -118,23 +118,30 @@ class Run:
         return {"without": without, "with": with_, "identical": same, "prompt_ids": ids}
 
 
+def progress(items, desc: str, total: int | None = None):
+    """`items` with a progress bar on stderr (long runs: a line every 10 s at most)."""
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, total=total, file=sys.stderr, mininterval=10, ncols=100)
+
+
 def warm_prompts(n: int, measured: int, mt: int) -> list[str]:
     """`n` Spec-Bench prompts that no workload measures: each group's past its first `measured` (the
     `spec` workload's), MT-Bench's past its first `mt` too (the `mt2` conversations'), round robin
     over the groups."""
-    from lp.bench.datasets import load
+    from lp.bench.datasets import load, round_robin
 
     groups: dict[str, list[str]] = {}
     for p in load("spec_bench"):
         groups.setdefault(p.category, []).append(p.text)
-    rest = [texts[max(measured, mt) if group == "mt_bench" else measured :] for group, texts in groups.items()]
-    order = [texts[i] for i in range(max(map(len, rest))) for texts in rest if i < len(texts)]
+    skip = {group: max(measured, mt) if group == "mt_bench" else measured for group in groups}
+    order = round_robin(texts[skip[group] :] for group, texts in groups.items())
     if len(order) < n:
         raise SystemExit(f"--warm {n}: Spec-Bench has {len(order)} prompts that no workload measures")
     return order[:n]
 
 
-def warm_memory(lm, prompts: list[str], max_new: int, path: Path, progress) -> dict:
+def warm_memory(lm, prompts: list[str], max_new: int, path: Path) -> dict:
     """The draft memory of a server that has answered `prompts` (chat, greedy, `max_new` tokens,
     WARM_BATCH at a time at `W=auto`), saved to `path`; a memory saved there before is reused (the
     same model's: `load_memory` refuses another's; delete it to warm with other requests). Each
@@ -151,7 +158,7 @@ def warm_memory(lm, prompts: list[str], max_new: int, path: Path, progress) -> d
     return {"requests": len(prompts), "tokens": lm.memory.tokens, "file": path.name}
 
 
-def workload(run: Run, name: str, items: list, settings: dict, progress, warm: Path | None = None) -> list[dict]:
+def workload(run: Run, name: str, items: list, settings: dict, warm: Path | None = None) -> list[dict]:
     """A workload's prompts in order, each a pair (mt2: its first turn decoded with the memory first;
     repeat: every prompt decoded with it once before), from an empty memory or the `warm` one."""
     lm = run.lm
@@ -255,14 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out", type=Path, default=Path("results/memory"))
     args = ap.parse_args(argv)
-    from tqdm import tqdm
-
     from lp import LP
     from lp.bench.datasets import load
     from lp.bench.references import References
-
-    def progress(items, desc, total=None):
-        return tqdm(items, desc=desc, total=total, file=sys.stderr, mininterval=10, ncols=100)
 
     args.out.mkdir(parents=True, exist_ok=True)
     lm = LP(args.model, draft_memory=args.budget)
@@ -287,12 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm:
         warm = args.out / "warm_memory.lp"
         prompts = warm_prompts(args.warm, args.spec // 6, args.mt)
-        doc["warm"] = warm_memory(lm, prompts, args.max_new_tokens, warm, progress)
+        doc["warm"] = warm_memory(lm, prompts, args.max_new_tokens, warm)
     texts: list[tuple[list[int], list[int]]] = []
     for shape in args.shapes.split(","):
         settings = parse_lookahead(shape)  # a lp.bench config name (W3N3G15-L128-D14), or auto
         for name in args.workloads.split(","):
-            rows = workload(run, name, items[name], settings, progress, warm)
+            rows = workload(run, name, items[name], settings, warm)
             texts += [(r["prompt_ids"], r["with"]["output_ids"]) for r in rows]
             entry = {"shape": shape, "workload": name, **summary(rows)}
             entry["prompts_detail"] = [

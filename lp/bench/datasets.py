@@ -20,8 +20,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from lp.errors import LPError
 from lp.frontend.prompts import read_jsonl
@@ -188,6 +190,15 @@ def dataset_path(name: str, path: str | Path | None = None) -> Path:
     raise LPError(f"dataset '{name}' needs prompts=FILE.jsonl")
 
 
+T = TypeVar("T")
+
+
+def round_robin(queues: Iterable[Sequence[T]]) -> list[T]:
+    """The queues' items interleaved: every queue's first, then every queue's second, and so on."""
+    queues = list(queues)
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+
+
 def load(
     name: str,
     path: str | Path | None = None,
@@ -219,12 +230,7 @@ def load(
         if per_category < 1:
             raise LPError(f"per_category must be >= 1, got {per_category}")
         by_cat = {c: ps[:per_category] for c, ps in by_cat.items()}
-    picked: list[BenchPrompt] = []
-    queues = list(by_cat.values())
-    i = 0
-    while any(i < len(q) for q in queues):  # round robin: categories interleave
-        picked += [q[i] for q in queues if i < len(q)]
-        i += 1
+    picked = round_robin(by_cat.values())
     if limit is not None:
         picked = picked[:limit]
     if not picked:
