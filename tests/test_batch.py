@@ -349,6 +349,31 @@ def test_a_trees_first_grown_nodes_are_a_tree():
         assert (g < k).all() and lab.tolist() == [int(x) - 10 if x < 20 else int(x) - 17 for x in t]
 
 
+@njit
+def _kept_tree(state: DraftState) -> tuple:
+    return state.grown
+
+
+def test_a_tree_grown_to_k_nodes_is_the_first_k_of_a_larger_growth():
+    """The batch grows no shared tree past the step's nodes: best first, the smaller growth is the
+    first nodes of the larger one, so the step's plans are the same."""
+    from lp.decode.drafter import Drafter
+
+    cfg = DecodeConfig(W=1, N=2, G=15, lone_matches=True, draft_len=6, tree_tokens=40)
+    drafter = Drafter(cfg, make_prompt(2, 12, 4, vocab=40), vocab=64)
+    rng = np.random.default_rng(0)  # every token's successors: a tree of successor rows beside the drafts
+    drafter.table.update(np.stack([np.r_[t, rng.permutation(64)[: cfg.successors_sent]] for t in range(64)]))
+    full = drafter.grow(1)
+    whole = _kept_tree(drafter.state)
+    assert len(full) == drafter.cap(1) == 40
+    for k in (1, 3, 10, 39):
+        chances = drafter.grow(1, k)
+        assert chances.tolist() == full[:k].tolist()
+        cut = first_grown(*whole, k)
+        assert all(np.array_equal(a, b) for a, b in zip(_kept_tree(drafter.state), cut)), k
+    assert len(drafter.grow(1, 0)) == 0 and len(drafter.grow(1, 100)) == 40
+
+
 def test_one_token_prompts_and_max_batch_one(tiny_models):
     model = tiny_models["mistral"]
     dec = Decoder(Worker(model), Collective(), set(), 512)

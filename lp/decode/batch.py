@@ -308,7 +308,8 @@ class Batch:
 
     def _plan(self, base: int) -> None:
         """Every decoding sequence's next step: its part of the step's budget (with `base` prompt
-        tokens in the step), its tree grown (not at all where the budget gives none), cut, laid out."""
+        tokens in the step), its tree grown (to at most the step's nodes: none where the budget
+        gives none), cut, laid out."""
         seqs = [s for s in self.running if s.decoding]
         claims = []
         for seq in seqs:
@@ -326,7 +327,8 @@ class Batch:
         )
         grown = []
         for seq, claim in zip(seqs, claims):
-            chances = seq.drafter.grow(len(seq.state.pending), claim.cap if total or not claim.shared else 0)
+            # no shared tree gets more than the step's nodes: growing more is host work for nothing
+            chances = seq.drafter.grow(len(seq.state.pending), min(claim.cap, total) if claim.shared else claim.cap)
             grown.append(replace(claim, chances=np.zeros(0) if chances is None else chances))
         counts = self.budget.split(grown, total)
         for seq, claim, k in zip(seqs, grown, counts):

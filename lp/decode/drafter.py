@@ -115,13 +115,13 @@ class Drafter:
         return int(self.budgets[pending - 1]) if 1 <= pending <= len(self.budgets) else 0
 
     def grow(self, pending: int, nodes: int | None = None) -> np.ndarray | None:
-        """Grow the tree of the next step, which feeds `pending` tokens first (`nodes` 0: none, the
-        step's budget gives it none): its nodes' chances in growth order, for the step's budget
-        (lp/decode/budget.py); None for drafts of one chain each (`tree=False`), which the budget
-        does not cut."""
+        """Grow the tree of the next step, which feeds `pending` tokens first, to at most `nodes`
+        nodes (None: its cap; 0: none, the step's budget gives it none): its nodes' chances in
+        growth order, for the step's budget (lp/decode/budget.py); None for drafts of one chain each
+        (`tree=False`), which the budget does not cut."""
         if not self.shape.shared:
             return None
-        return phases.grow_next(self.state, pending, nodes != 0)
+        return phases.grow_next(self.state, pending, self.cap(pending) if nodes is None else nodes)
 
     def plan(self, pending: list[int], k: int | None = None) -> StepPlan:
         """The next step's plan: it feeds `pending` (x0 last) and verifies the first `k` nodes of

@@ -127,15 +127,16 @@ def new_state(
 
 @compiled
 def grow_tree(
-    d: DraftState, pending: int
+    d: DraftState, pending: int, most: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The tree of a step that feeds `pending` tokens: its drafts (lp/lookahead/drafts.py; the
-    window's row-0 guesses once its levels come from Jacobi steps) and the successor table's rows
-    grown best first (tokens, parents, labels, each node's place in the growth, root subtrees'
-    sizes, the chances in growth order)."""
+    """The tree of a step that feeds `pending` tokens, at most `most` nodes: its drafts
+    (lp/lookahead/drafts.py; the window's row-0 guesses once its levels come from Jacobi steps)
+    and the successor table's rows grown best first (tokens, parents, labels, each node's place in
+    the growth, root subtrees' sizes, the chances in growth order). Growth is best first, so a
+    smaller tree is the first nodes of a larger one."""
     if not 1 <= pending <= len(d.budgets):
         raise LPError("a step feeds 1 to max_commit pending tokens, not " + str(pending))
-    s, budget = d.shape, d.budgets[pending - 1]
+    s, budget = d.shape, min(d.budgets[pending - 1], most)
     if not budget:
         none = np.zeros(0, np.int64)
         return none, none, none, none, none, np.zeros(0, np.float64)
@@ -163,15 +164,15 @@ def _planned(
 
 
 @compiled
-def grow_next(d: DraftState, pending: int, any_node: bool) -> np.ndarray:
-    """Grow the tree of the next step, which feeds `pending` tokens, and keep it (`grown`) until
-    the step's budget says how much of it the step verifies (`plan`): its chances in growth order.
-    Without `any_node` (the budget gives it none), no tree is grown."""
-    if not any_node:
+def grow_next(d: DraftState, pending: int, most: int) -> np.ndarray:
+    """Grow the tree of the next step, which feeds `pending` tokens, to at most `most` nodes (0:
+    the budget gives it none, and none is grown), and keep it (`grown`) until the step's budget
+    says how much of it the step verifies (`plan`): its chances in growth order."""
+    if most <= 0:
         none = np.zeros(0, np.int64)
         d.grown = (none, none, none, none, none)
         return np.zeros(0, np.float64)
-    tokens, parents, labels, growth, groups, chances = grow_tree(d, pending)
+    tokens, parents, labels, growth, groups, chances = grow_tree(d, pending, most)
     d.grown = (tokens, parents, labels, growth, groups)
     return chances
 
@@ -254,7 +255,7 @@ def before_read(d: DraftState, rehearse: bool) -> None:
         tables.reserve(d.table, 1 + W + m)
     d.prepared = True
     if rehearse and s.shared:
-        tokens, parents, labels, growth, groups, _ = grow_tree(d, 1)
+        tokens, parents, labels, growth, groups, _ = grow_tree(d, 1, d.budgets[0])
         tokens, parents, _, groups = fitted(s.split, 1, tokens, parents, labels, growth, groups)
         lay_out_step(s.split, d.text.seq[d.text.n - 1 : d.text.n], d.window.rows, tokens, parents, groups)
 
