@@ -374,6 +374,25 @@ def test_a_tree_grown_to_k_nodes_is_the_first_k_of_a_larger_growth():
     assert len(drafter.grow(1, 0)) == 0 and len(drafter.grow(1, 100)) == 40
 
 
+def test_a_batch_grows_no_shared_tree_past_the_steps_nodes(tiny_models):
+    """Three sequences sharing 12-token steps: no tree grows past what the step has beyond their
+    pending tokens (its cap is 40), and the outputs are plain decoding's."""
+    dec = Decoder(Worker(tiny_models["llama"]), Collective(), set(), 512)
+    cfg = DecodeConfig(W=1, N=2, G=15, lone_matches=True, draft_len=6, tree_tokens=40, max_new_tokens=24)
+    prompts = [make_prompt(seed, 12, 3) for seed in (2, 3, 4)]
+    batch = dec.batch(3, Budget("shared", step_tokens=12))
+    for i, p in enumerate(prompts):
+        batch.submit(Request(p, cfg, shared=True, tag=i))
+    sizes, done = [], {}
+    while not batch.idle:
+        for s in batch.step():
+            done[s.request.tag] = s.result.output_ids
+        decoding = [s for s in batch.running if s.decoding]
+        sizes += [len(_kept_tree(s.drafter.state)[0]) for s in decoding]
+    assert 0 < max(sizes) <= 12 - 1 < cfg.tree_budget(1)
+    assert [done[i] for i in range(3)] == [reference_greedy(tiny_models["llama"], p, 24) for p in prompts]
+
+
 def test_one_token_prompts_and_max_batch_one(tiny_models):
     model = tiny_models["mistral"]
     dec = Decoder(Worker(model), Collective(), set(), 512)

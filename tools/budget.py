@@ -15,10 +15,12 @@ The figure is the tokens a step commits in all, over the steps where B sequences
 where fewer are left is left out), and per sequence; every output is checked against plain
 decoding's (each sequence's greedy output does not depend on the budget). With `--warm N`, every
 decode starts from the draft memory of a server that has answered N other Spec-Bench prompts
-(tools.memory's `warm_memory`; saved to OUT/warm_memory.lp and loaded before each decode): its
-sources' rates start from the rates those decodes counted, not from a blind prior, and its text
-drafts from their outputs too (without it, the LP holds no memory). Each policy's decode follows
-its own course: what its steps verify teaches its sources, so its later trees differ.
+(tools.memory's `warm_memory`, warmed afresh and saved to OUT/warm_memory.lp, loaded again before
+each decode): its sources' rates start from the rates those decodes counted, not from a blind
+prior, and its text drafts from their outputs too; as in a server, each measured sequence that
+ends teaches it too, for the ones after it in that decode (without `--warm`, the LP holds no
+memory). Each policy's decode follows its own course: what its steps verify teaches its sources,
+so its later trees differ.
 Beside it, the two splits on the same trees: at each step of each decode, the tokens the shared
 and the even split of that step's grown trees would commit, read off the greedy output (a node is
 accepted where it and its ancestors are the output's next tokens; the running split's figure is
@@ -228,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "auto": [],
     }
     if warm is not None:
+        warm.unlink(missing_ok=True)  # warm_memory reuses a saved file: another --warm's or --prompts'
         per_group = max(Counter(p.category for p in measured).values())
         doc["warm"] = warm_memory(lm, warm_prompts(args.warm, per_group, 0), args.max_new_tokens, warm)
     reference = None
