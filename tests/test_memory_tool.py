@@ -20,3 +20,29 @@ def test_the_warming_requests_are_none_of_the_measured_prompts():
     assert [groups[t] for t in warm[:6]] == list(datasets.SPEC_BENCH_GROUPS)  # round robin: a few cover all
     with pytest.raises(SystemExit, match="no workload measures"):
         warm_prompts(unmeasured + 1, measured=8, mt=24)
+
+
+def test_a_warm_memory_is_reused_only_when_the_same_requests_taught_it(tmp_path):
+    from types import SimpleNamespace
+
+    from tools.memory import warm_memory
+
+    warmed = []
+
+    def stream(prompts, **settings):
+        warmed.append(list(prompts))
+        return iter(prompts)
+
+    lm = SimpleNamespace(
+        clear_memory=lambda: None,
+        stream=stream,
+        save_memory=lambda path: path.write_bytes(b"memory"),
+        load_memory=lambda path: None,
+        memory=SimpleNamespace(tokens=0),
+    )
+    path = tmp_path / "warm_memory.lp"
+    warm_memory(lm, ["a", "b"], 8, path)
+    warm_memory(lm, ["a", "b"], 8, path)  # the saved one
+    warm_memory(lm, ["a", "c"], 8, path)  # other requests: warmed again
+    warm_memory(lm, ["a", "c"], 16, path)  # longer answers: again
+    assert warmed == [["a", "b"], ["a", "c"], ["a", "c"]]

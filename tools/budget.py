@@ -15,12 +15,12 @@ The figure is the tokens a step commits in all, over the steps where B sequences
 where fewer are left is left out), and per sequence; every output is checked against plain
 decoding's (each sequence's greedy output does not depend on the budget). With `--warm N`, every
 decode starts from the draft memory of a server that has answered N other Spec-Bench prompts
-(tools.memory's `warm_memory`, warmed afresh and saved to OUT/warm_memory.lp, loaded again before
-each decode): its sources' rates start from the rates those decodes counted, not from a blind
-prior, and its text drafts from their outputs too; as in a server, each measured sequence that
-ends teaches it too, for the ones after it in that decode (without `--warm`, the LP holds no
-memory). Each policy's decode follows its own course: what its steps verify teaches its sources,
-so its later trees differ.
+(tools.memory's `warm_memory`, saved to OUT/warm_memory.lp, loaded again before each decode): its
+sources' rates start from the rates those decodes counted, not from a blind prior, and its text
+drafts from their outputs too; as in a server, each measured sequence that ends teaches it too,
+for the ones after it in that decode (without `--warm`, the LP holds no memory). Each policy's
+decode follows its own course: what its steps verify teaches its sources, so its later trees
+differ.
 Beside it, the two splits on the same trees: at each step of each decode, the tokens the shared
 and the even split of that step's grown trees would commit, read off the greedy output (a node is
 accepted where it and its ancestors are the output's next tokens; the running split's figure is
@@ -230,7 +230,6 @@ def main(argv: list[str] | None = None) -> int:
         "auto": [],
     }
     if warm is not None:
-        warm.unlink(missing_ok=True)  # warm_memory reuses a saved file: another --warm's or --prompts'
         per_group = max(Counter(p.category for p in measured).values())
         doc["warm"] = warm_memory(lm, warm_prompts(args.warm, per_group, 0), args.max_new_tokens, warm)
     reference = None
@@ -286,6 +285,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(doc: dict) -> str:
     gpu = doc["gpu_costs"]
+    w = doc.get("warm")
+    memory = (
+        f"- every decode starts from the draft memory of {w['requests']} other Spec-Bench prompts' decodes "
+        f"({w['tokens']} tokens, `{w['file']}`): its rates from their counts, text drafts from their outputs"
+        if w
+        else "- no draft memory: every sequence's rates start from the blind prior"
+    )
     lines = [
         "# The step's shared budget: tokens committed per step",
         "",
@@ -296,14 +302,7 @@ def markdown(doc: dict) -> str:
         "matches, 8 successors: a step spends beyond its pending tokens on tree nodes only",
         "- figures over the steps where B sequences decode; every output identical to plain decoding's "
         f"({'yes' if all(p['identical'] for r in doc['fixed'] for p in r.values() if isinstance(p, dict)) else 'NO'})",
-        *(
-            [
-                f"- every decode starts from the draft memory of {w['requests']} other Spec-Bench prompts' decodes "
-                f"({w['tokens']} tokens, `{w['file']}`): its rates from their counts, text drafts from their outputs"
-            ]
-            if (w := doc.get("warm"))
-            else ["- no draft memory: every sequence's rates start from the blind prior"]
-        ),
+        memory,
         "",
         "## At a fixed step size: tokens a step commits (per sequence)",
         "",

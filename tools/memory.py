@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import shlex
 import statistics
@@ -143,16 +144,19 @@ def warm_prompts(n: int, measured: int, mt: int) -> list[str]:
 
 def warm_memory(lm, prompts: list[str], max_new: int, path: Path) -> dict:
     """The draft memory of a server that has answered `prompts` (chat, greedy, `max_new` tokens,
-    WARM_BATCH at a time at `W=auto`), saved to `path`; a memory saved there before is reused (the
-    same model's: `load_memory` refuses another's; delete it to warm with other requests). Each
-    workload starts from it."""
-    if not path.exists():
+    WARM_BATCH at a time at `W=auto`), saved to `path`; a memory saved there before by the same
+    requests is reused (`path` with `.json`: a digest of what taught it; the same model's, as
+    `load_memory` refuses another's). Each workload starts from it."""
+    taught = path.with_suffix(".json")
+    what = json.dumps({"prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(), "max_new": max_new})
+    if not (path.exists() and taught.exists() and taught.read_text() == what):
         lm.clear_memory()
         t = time.perf_counter()
         answers = lm.stream(prompts, chat=True, batch=WARM_BATCH, max_new_tokens=max_new)
         for _ in progress(answers, desc="warming the memory", total=len(prompts)):
             pass
         lm.save_memory(path)
+        taught.write_text(what)
         print(f"memory: warmed by {len(prompts)} requests in {time.perf_counter() - t:.0f} s", file=sys.stderr)
     lm.load_memory(path)
     return {"requests": len(prompts), "tokens": lm.memory.tokens, "file": path.name}
