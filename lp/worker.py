@@ -11,6 +11,8 @@ lp/engine/fixed_steps.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -29,6 +31,7 @@ from lp.lookahead.mask import StepLayout
 DEFAULT_MAX_SEQ_LEN = 8192  # committed tokens when neither the user nor a shorter context says less
 STEP_ROOM = 512  # positions past max_seq_len for one step's speculative tokens (W=60 N=5 G=60 fits)
 MAX_STEP = 1024  # tokens one sequence's step may feed a rank: the largest of W=auto's shapes
+PROBE_CONTEXT = 256  # committed tokens before each forward the kernel choice times (as W=auto's calibration)
 
 
 def context_length(model: torch.nn.Module) -> int:
@@ -70,6 +73,44 @@ def _backend(choice: str, lean: bool, fixed: bool) -> str:
     if choice == "flex" and not fixed:
         raise LPError("attention=flex needs fixed-shape steps (graphs=true)")
     return choice
+
+
+class _Probe:
+    """Whole forwards for the kernel choice to time (lp/engine/kernel_choice.py `Forwards`): M
+    random tokens after a prefilled context (`PROBE_CONTEXT`, or what max_seq_len allows), logits
+    of every row, every matmul by the formulation named. Its pages are taken at the first forward
+    asked for (none where the choice was cached) and given back on leaving."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker, self.kv = worker, None
+        self.gen = torch.Generator().manual_seed(0)
+
+    def __enter__(self) -> _Probe:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.kv is not None:
+            self.kv.release()
+
+    def _run(self, ids: np.ndarray, start: int) -> Callable[[], torch.Tensor]:
+        w, kv = self.worker, self.kv
+        chunk = prompt_chunk(kv.owner, ids, start, kv.table)
+        chunk.rows = np.arange(len(ids))
+        on = exact(PackedStep([chunk]), w.kv.pool.owner, w.kv.pool.index, w.query_groups)
+        inputs = StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)
+        return lambda: w.forward(inputs)
+
+    def __call__(self, name: str, M: int) -> Callable[[], torch.Tensor]:
+        w = self.worker
+        if self.kv is None:
+            context = min(PROBE_CONTEXT, w.max_seq_len - 1)
+            self.kv = w.sequence(context, kernel_choice.SIZES[-1])
+            self.kv.reserve(context + kernel_choice.SIZES[-1])
+            w.forward.use(Kernels.only("linear"))
+            self._run(torch.randint(0, w.vocab_size, (context,), generator=self.gen).numpy(), 0)()
+            self.kv.length = context
+        w.forward.use(Kernels.only(name))
+        return self._run(torch.randint(0, w.vocab_size, (M,), generator=self.gen).numpy(), self.kv.length)
 
 
 class Worker:
@@ -125,17 +166,21 @@ class Worker:
         self.kv = KVCache(layers, kv_heads // tp.size, head_dim, pages, param.dtype, self.device)
         self.lean = lean
         self.query_groups = model.config.get_text_config().num_attention_heads // kv_heads
+        self._owners = 0  # the last sequence id handed out (ids are never reused)
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
         positions = self.max_seq_len + STEP_ROOM
         if lean:
             self.forward: Forward = llama.LlamaForward(model, self.kv, positions, tp)
-            self.kernels = kernel_choice.choose(
-                self.forward.matrices(),
-                self.device,
-                choice=kernel_choice.requested(kernels),
-                compiled=compiled,
-                timer=kernel_timer,
-                agree=tp.all_reduce if tp.size > 1 else None,
-            )
+            with _Probe(self) as probe:
+                self.kernels = kernel_choice.choose(
+                    self.forward.matrices(),
+                    self.device,
+                    forward=probe,
+                    choice=kernel_choice.requested(kernels),
+                    compiled=compiled,
+                    timer=kernel_timer,
+                    agree=tp.all_reduce if tp.size > 1 else None,
+                )
             self.forward.use(self.kernels)
         else:
             self.forward = TransformersForward(model, self.kv)
@@ -152,8 +197,6 @@ class Worker:
             if fixed
             else None
         )
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self._owners = 0  # the last sequence id handed out (ids are never reused)
 
     @property
     def kv_tokens(self) -> int:

@@ -2,11 +2,10 @@
 
     python -m lp.bench.kernels [--model smollm2-135m] [--threads N] [--reps 5] [--out FILE.md]
 
-Times what a load times (lp/engine/kernel_choice.py: each formulation's matmuls over the
-model's own weights at every step size, nothing cached), then whole steps as W=auto's
-calibration times them (lp/decode/auto.py: a plain step as `mode=ar` runs it, and causal steps
-of 1 to 128 tokens after a 256-token prefill) with each formulation forced and with the choice,
-the runs alternating. Prints a markdown report (and writes it to `--out`): the CPU, torch and
+Times whole steps as W=auto's calibration times them (lp/decode/auto.py: a plain step as
+`mode=ar` runs it, and causal steps of 1 to 128 tokens after a 256-token prefill) with each
+formulation forced and with the one a load chooses (lp/engine/kernel_choice.py, which times
+whole forwards too), the runs alternating. Prints a markdown report (and writes it to `--out`): the CPU, torch and
 threads, the other processes' load while it ran, the weights' bytes, a copy's bandwidth and the
 weight-read floor they give (the weights' bytes at the copy's rate), and the tables.
 """
@@ -24,7 +23,7 @@ import torch
 from lp import models
 from lp.decode.auto import calibrate
 from lp.engine import kernel_choice
-from lp.engine.kernel_choice import SIZES, OtherLoad, cpu_name, measure, table
+from lp.engine.kernel_choice import OtherLoad, cpu_name
 from lp.engine.kernels import FORMULATIONS
 from lp.worker import Worker
 
@@ -56,9 +55,6 @@ def report(model_name: str, reps: int) -> str:
     matrices = workers["linear"].forward.matrices()
     weights = sum(m.weight.numel() * m.weight.element_size() for mats in matrices.values() for m in mats)
     gb_s = copy_gb_s()
-    t0 = time.perf_counter()
-    seconds = measure(matrices, names, SIZES, kernel_choice.wall_clock)
-    chosen = table(seconds, f"timed in {time.perf_counter() - t0:.1f} s")
     workers["auto"] = Worker(model, graphs=False, kernels="auto", max_seq_len=CONTEXT)
     curves = {name: [] for name in (*names, "auto")}
     for _ in range(reps):  # whole steps, the formulations alternating
@@ -76,17 +72,8 @@ def report(model_name: str, reps: int) -> str:
         f"- {model_name}: {len(sum(matrices.values(), []))} weight matrices, {weights / 1e6:.0f} MB "
         f"(q/k/v and gate/up fused); a copy moves {gb_s:.1f} GB/s (bytes read + written), so the weight-read "
         f"floor is **{floor_ms:.1f} ms** a token (the weights' bytes at that rate, as tools/steps.py counts it)",
-        f"- the choice (fastest per size, `{kernel_choice.HYSTERESIS:.0%}` hysteresis): **{chosen.describe()}**",
-        f"- the `auto` rows below ran lp's own choice at load: {workers['auto'].kernels.describe()}",
-        "",
-        "Matmuls alone, ms per step (every weight matrix once; the fastest of "
-        f"{kernel_choice.REPS} passes, a formulation far behind after two passes timed twice):",
-        "",
-        _row(["rows", *names, "chosen"]),
-        _row(["---"] * (len(names) + 2)),
-    ]
-    lines += [_row([str(M), *(f"{1e3 * seconds[M][n]:.1f}" for n in names), chosen.pick(M).name]) for M in SIZES]
-    lines += [
+        f"- the `auto` rows below ran lp's own choice at load (fastest per size, "
+        f"`{kernel_choice.HYSTERESIS:.0%}` hysteresis): **{workers['auto'].kernels.describe()}**",
         "",
         f"Whole steps as W=auto's calibration times them, ms (the fastest of {reps} runs, alternating; "
         "`plain`: a one-token step; `ar` tok/s: 1000 / plain):",

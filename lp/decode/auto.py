@@ -83,9 +83,10 @@ def calibrate(
 ) -> CostCurve:
     """Time one forward of each size after a `context`-token prefill (fastest of `reps`), its
     logits of every row computed and read as a decode does; sizes and context shrink to what the
-    cache holds. Default sizes: 1 to 256 tokens for exact-size steps; with fixed-shape steps, every bucket that a ladder
-    shape's rank share uses at `world_size` ranks, with one pending token or the most a step can
-    have, so each is compiled and captured here, once per process, and not inside a decode that
+    cache holds. Default sizes: 1 to 256 tokens for exact-size steps, in powers of two and on
+    both sides of each change of the forward's matmul kernels; with fixed-shape steps, every
+    bucket that a ladder shape's rank share uses at `world_size` ranks, with one pending token or
+    the most a step can have, so each is compiled and captured here, once per process, and not inside a decode that
     `auto` switches to a larger shape (on an H100 that made one SmolLM2 decode 24 tok/s instead of
     400). The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
     them instead of a few; and the fastest run is kept, since other load only ever adds time.
@@ -99,8 +100,8 @@ def calibrate(
             for fewer in (0, shape.config.max_commit - 1)
         }
         sizes = tuple(sorted({bucket(T) for T in shares} | {1}))
-    elif sizes is None:
-        sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    elif sizes is None:  # and both sides of each change of matmul kernel, where a step's cost jumps
+        sizes = tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256} | {M for M in worker.kernels.switches if M <= 256}))
     positions = worker.max_seq_len + STEP_ROOM  # RoPE's table
     sizes = tuple(T for T in sizes if worker.step_slots(T) < min(worker.kv_tokens, positions)) or (1, 2)
     context = max(1, min(context, worker.max_seq_len - 1, positions - sizes[-1], worker.kv_tokens - sizes[-1]))

@@ -1,13 +1,15 @@
 """Choosing the matmuls' formulation (lp/engine/kernels.py) by timing them here.
 
-At load, every formulation that runs on this device is timed on the model's own weights at the
-step sizes a decode uses (`SIZES`: plain steps, the few-token steps of W=auto's small shapes,
-up to the 128 tokens its CPU calibration reaches; larger steps and prefills take the 128-token
-choice), and the fastest runs each size. A timed pass reads at least `TIMED_BYTES` of each
-role's matrices (q/k/v, o, gate/up, down, head), the roles in turn, so it reads its weights
-from memory as a decode does, not from the last level of cache; the sizes and formulations
-take turns too, so a slow spell of a shared machine touches all of them, and each matrix's
-fastest of `REPS` passes is kept (other load only adds time). A formulation far behind after two passes
+At load, every formulation that runs on this device is timed in whole forwards of the model (its
+every matmul by that formulation, after a prefilled context, as a decode step runs) at the step
+sizes a decode uses (`SIZES`: plain steps, the few-token steps of W=auto's small shapes, up to
+the 128 tokens its CPU calibration reaches; larger steps and prefills take the 128-token choice),
+and the fastest runs each size; between two timed sizes, the one whose times, interpolated, are
+the least. Whole forwards, not each matmul alone: on a 2-core CPU, matmuls timed alone made
+`wx` the fastest at 32 rows by 7%, yet a whole SmolLM2 forward of 32 tokens took 83 ms with it
+and 77 ms with `onednn` (and 72 against 60 ms at 17 tokens). The sizes and formulations take
+turns, so a slow spell of a shared machine touches all of them, and each forward's fastest of
+`REPS` passes is kept (other load only adds time). A formulation far behind after two passes
 (one may meet a spike of other load) is not timed again at that size. Between neighbouring
 sizes the choice changes only for a gain above `HYSTERESIS`, so timer noise does not make it
 flip back and forth.
@@ -16,8 +18,9 @@ The timings are cached per machine (`~/.cache/lp/kernels/`, keyed by the CPU's m
 version and threads, the dtype and the matrices' shapes): a machine measures once per model
 shape. Timings taken while other processes kept the CPU busy (`DISTURBED`) are used but not
 cached. On CUDA `linear` is the only formulation and nothing is timed. Tensor-parallel ranks
-sum their timings (one all-reduce), so every rank of a group picks alike and computes the
-replicated head's logits bit for bit alike.
+time together (a forward all-reduces inside: all time, or all read their caches, and none drops a
+formulation alone) and sum their timings (one all-reduce), so every rank of a group picks alike
+and computes the replicated head's logits bit for bit alike.
 """
 
 from __future__ import annotations
@@ -32,14 +35,14 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from lp.engine.kernels import FORMULATIONS, Kernels, Matrix
 from lp.errors import LPError
 from lp.models import cache_dir
 
-SIZES = (1, 2, 3, 4, 6, 8, 11, 16, 32, 64, 128)
-TIMED_BYTES = 16 << 20  # of each role per pass (all its matrices if they hold less); 5 roles exceed a 32 MiB L3
+SIZES = (1, 2, 3, 4, 6, 8, 11, 16, 24, 32, 48, 64, 128)
 REPS = 3
 BEHIND = 1.5  # after two passes, a formulation this much slower than a size's fastest drops out there
 HYSTERESIS = 0.05  # the next size keeps the last one's formulation unless another is this much faster
@@ -48,6 +51,8 @@ CHOICES = ("auto", *FORMULATIONS)
 
 # timer(formulation, M, run) -> seconds that `run()` took (tests pass a fake one)
 Timer = Callable[[str, int, Callable[[], object]], float]
+# forward(formulation, M) -> a run of one whole forward of M tokens, every matmul by that formulation
+Forwards = Callable[[str, int], Callable[[], object]]
 
 
 def wall_clock(name: str, M: int, run: Callable[[], object]) -> float:
@@ -84,50 +89,20 @@ def check_choice(choice: str) -> None:
         raise LPError(f"kernels must be one of {', '.join(CHOICES)}, got {choice!r}")
 
 
-def _timed(mats: list[Matrix]) -> list[Matrix]:
-    """The first of `mats` that together hold `TIMED_BYTES` (all of them if they hold less)."""
-    total = 0
-    for i, m in enumerate(mats):
-        total += m.weight.numel() * m.weight.element_size()
-        if total >= TIMED_BYTES:
-            return mats[: i + 1]
-    return mats
-
-
 def measure(
-    matrices: Mapping[str, list[Matrix]], names: list[str], sizes: tuple[int, ...], timer: Timer, reps: int = REPS
+    names: list[str], sizes: tuple[int, ...], forward: Forwards, timer: Timer, reps: int = REPS, drop: bool = True
 ) -> dict[int, dict[str, float]]:
-    """The seconds of all `matrices`' matmuls at each size by each formulation: each of a role's
-    `_timed` matrices at its fastest over the passes, summed and scaled to all its matrices. (A
-    spike of other load then costs a matrix's sample, not a whole pass's.)"""
-    timed = {role: _timed(mats) for role, mats in matrices.items()}
-    scale = {role: len(matrices[role]) / len(mats) for role, mats in timed.items()}
-    prepared = {
-        name: {role: [FORMULATIONS[name].prepare(m) for m in mats] for role, mats in timed.items()} for name in names
-    }
-    gen = torch.Generator().manual_seed(0)
-    inputs = {
-        (role, M): torch.randn(M, mats[0].weight.shape[1], generator=gen).to(mats[0].weight)
-        for role, mats in timed.items()
-        for M in sizes
-    }
-    # the fastest sample of every timed matrix, by size, formulation and role
-    least = {M: {n: {r: [math.inf] * len(mats) for r, mats in timed.items()} for n in names} for M in sizes}
-
-    def total(M: int, name: str) -> float:
-        return sum(scale[r] * sum(samples) for r, samples in least[M][name].items())
-
+    """The seconds of a whole forward at each size by each formulation, its fastest over `reps`
+    passes; `drop`: a formulation far behind after two passes is not timed again at that size
+    (ranks that time together must not drop one alone)."""
+    least = {M: dict.fromkeys(names, math.inf) for M in sizes}
     with torch.inference_mode():
         for rep in range(reps):
             for M in sizes:
-                fastest = min(total(M, n) for n in names)
-                for name in (n for n in names if rep < 2 or total(M, n) <= BEHIND * fastest):
-                    run = FORMULATIONS[name].run
-                    for role, mats in prepared[name].items():
-                        x, samples = inputs[role, M], least[M][name][role]
-                        for i, m in enumerate(mats):
-                            samples[i] = min(samples[i], timer(name, M, lambda run=run, x=x, m=m: run(x, m)))
-    return {M: {n: total(M, n) for n in names} for M in sizes}
+                fastest = min(least[M].values())
+                for name in (n for n in names if not drop or rep < 2 or least[M][n] <= BEHIND * fastest):
+                    least[M][name] = min(least[M][name], timer(name, M, forward(name, M)))
+    return least
 
 
 class OtherLoad:
@@ -154,14 +129,22 @@ class OtherLoad:
 
 
 def table(seconds: Mapping[int, Mapping[str, float]], how: str) -> Kernels:
-    """The fastest formulation at each size (ties: the first named), keeping the last size's
-    unless another is more than `HYSTERESIS` faster."""
+    """The fastest formulation at each size from the first timed to the last (between two timed
+    sizes, by their times interpolated; ties: the first named), keeping the last size's unless
+    another is more than `HYSTERESIS` faster; runs of one formulation merged."""
+    timed = sorted(seconds)
+    names = list(seconds[timed[0]])
+    at = {n: [seconds[M][n] for M in timed] for n in names}
     pairs: list[tuple[int, str]] = []
-    for M, by_name in sorted(seconds.items()):
+    for M in range(timed[0], timed[-1] + 1):
+        by_name = {n: float(np.interp(M, timed, at[n])) for n in names}
         name = min(by_name, key=by_name.get)
         if pairs and by_name[pairs[-1][1]] <= (1 + HYSTERESIS) * by_name[name]:
             name = pairs[-1][1]
-        pairs.append((M, name))
+        if pairs and pairs[-1][1] == name:
+            pairs[-1] = (M, name)
+        else:
+            pairs.append((M, name))
     return Kernels(tuple(pairs), how)
 
 
@@ -176,6 +159,7 @@ def _key(matrices: Mapping[str, list[Matrix]], names: list[str], sizes: tuple[in
         "shapes": {role: [list(mats[0].weight.shape), len(mats)] for role, mats in matrices.items()},
         "formulations": names,
         "sizes": list(sizes),
+        "timed": "whole forwards",
     }
 
 
@@ -206,6 +190,7 @@ def choose(
     matrices: Mapping[str, list[Matrix]],
     device: torch.device,
     *,
+    forward: Forwards,
     choice: str = "auto",
     compiled: bool = False,
     sizes: tuple[int, ...] = SIZES,
@@ -216,9 +201,10 @@ def choose(
 ) -> Kernels:
     """The formulations of a forward over `matrices` (role -> its weight matrices) on `device`:
     `choice` names one for every size, or `auto` times every one that runs here (`compiled`:
-    under torch.compile) and takes the fastest at each size. `cache`: read and write the
-    machine's cached timings. `agree`: a sum over the ranks that must choose alike. `load`:
-    starts the watch of other processes' load while timing (tests pass a quiet one)."""
+    under torch.compile) in whole forwards (`forward`) and takes the fastest at each size.
+    `cache`: read and write the machine's cached timings. `agree`: a sum over the ranks that
+    must choose alike (and time alike). `load`: starts the watch of other processes' load while
+    timing (tests pass a quiet one)."""
     check_choice(choice)
     dtype = next(iter(matrices.values()))[0].weight.dtype
     if choice != "auto":
@@ -231,10 +217,13 @@ def choose(
     key = _key(matrices, names, sizes)
     path = _cache_file(key)
     seconds = _load(path, key) if cache else None
+    if agree is not None:  # a forward all-reduces inside: every rank times, or none does
+        missing = agree(torch.tensor([float(seconds is None)], dtype=torch.float64, device=device))
+        seconds = None if missing.item() else seconds
     how = f"timed on {key['cpu']} once, cached in {path}"
     if seconds is None:
         t0, others = time.perf_counter(), load()
-        seconds = measure(matrices, names, sizes, timer)
+        seconds = measure(names, sizes, forward, timer, drop=agree is None)
         how = f"timed on {key['cpu']} in {time.perf_counter() - t0:.1f} s"
         busy = others.cores()
         if busy > DISTURBED:
@@ -252,6 +241,7 @@ __all__ = [
     "CHOICES",
     "SIZES",
     "OtherLoad",
+    "Forwards",
     "Timer",
     "check_choice",
     "choose",

@@ -147,6 +147,13 @@ class Kernels:
         return self.pick(x.shape[0]).run(x, m)
 
     @property
+    def switches(self) -> frozenset[int]:
+        """The row counts on both sides of every change of formulation: a step's cost can jump
+        there (on a 2-core CPU a 17-token forward took 70 ms, a 16-token one 55)."""
+        changes = [most for (most, name), (_, after) in zip(self.table, self.table[1:]) if name != after]
+        return frozenset(M for most in changes for M in (most, most + 1))
+
+    @property
     def names(self) -> set[str]:
         """The formulations the table uses."""
         return {name for _, name in self.table}

@@ -141,6 +141,8 @@ class LlamaForward:
         packing = [FORMULATIONS[name] for name in sorted(kernels.names) if FORMULATIONS[name].pack]
 
         def ready(m: Matrix) -> Matrix:
+            if not packing:  # a copy no formulation of these reads
+                return m._replace(packed=None)
             for f in packing:
                 m = f.prepare(m)
             return m
