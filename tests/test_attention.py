@@ -2,6 +2,8 @@
 its three applications (grouped sdpa, a dense mask, FlexAttention's block mask) agreeing, and the
 backend choice with its one-line errors."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ from helpers import build_tiny, make_prompt
 
 from lp.engine import attention
 from lp.engine.attention import FLEX_BLOCK, Dense, FlexMask
-from lp.engine.packed import PackedStep, exact, flex_blocks, padded, prompt_chunk, step_segment
+from lp.engine.packed import PackedStep, by_length, exact, flex_blocks, padded, prompt_chunk, step_segment
 from lp.engine.pages import PAGE
 from lp.errors import LPError
 from lp.lookahead.mask import step_layout
@@ -54,22 +56,46 @@ def test_visibility_is_each_sequence_and_its_chain():
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_grouped_attention_equals_the_whole_cache(arch):
+@pytest.mark.parametrize("call_pages", [64, 0])
+def test_grouped_attention_equals_the_whole_cache(arch, call_pages):
     """Segments of different sizes over interleaved pages, attended by groups of gathered pages
-    (the eager way), give the logits of one dense mask over the whole cache."""
+    (the eager way), give the logits of one dense mask over the whole cache, whether a size
+    bucket's sequences of unlike lengths share a group or not (a group's cost `call_pages`)."""
+    from lp.engine.forward import StepInputs
+
     model = build_tiny(arch)
     worker = Worker(model, graphs=False)
     for kv, n in zip([worker.sequence(200, 40) for _ in range(4)], (30, 17, 50, 5)):
         worker.prefill(kv, make_prompt(n % 7, n, 2)[:n])
     step, _ = _interleaved(worker, [30, 17, 50, 5])
-    grouped = worker.run(step)[0]
-    on = exact(step, worker.kv.pool.owner, worker.kv.pool.index, 1)
+    on = exact(step, worker.kv.pool.owner, worker.kv.pool.index, worker.query_groups, call_pages)
+    grouped = worker.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend))
     on.attend = Dense(on.visible, worker.kv.slots).refresh()
-    from lp.engine.forward import StepInputs
-
     dense = worker.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend))
     torch.testing.assert_close(grouped, dense, rtol=1e-5, atol=1e-5)
-    assert len(on.step.groups()) == 3  # sizes 1 and 7 share a bucket, 11 and 20 too: 3 buckets
+    # sizes 7 and 11 share a bucket, 1 and 20 have one each: 3 buckets; where a group costs
+    # nothing, the shared bucket's sequences (4 pages and 3) split by length
+    assert len(on.step.groups(call_pages)) == (3 if call_pages == 64 else 4)
+
+
+def test_a_bucket_splits_into_groups_of_like_lengths():
+    """The split gathers the fewest pages, each group counted `call_pages` more: the best of all
+    the ways to cut the members sorted by length; sequences of like lengths stay together."""
+    assert [g.tolist() for g in by_length(np.arange(4), np.array([5, 6, 5, 4]), 8)] == [[0, 1, 2, 3]]
+    assert [g.tolist() for g in by_length(np.arange(4), np.array([3, 70, 4, 2]), 8)] == [[1], [0, 2, 3]]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = int(rng.integers(1, 8))
+        pages, call = rng.integers(1, 100, n), int(rng.integers(0, 50))
+        got = by_length(np.arange(n), pages, call)
+        assert sorted(np.concatenate(got).tolist()) == list(range(n))
+        p = np.sort(pages)[::-1]
+        brute = min(  # every cut of the sorted lengths into runs: each run pads to its first
+            sum((b - a) * p[a] + call for a, b in zip((0, *cuts), (*cuts, n)))
+            for k in range(n)
+            for cuts in itertools.combinations(range(1, n), k)
+        )
+        assert sum(len(g) * pages[g].max() + call for g in got) == brute
 
 
 @pytest.mark.parametrize("B", [64, 256])

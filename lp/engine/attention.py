@@ -6,7 +6,8 @@ sequence owns at storage indices below its committed length, and among its segme
 what the segment's block mask allows (its chain). Everything else (other sequences, speculative
 tails, free pages, the pad page) is never seen. Three ways to apply it:
 
-* `Grouped` (exact-size steps, the CPU default): the segments grouped by size, each group one
+* `Grouped` (exact-size steps, the CPU default): the segments grouped by size and by length (a
+  group pads its sequences' pages to its longest's: lp/engine/packed.py `by_length`), each group one
   `scaled_dot_product_attention` a layer over its sequences' pages gathered side by side (a view,
   without a copy, for one sequence whose pages are one run), under a mask evaluated once a step
   on the gathered slots. Each kv head's query heads are folded into the query length, which keeps

@@ -1,0 +1,138 @@
+"""`python -m tools.attention_groups`: a batch's step with its attention grouped by size and length
+(lp/engine/packed.py `by_length`, what lp runs) beside grouped by size alone (one group a size
+bucket, each sequence's pages padded to the bucket's longest), on the same steps.
+
+    python -m tools.attention_groups [--sequences 8,16,32] [--reps 7] [--out results/attention_groups]
+
+B sequences hold contexts of real prompts' lengths: Spec-Bench's 48 chat prompts (40 to 1,187
+tokens: most short, a third long), B of them in turn, and tools.serve_load's 8 chat prompts (all
+short). Each step feeds one token a sequence (plain batched decoding) or two for every other one
+(a node each); the two groupings' forwards alternate, the median of `--reps` each, host work
+(the grouping, the masks) included. Writes OUT/summary.json and OUT/summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lp.engine.forward import StepInputs
+from lp.engine.kernel_choice import cpu_name
+from lp.engine.packed import GROUP_CALL_PAGES, PackedStep, exact, prompt_chunk
+
+NEVER = 1 << 40  # a group costs more than any pages: one group a size bucket
+GROUPINGS = {"by size and length": GROUP_CALL_PAGES, "by size alone": NEVER}
+
+
+def _lengths(lm, mix: str) -> list[int]:
+    if mix == "spec_bench":
+        from lp.bench.datasets import load
+
+        return [len(lm.encode(p.text, chat=True)) for p in load("spec_bench", limit=48)]
+    from tools.serve_load import PROMPTS
+
+    return [len(lm.encode(p, chat=True)) for p in PROMPTS]
+
+
+def _time(worker, kvs: list, nodes: list[int], call_pages: int, gen: np.random.Generator) -> float:
+    """Seconds of one step's forward (its host work included) under `call_pages`."""
+    segments = []
+    for kv, n in zip(kvs, nodes):
+        chunk = prompt_chunk(kv.owner, gen.integers(0, worker.vocab_size, 1 + n), kv.length, kv.table)
+        chunk.rows = np.arange(1 + n)
+        segments.append(chunk)
+    t0 = time.perf_counter()
+    on = exact(PackedStep(segments), worker.kv.pool.owner, worker.kv.pool.index, worker.query_groups, call_pages)
+    worker.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)).argmax().item()
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def measure(worker, lengths: list[int], B: int, reps: int) -> dict:
+    """Median step milliseconds of B sequences of `lengths` (in turn), each grouping, both steps."""
+    gen = np.random.default_rng(0)
+    contexts = [lengths[i % len(lengths)] for i in range(B)]
+    kvs = [worker.sequence(c + 2, 2) for c in contexts]
+    try:
+        for kv, c in zip(kvs, contexts):
+            worker.prefill(kv, gen.integers(0, worker.vocab_size, c))
+            kv.reserve(c + 2)
+        row: dict = {"sequences": B, "contexts": contexts}
+        for step, nodes in (("plain", [0] * B), ("a node on every other", [i % 2 for i in range(B)])):
+            seconds: dict[str, list[float]] = {name: [] for name in GROUPINGS}
+            for _ in range(reps):
+                for name, call_pages in GROUPINGS.items():
+                    seconds[name].append(_time(worker, kvs, nodes, call_pages, gen))
+            row[step] = {name: 1e3 * statistics.median(s) for name, s in seconds.items()}
+        return row
+    finally:
+        for kv in kvs:
+            kv.release()
+
+
+def markdown(doc: dict) -> str:
+    lines = [
+        "# Attention groups: by size and length, or by size alone",
+        "",
+        f"- command: `{doc['command']}`",
+        f"- device: {doc['device']}; date: {doc['date']}; model: {doc['model']}",
+        f"- a group's call priced as {doc['call_pages']} pages gathered (`GROUP_CALL_PAGES`); medians of "
+        f"{doc['reps']} forwards each, the groupings alternating",
+        "",
+        "| prompts | sequences | step | by size and length, ms | by size alone, ms | ratio |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for mix, rows in doc["mixes"].items():
+        for r in rows:
+            for step in ("plain", "a node on every other"):
+                a, b = r[step]["by size and length"], r[step]["by size alone"]
+                lines.append(f"| {mix} | {r['sequences']} | {step} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.attention_groups", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sequences", default="8,16,32")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--out", type=Path, default=Path("results/attention_groups"))
+    args = ap.parse_args(argv)
+    from lp import LP
+
+    lm = LP(args.model, draft_memory=0)
+    worker = lm.decoder.worker
+    doc: dict = {
+        "command": " ".join(
+            ["python -m tools.attention_groups", shlex.join(sys.argv[1:] if argv is None else argv)]
+        ).strip(),
+        "device": cpu_name(),
+        "date": datetime.date.today().isoformat(),
+        "model": args.model,
+        "call_pages": GROUP_CALL_PAGES,
+        "reps": args.reps,
+        "mixes": {},
+    }
+    for mix in ("spec_bench", "serve_load"):
+        lengths = _lengths(lm, mix)
+        doc["mixes"][mix] = []
+        for B in (int(x) for x in args.sequences.split(",")):
+            doc["mixes"][mix].append(measure(worker, lengths, B, args.reps))
+            print(f"attention_groups: {mix} B={B}: {doc['mixes'][mix][-1]}", file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (args.out / "summary.md").write_text(markdown(doc))
+    print(markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
