@@ -77,13 +77,17 @@ def _backend(choice: str, lean: bool, fixed: bool) -> str:
 
 class _Probe:
     """Whole forwards for the kernel choice to time (lp/engine/kernel_choice.py `Forwards`): M
-    random tokens after a prefilled context (`PROBE_CONTEXT`, or what max_seq_len allows), logits
-    of every row, every matmul by the formulation named. Its pages are taken at the first forward
-    asked for (none where the choice was cached) and given back on leaving."""
+    random tokens after a prefilled context, logits of every row, every matmul by the formulation
+    named. `sizes`: the kernel choice's that the cache holds beside the context; `context`:
+    `PROBE_CONTEXT`, or what max_seq_len and the cache allow. Its pages are taken at the first
+    forward asked for (none where the choice was cached) and given back on leaving; the weight
+    copies a formulation reads are made once, and those the choice does not read dropped after."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker, self.kv = worker, None
         self.gen = torch.Generator().manual_seed(0)
+        self.sizes = tuple(M for M in kernel_choice.SIZES if M < worker.kv_tokens)
+        self.context = max(1, min(PROBE_CONTEXT, worker.max_seq_len - 1, worker.kv_tokens - self.sizes[-1]))
 
     def __enter__(self) -> _Probe:
         return self
@@ -103,13 +107,11 @@ class _Probe:
     def __call__(self, name: str, M: int) -> Callable[[], torch.Tensor]:
         w = self.worker
         if self.kv is None:
-            context = min(PROBE_CONTEXT, w.max_seq_len - 1)
-            self.kv = w.sequence(context, kernel_choice.SIZES[-1])
-            self.kv.reserve(context + kernel_choice.SIZES[-1])
-            w.forward.use(Kernels.only("linear"))
-            self._run(torch.randint(0, w.vocab_size, (context,), generator=self.gen).numpy(), 0)()
-            self.kv.length = context
-        w.forward.use(Kernels.only(name))
+            self.kv = w.sequence(self.context, self.sizes[-1])
+            self.kv.reserve(self.context + self.sizes[-1])
+            self._run(torch.randint(0, w.vocab_size, (self.context,), generator=self.gen).numpy(), 0)()
+            self.kv.length = self.context
+        w.forward.use(Kernels.only(name), keep=True)
         return self._run(torch.randint(0, w.vocab_size, (M,), generator=self.gen).numpy(), self.kv.length)
 
 
@@ -176,6 +178,8 @@ class Worker:
                     self.forward.matrices(),
                     self.device,
                     forward=probe,
+                    sizes=probe.sizes,
+                    context=probe.context,
                     choice=kernel_choice.requested(kernels),
                     compiled=compiled,
                     timer=kernel_timer,

@@ -18,7 +18,7 @@ from lp.engine.kernel_choice import SIZES, choose, table
 from lp.engine.kernels import EXACT_ROWS, FORMULATIONS, Kernels, Matrix, padded_rows
 from lp.errors import LPError
 from lp.lookahead.mask import step_layout
-from lp.worker import Worker
+from lp.worker import PROBE_CONTEXT, Worker
 
 CPU = torch.device("cpu")
 HERE = [n for n, f in FORMULATIONS.items() if f.available(CPU, torch.float32)]
@@ -127,6 +127,24 @@ def test_near_ties_keep_the_last_sizes_choice():
     assert table(seconds, "").table == ((2, "linear"), (4, "wx"))
 
 
+def test_a_worker_times_whole_forwards_within_its_cache(tmp_path, monkeypatch):
+    """The probe's context and sizes fit a small cache (its pages given back after), and the weight
+    copies no chosen formulation reads are dropped."""
+    monkeypatch.setenv("LP_CACHE", str(tmp_path))
+    seen = []
+
+    def timer(name, M, run):
+        run()  # a whole forward, every matmul by `name`
+        seen.append(M)
+        return 1.0 if name == "linear" else 2.0
+
+    w = Worker(build_tiny("llama"), graphs=False, kv_tokens=128, kernels="auto", kernel_timer=timer)
+    # a 256-token context and 128 tokens do not fit this cache: the probe's context shrank
+    assert w.kv_tokens < PROBE_CONTEXT + max(seen) and w.kernels.names == {"linear"}
+    assert w.kv.pool.lendable == w.kv.pool.pages - 1
+    assert all(m.packed is None for mats in w.forward.matrices().values() for m in mats)
+
+
 def test_a_setting_forces_one_formulation():
     def timer(name, M, run):
         pytest.fail("a forced choice times nothing")
@@ -162,6 +180,9 @@ def test_timings_are_cached_per_machine_and_shape(tmp_path, monkeypatch):
     other = {**matrices(), "o": [Matrix(torch.zeros(32, 64))]}
     choose(other, CPU, forward=idle, timer=fake_timer(lambda M: "linear"), load=Quiet)
     assert len(list((tmp_path / "kernels").iterdir())) == 2
+    # forwards timed after another context are other timings
+    choose(matrices(), CPU, forward=idle, context=64, timer=fake_timer(lambda M: "wx"), load=Quiet)
+    assert sum("whole forwards after 64 tokens" in f.read_text() for f in (tmp_path / "kernels").iterdir()) == 1
 
 
 def test_timings_under_other_load_are_not_cached(tmp_path, monkeypatch):
@@ -201,7 +222,7 @@ def test_a_rank_times_with_its_group_even_with_its_timings_cached(tmp_path, monk
 
     def timer(name, M, run):
         timed.append(name)
-        return 1.0
+        return 1.0 if name == "linear" else 9.0  # far behind: a rank timing alone would drop them
 
     def another_lacks_them(t: torch.Tensor) -> torch.Tensor:
         return t + 1 if t.numel() == 1 else 2 * t

@@ -57,8 +57,9 @@ def _time(worker, kvs: list, nodes: list[int], call_pages: int, gen: np.random.G
 
 
 @torch.inference_mode()
-def measure(worker, lengths: list[int], B: int, reps: int) -> dict:
-    """Median step milliseconds of B sequences of `lengths` (in turn), each grouping, both steps."""
+def measure(worker, lengths: list[int], B: int, reps: int, groupings: dict[str, int] = GROUPINGS) -> dict:
+    """Median step milliseconds of B sequences of `lengths` (in turn), each of `groupings` (its
+    name: a group's price in pages), both steps; and the attention groups of each's plain step."""
     gen = np.random.default_rng(0)
     contexts = [lengths[i % len(lengths)] for i in range(B)]
     kvs = [worker.sequence(c + 2, 2) for c in contexts]
@@ -66,11 +67,16 @@ def measure(worker, lengths: list[int], B: int, reps: int) -> dict:
         for kv, c in zip(kvs, contexts):
             worker.prefill(kv, gen.integers(0, worker.vocab_size, c))
             kv.reserve(c + 2)
-        row: dict = {"sequences": B, "contexts": contexts}
+        plain = PackedStep([prompt_chunk(kv.owner, np.zeros(1, np.int64), kv.length, kv.table) for kv in kvs])
+        row: dict = {
+            "sequences": B,
+            "contexts": contexts,
+            "groups": {name: len(plain.groups(call_pages)) for name, call_pages in groupings.items()},
+        }
         for step, nodes in (("plain", [0] * B), ("a node on every other", [i % 2 for i in range(B)])):
-            seconds: dict[str, list[float]] = {name: [] for name in GROUPINGS}
+            seconds: dict[str, list[float]] = {name: [] for name in groupings}
             for _ in range(reps):
-                for name, call_pages in GROUPINGS.items():
+                for name, call_pages in groupings.items():
                     seconds[name].append(_time(worker, kvs, nodes, call_pages, gen))
             row[step] = {name: 1e3 * statistics.median(s) for name, s in seconds.items()}
         return row
@@ -88,14 +94,15 @@ def markdown(doc: dict) -> str:
         f"- a group's call priced as {doc['call_pages']} pages gathered (`GROUP_CALL_PAGES`); medians of "
         f"{doc['reps']} forwards each, the groupings alternating",
         "",
-        "| prompts | sequences | step | by size and length, ms | by size alone, ms | ratio |",
-        "|---|---:|---|---:|---:|---:|",
+        "| prompts | sequences | step | by size and length, ms | by size alone, ms | ratio | groups (plain) |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     for mix, rows in doc["mixes"].items():
         for r in rows:
+            groups = " / ".join(str(r["groups"][name]) for name in GROUPINGS)
             for step in ("plain", "a node on every other"):
                 a, b = r[step]["by size and length"], r[step]["by size alone"]
-                lines.append(f"| {mix} | {r['sequences']} | {step} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+                lines.append(f"| {mix} | {r['sequences']} | {step} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {groups} |")
     return "\n".join(lines) + "\n"
 
 

@@ -79,11 +79,11 @@ def _unfold(out: torch.Tensor, H: int) -> torch.Tensor:
 
 @dataclass
 class Group:
-    """Segments of one size bucket: their tokens' step indices `queries` `[g, n]` (a short
-    segment's padded with its last token), their pages `[g, p]` (padded with the pad page) or,
-    for one sequence whose pages are a run, that run's slots (`run`), the mask `[g, 1, groups * n,
-    p * PAGE]` (folded query heads), which of the `g * n` rows are real (`rows`; None: all) and the
-    step tokens they are (`tokens`)."""
+    """Segments of one size bucket and like lengths (lp/engine/packed.py `PackedStep.groups`):
+    their tokens' step indices `queries` `[g, n]` (a short segment's padded with its last token),
+    their pages `[g, p]` (padded with the pad page) or, for one sequence whose pages are a run,
+    that run's slots (`run`), the mask `[g, 1, groups * n, p * PAGE]` (folded query heads), which
+    of the `g * n` rows are real (`rows`; None: all) and the step tokens they are (`tokens`)."""
 
     queries: torch.Tensor
     pages: torch.Tensor | None

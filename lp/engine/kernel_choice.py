@@ -3,16 +3,16 @@
 At load, every formulation that runs on this device is timed in whole forwards of the model (its
 every matmul by that formulation, after a prefilled context, as a decode step runs) at the step
 sizes a decode uses (`SIZES`: plain steps, the few-token steps of W=auto's small shapes, up to
-the 128 tokens its CPU calibration reaches; larger steps and prefills take the 128-token choice),
-and the fastest runs each size; between two timed sizes, the one whose times, interpolated, are
-the least. Whole forwards, not each matmul alone: on a 2-core CPU, matmuls timed alone made
-`wx` the fastest at 32 rows by 7%, yet a whole SmolLM2 forward of 32 tokens took 83 ms with it
-and 77 ms with `onednn` (and 72 against 60 ms at 17 tokens). The sizes and formulations take
+128 tokens; larger steps and prefills take the 128-token choice), and the fastest runs each size;
+between two timed sizes, the one whose times, interpolated, are the least. Whole forwards, not
+each matmul alone: on a 2-core CPU, matmuls timed alone made `wx` the fastest at 32 rows by 7%,
+yet a whole SmolLM2 forward of 32 tokens took 83 ms with it and 77 ms with `onednn` (and 72
+against 60 ms at 17 tokens). The sizes and formulations take
 turns, so a slow spell of a shared machine touches all of them, and each forward's fastest of
 `REPS` passes is kept (other load only adds time). A formulation far behind after two passes
-(one may meet a spike of other load) is not timed again at that size. Between neighbouring
-sizes the choice changes only for a gain above `HYSTERESIS`, so timer noise does not make it
-flip back and forth.
+(one may meet a spike of other load) is not timed again at that size. From one size to the
+next the choice changes only for a gain above `HYSTERESIS`, so timer noise does not make it
+flip back and forth (a switch lands where the gap reaches it, past where the times cross).
 
 The timings are cached per machine (`~/.cache/lp/kernels/`, keyed by the CPU's model, torch's
 version and threads, the dtype and the matrices' shapes): a machine measures once per model
@@ -148,7 +148,7 @@ def table(seconds: Mapping[int, Mapping[str, float]], how: str) -> Kernels:
     return Kernels(tuple(pairs), how)
 
 
-def _key(matrices: Mapping[str, list[Matrix]], names: list[str], sizes: tuple[int, ...]) -> dict:
+def _key(matrices: Mapping[str, list[Matrix]], names: list[str], sizes: tuple[int, ...], context: int) -> dict:
     first = next(iter(matrices.values()))[0].weight
     return {
         "cpu": cpu_name(),
@@ -159,7 +159,7 @@ def _key(matrices: Mapping[str, list[Matrix]], names: list[str], sizes: tuple[in
         "shapes": {role: [list(mats[0].weight.shape), len(mats)] for role, mats in matrices.items()},
         "formulations": names,
         "sizes": list(sizes),
-        "timed": "whole forwards",
+        "timed": f"whole forwards after {context} tokens",
     }
 
 
@@ -191,6 +191,7 @@ def choose(
     device: torch.device,
     *,
     forward: Forwards,
+    context: int = 0,
     choice: str = "auto",
     compiled: bool = False,
     sizes: tuple[int, ...] = SIZES,
@@ -201,7 +202,8 @@ def choose(
 ) -> Kernels:
     """The formulations of a forward over `matrices` (role -> its weight matrices) on `device`:
     `choice` names one for every size, or `auto` times every one that runs here (`compiled`:
-    under torch.compile) in whole forwards (`forward`) and takes the fastest at each size.
+    under torch.compile) in whole forwards (`forward`, each after `context` committed tokens) and
+    takes the fastest at each size.
     `cache`: read and write the machine's cached timings. `agree`: a sum over the ranks that
     must choose alike (and time alike). `load`: starts the watch of other processes' load while
     timing (tests pass a quiet one)."""
@@ -214,7 +216,7 @@ def choose(
     names = [n for n in FORMULATIONS if FORMULATIONS[n].available(device, dtype, compiled)]
     if len(names) == 1:
         return Kernels.only(names[0], f"the one formulation on {device.type}")
-    key = _key(matrices, names, sizes)
+    key = _key(matrices, names, sizes, context)
     path = _cache_file(key)
     seconds = _load(path, key) if cache else None
     if agree is not None:  # a forward all-reduces inside: every rank times, or none does

@@ -136,13 +136,14 @@ class LlamaForward:
             "head": [self.lm_head],
         }
 
-    def use(self, kernels: Kernels) -> None:
-        """Run the matmuls by `kernels`, with the weight copies its formulations read made now."""
+    def use(self, kernels: Kernels, keep: bool = False) -> None:
+        """Run the matmuls by `kernels`, with the weight copies its formulations read made now (and
+        those it does not read dropped, unless `keep`: the kernel choice switches between them)."""
         packing = [FORMULATIONS[name] for name in sorted(kernels.names) if FORMULATIONS[name].pack]
 
         def ready(m: Matrix) -> Matrix:
-            if not packing:  # a copy no formulation of these reads
-                return m._replace(packed=None)
+            if not packing:
+                return m if keep else m._replace(packed=None)
             for f in packing:
                 m = f.prepare(m)
             return m

@@ -153,8 +153,8 @@ class PackedStep:
     def groups(self, call_pages: int = GROUP_CALL_PAGES) -> list[tuple[np.ndarray, int]]:
         """The segments by size bucket, each bucket's split by length (`by_length`): each group's
         segment indices and padded size."""
-        sizes = np.array([s.size for s in self.segments])
-        pages = np.array([pages_for(s.length + s.size) for s in self.segments])
+        sizes = np.diff(self.starts)
+        pages = -(-(self.length[self.starts[:-1]] + sizes) // PAGE)  # each segment's, to its step's end
         by_bucket: dict[int, list[int]] = {}
         for i, B in enumerate(buckets(sizes).tolist()):
             by_bucket.setdefault(B, []).append(i)
@@ -169,6 +169,8 @@ def by_length(members: np.ndarray, pages: np.ndarray, call_pages: int = GROUP_CA
     """`members` (their pages `pages`) split into groups of like lengths: a group gathers each
     member's pages padded to its longest's, so the split that gathers the fewest pages, each group
     counted `call_pages` more (the best of the splits of the members sorted by length)."""
+    if len(members) == 1:
+        return [members]
     order = np.argsort(-pages, kind="stable")
     cut = _length_cuts(pages[order].astype(np.int64), call_pages)
     groups, j = [], len(members)
