@@ -22,8 +22,9 @@ from lp.lookahead.mask import StepLayout
 BUCKETS = (1, 16, 32, 64, 128, 256, 512)  # few graphs, little padding; plain decoding stays at 1
 # what one more attention group costs (its gathers, sdpa and copies on every layer), in pages
 # gathered: a bucket's sequences split into groups of like lengths where the pages a group pads to
-# its longest cost more. On a 2-core CPU (SmolLM2-135M) 48 to 128 timed alike, 8 to 16 split 32
-# chat prompts of 40-90 tokens into groups that cost 20% more than one (results/attention_groups)
+# its longest cost more. On a 2-core CPU (SmolLM2-135M, scratch timings of tools.attention_groups'
+# steps) 48 to 128 timed alike, while 8 or 16 split 32 chat prompts of 40-90 tokens into groups
+# that cost 20% more than one
 GROUP_CALL_PAGES = 64
 LARGE = 256  # beyond the last bucket, steps round up to a multiple of this
 
