@@ -96,23 +96,20 @@ class _Probe:
         if self.kv is not None:
             self.kv.release()
 
-    def _run(self, ids: np.ndarray, start: int) -> Callable[[], torch.Tensor]:
-        w, kv = self.worker, self.kv
-        chunk = prompt_chunk(kv.owner, ids, start, kv.table)
-        chunk.rows = np.arange(len(ids))
-        on = exact(PackedStep([chunk]), w.kv.pool.owner, w.kv.pool.index, w.query_groups)
-        inputs = StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)
-        return lambda: w.forward(inputs)
-
     def __call__(self, name: str, M: int) -> Callable[[], torch.Tensor]:
         w = self.worker
         if self.kv is None:
             self.kv = w.sequence(self.context, self.sizes[-1])
+            w.prefill(self.kv, torch.randint(0, w.vocab_size, (self.context,), generator=self.gen).numpy())
             self.kv.reserve(self.context + self.sizes[-1])
-            self._run(torch.randint(0, w.vocab_size, (self.context,), generator=self.gen).numpy(), 0)()
-            self.kv.length = self.context
         w.forward.use(Kernels.only(name), keep=True)
-        return self._run(torch.randint(0, w.vocab_size, (M,), generator=self.gen).numpy(), self.kv.length)
+        ids = torch.randint(0, w.vocab_size, (M,), generator=self.gen).numpy()
+        chunk = prompt_chunk(self.kv.owner, ids, self.kv.length, self.kv.table)
+        chunk.rows = np.arange(M)
+        # the step's inputs made once: the timed run is the forward alone
+        on = exact(PackedStep([chunk]), w.kv.pool.owner, w.kv.pool.index, w.query_groups)
+        inputs = StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)
+        return lambda: w.forward(inputs)
 
 
 class Worker:
@@ -171,6 +168,7 @@ class Worker:
         self._owners = 0  # the last sequence id handed out (ids are never reused)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         positions = self.max_seq_len + STEP_ROOM
+        self.fixed: FixedSteps | None = None  # steps run eagerly (the kernel choice's) until the fixed shapes are made
         if lean:
             self.forward: Forward = llama.LlamaForward(model, self.kv, positions, tp)
             with _Probe(self) as probe:

@@ -86,9 +86,9 @@ def calibrate(
     cache holds. Default sizes: 1 to 256 tokens for exact-size steps, in powers of two and on
     both sides of each change of the forward's matmul kernels; with fixed-shape steps, every
     bucket that a ladder shape's rank share uses at `world_size` ranks, with one pending token or
-    the most a step can have, so each is compiled and captured here, once per process, and not inside a decode that
-    `auto` switches to a larger shape (on an H100 that made one SmolLM2 decode 24 tok/s instead of
-    400). The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
+    the most a step can have, so each is compiled and captured here, once per process, and not
+    inside a decode that `auto` switches to a larger shape (on an H100 that made one SmolLM2 decode
+    24 tok/s instead of 400). The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
     them instead of a few; and the fastest run is kept, since other load only ever adds time.
     `progress`: a bar on a terminal (the first pass compiles and captures each bucket: minutes on
     a fresh GPU machine)."""

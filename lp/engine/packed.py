@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from lp.engine.attention import FLEX_BLOCK, Group, Grouped, Visibility
-from lp.engine.pages import PAD, PAGE, pages_for
+from lp.engine.pages import PAD, PAGE
 from lp.jit import compiled
 from lp.lookahead.mask import StepLayout
 
@@ -95,8 +95,9 @@ class PackedStep:
     """A step's segments side by side (host arrays): per token its id, position, slot (where its KV
     goes), sequence (`owner`), that sequence's committed length, its segment's first token
     (`base`) and size, and its depth; the step's `[n, n]` block (segments' blocks on the
-    diagonal); the rows whose logits the step returns; every segment's tree parents; and where
-    each segment's tokens, rows and parents start (`starts`, `row_starts`, `parent_starts`, one
+    diagonal); the rows whose logits the step returns; every segment's tree parents; per segment
+    the pages its sequence holds to the step's end (`pages`); and where each segment's tokens,
+    rows and parents start (`starts`, `row_starts`, `parent_starts`, one
     more than segments)."""
 
     segments: list[Segment]
@@ -111,6 +112,7 @@ class PackedStep:
     block: np.ndarray = field(init=False)
     rows: np.ndarray = field(init=False)
     parents: np.ndarray = field(init=False)
+    pages: np.ndarray = field(init=False)
     starts: np.ndarray = field(init=False)
     row_starts: np.ndarray = field(init=False)
     parent_starts: np.ndarray = field(init=False)
@@ -138,6 +140,7 @@ class PackedStep:
             self.block[a : a + s.size, a : a + s.size] = s.block
         self.rows = cat([s.rows + a for a, s in zip(self.starts, segs)]).astype(np.int64, copy=False)
         self.parents = cat([s.parents for s in segs]).astype(np.int64, copy=False)
+        self.pages = -(-(np.array([s.length for s in segs], np.int64) + sizes) // PAGE)
 
     def _slots(self, index: np.ndarray, which: np.ndarray) -> np.ndarray:
         """The slots of storage indices `index`, of segments `which`."""
@@ -155,13 +158,12 @@ class PackedStep:
         """The segments by size bucket, each bucket's split by length (`by_length`): each group's
         segment indices and padded size."""
         sizes = np.diff(self.starts)
-        pages = -(-(self.length[self.starts[:-1]] + sizes) // PAGE)  # each segment's, to its step's end
         by_bucket: dict[int, list[int]] = {}
         for i, B in enumerate(buckets(sizes).tolist()):
             by_bucket.setdefault(B, []).append(i)
         out = []
         for members in by_bucket.values():
-            for m in by_length(np.asarray(members, np.int64), pages[members], call_pages):
+            for m in by_length(np.asarray(members, np.int64), self.pages[members], call_pages):
                 out.append((m, int(sizes[m].max())))
         return out
 
@@ -275,14 +277,14 @@ def _grouped(step: PackedStep, visible: Visibility, heads: int, dev: torch.devic
     out = []
     for members, n in parts:
         segs = [step.segments[i] for i in members]
-        p = max(pages_for(s.length + s.size) for s in segs)
+        p = int(step.pages[members].max())
         queries = np.empty((len(segs), n), np.int64)
         pages = np.zeros((len(segs), p), np.int64)  # the pad page: its owner matches no token
         for r, (i, s) in enumerate(zip(members, segs)):
             a = step.starts[i]
             queries[r, : s.size] = np.arange(a, a + s.size)
             queries[r, s.size :] = a + s.size - 1
-            used = pages_for(s.length + s.size)
+            used = step.pages[i]
             pages[r, :used] = s.pages[:used]
         real = np.concatenate([np.arange(r * n, r * n + s.size) for r, s in enumerate(segs)])
         padded = len(real) < queries.size
@@ -316,9 +318,9 @@ def flex_blocks(step: PackedStep, B: int, blocks: int) -> tuple[np.ndarray, np.n
     for qb in range(n_q):
         lo, hi = qb * FLEX_BLOCK, (qb + 1) * FLEX_BLOCK
         seen = [np.zeros(1, np.int64)]
-        for a, s in zip(step.starts, step.segments):
+        for i, (a, s) in enumerate(zip(step.starts, step.segments)):
             if a < hi and a + s.size > lo:
-                seen.append(s.pages[: pages_for(s.length + s.size)] // per)
+                seen.append(s.pages[: step.pages[i]] // per)
         visit = np.unique(np.concatenate(seen))
         counts[qb] = len(visit)
         indices[qb, : len(visit)] = visit
