@@ -206,3 +206,20 @@ def test_plans_of_a_real_shaped_tree_fill_the_cap():
     cut = DraftTree(t, p)
     sizes = [plan_step([7], None, cut, Split(3, 3, 8, r, 128)).layout.size for r in range(8)]
     assert max(sizes) <= 128 and sum(sizes) > 8 * 120 and cut.size > 0.9 * tree.size
+
+
+@pytest.mark.parametrize("share", [0, 16])
+def test_a_steps_whole_size_is_one_ranks_and_the_same_on_every_rank(share):
+    """`StepPlan.whole` (what W=auto's tuner learns from) is what one rank would feed, whichever
+    rank and split computes it: a rank's own share would teach each rank a different slope."""
+    rng = random.Random(11)
+    for n in (0, 1, 7, 40):
+        parents = np.asarray(random_tree(rng, n), np.int64)
+        ordered, _ = reordered(parents, preorder(parents))  # root subtrees in runs, as the search takes them
+        tree = DraftTree(np.arange(n, dtype=np.int64), ordered.tolist())
+        for W, N, pending in ((3, 3, [5]), (4, 2, [5, 6]), (2, 4, [5, 6, 7])):
+            one = plan_step(pending, None, tree, Split(W, N, 1, 0)).layout.size
+            for P in (2, 3):
+                plans = [plan_step(pending, None, tree, Split(W, N, P, r, share)) for r in range(P)]
+                assert {p.whole for p in plans} == {one}, (n, W, N, P)
+                assert max(p.layout.size for p in plans) < one or n == 0

@@ -67,3 +67,24 @@ def test_no_node_no_window_on_two_ranks(tiny_models, references, tmp_path):
         auto = res["batch"][4]  # W=auto: its tree the budget's, which gives none
         assert auto["steps"] == len(auto["output_ids"]) and set(auto["accepted_per_step"]) == {1}
     assert docs[0]["results"]["batch"]["batch"] == docs[1]["results"]["batch"]["batch"]
+
+
+def test_w_auto_learns_alike_on_every_rank(tiny_models, references, tmp_path):
+    """W=auto's tuner learns each decode's S against its whole steps' sizes, alike on every rank
+    (a rank's own share would teach each rank its own slope, and their budgets, plans and
+    messages would part): a decode teaches it, then a batch of W=auto sequences decodes on what
+    it learned, greedy and alike on both ranks."""
+    auto = {"W": "auto", "N": "auto", "G": "auto"}
+    teach = {"id": "teach", "model": "llama", "prompt": PROMPTS[0], "slope": True}
+    teach["settings"] = {"W": "auto", "N": 3, "G": "auto", "max_new_tokens": MAX_NEW}  # a shape, never plain
+    prompts = [{"prompt": PROMPTS[p], "max_new_tokens": MAX_NEW, **auto} for p in (0, 1, 2, 1)]
+    batch = {"id": "batch", "model": "llama", "prompts": prompts, "batch": 3, "slope": True}
+    spec = {**_spec(tiny_models), "tasks": [teach, batch]}
+    launch, docs = run_api_worker(spec, 2, timeout=240, tmp=tmp_path)
+    assert launch.returncode == 0, launch.describe()
+    first, second = (doc["results"] for doc in docs)
+    assert first["teach"]["slope"] == second["teach"]["slope"]
+    assert first["batch"]["slope"] == second["batch"]["slope"]
+    assert first["teach"]["output_ids"] == references["llama", 0]
+    assert [b["output_ids"] for b in first["batch"]["batch"]] == [references["llama", p] for p in (0, 1, 2, 1)]
+    assert first["batch"]["batch"] == second["batch"]["batch"]

@@ -185,7 +185,7 @@ class TokenRecycling(BenchDecoder):
             bonus = choice[p + path[-1]] if len(path) else choice[p - 1]
             committed = [*tree[path].tolist(), int(bonus)]
             self._recycle(ids, logits)
-            state.advance(state.clip(committed, max_new_tokens, self.eos_ids), len(ids))
+            state.advance(state.clip(committed, max_new_tokens, self.eos_ids), len(ids), len(ids))
         sync(dev)
         end = time.perf_counter()
         return DecodeOutput(
@@ -195,5 +195,6 @@ class TokenRecycling(BenchDecoder):
             end - t1,
             accepted_per_step=list(state.accepted),
             fed_per_step=list(state.fed_per_step),
+            step_tokens=list(state.step_tokens),
             step_latencies=[b - a for a, b in zip(starts, [*starts[1:], end])],
         )

@@ -60,6 +60,14 @@ class StepPlan:
         return int(self.bounds[self.split.rank, 2]) - self.dups
 
     @property
+    def whole(self) -> int:
+        """The whole step's tokens, as one rank would feed them: the pending tokens once, every
+        window column and every node (the same on every rank, where `layout.size` is this rank's
+        share)."""
+        columns = int(self.bounds[:, 1].max())
+        return RankPlan(range(columns), range(self.tree.size)).cost(self.split.N, self.layout.m, 1)
+
+    @property
     def plans(self) -> tuple[RankPlan, ...]:
         """Every rank's plan."""
         return plans_of(self.bounds)

@@ -18,7 +18,8 @@ class Generation:
     prompt's prefill, with the host's indexing of the prompt for drafts (which a GPU's prefill
     hides; in a batch with `first_step_with_prompt`, all but its last chunk's forward, which the
     first step shares); `seconds` the decode time after it; `accepted_per_step` the tokens
-    committed by each step, `fed_per_step` the tokens of this rank's forward in each step (empty
+    committed by each step, `fed_per_step` the tokens of this rank's forward in each step and
+    `step_tokens` the whole step's, as one rank would feed it (the same on every rank; both empty
     where a decoder cannot tell)."""
 
     output_ids: list[int]
@@ -27,6 +28,7 @@ class Generation:
     seconds: float
     accepted_per_step: list[int]
     fed_per_step: list[int]
+    step_tokens: list[int]
 
     @property
     def new_tokens(self) -> int:

@@ -174,7 +174,7 @@ class Sequence:
         remaining = self.cfg.max_new_tokens - len(state.output)
         tokens, stopped = self.drafter.after_read(gathered, plan, remaining, eos)
         pending = len(state.pending)
-        state.advance(tokens, plan.layout.size, self.keep)
+        state.advance(tokens, plan.layout.size, plan.whole, self.keep)
         self.kv.length += len(tokens) if self.keep else pending
         self.plan = None
         ended = self.hooks.ended(tokens, gathered)
@@ -193,6 +193,7 @@ class Sequence:
             seconds=end - self.decoding_since,
             accepted_per_step=state.accepted,
             fed_per_step=state.fed_per_step,
+            step_tokens=state.step_tokens,
         )
         return self.result
 

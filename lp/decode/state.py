@@ -24,7 +24,9 @@ def fingerprint(*parts: object) -> int:
 class DecodeState:
     """The output so far and its running checksum (every message carries it and the sequence's
     length, so ranks that drifted apart are caught), the tokens the next step feeds before its
-    window and tree (x0 last), and what each step committed and fed."""
+    window and tree (x0 last), and what each step committed and fed: this rank's forward's tokens
+    (`fed_per_step`) and the whole step's, as one rank would feed it (`step_tokens`, the same on
+    every rank: what W=auto's tuner learns from)."""
 
     prompt: list[int]
     checksum: int = 0
@@ -32,6 +34,7 @@ class DecodeState:
     pending: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     fed_per_step: list[int] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
     stopped: bool = False
 
     def __post_init__(self) -> None:
@@ -50,15 +53,17 @@ class DecodeState:
         self.stopped = True
         return tokens[: next(i for i, t in enumerate(tokens) if t in eos_ids) + 1]
 
-    def advance(self, tokens: list[int], fed: int, keep: bool = False) -> None:
-        """Commit a step's `tokens` (fed `fed` tokens to this rank's forward); `keep`: their drafts'
-        KV was kept, so the next step feeds only the last (`next_pending`)."""
+    def advance(self, tokens: list[int], fed: int, whole: int, keep: bool = False) -> None:
+        """Commit a step's `tokens` (fed `fed` tokens to this rank's forward, `whole` in the whole
+        step); `keep`: their drafts' KV was kept, so the next step feeds only the last
+        (`next_pending`)."""
         for t in tokens:
             self.checksum = (self.checksum * 31 + t) % CHECK_MOD
         self.output.extend(tokens)
         self.pending = next_pending(tokens, keep)
         self.accepted.append(len(tokens))
         self.fed_per_step.append(fed)
+        self.step_tokens.append(whole)
 
 
 def decide(
