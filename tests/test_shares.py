@@ -13,7 +13,7 @@ import pytest
 import reference_plan
 
 from lp.config import DecodeConfig
-from lp.decode.plan import Split, plan_step
+from lp.decode.plan import Split, StepPlan, lay_out_step, plan_step
 from lp.decode.shares import (
     TREE_ROOM,
     first_grown,
@@ -223,3 +223,8 @@ def test_a_steps_whole_size_is_one_ranks_and_the_same_on_every_rank(share):
                 plans = [plan_step(pending, None, tree, Split(W, N, P, r, share)) for r in range(P)]
                 assert {p.whole for p in plans} == {one}, (n, W, N, P)
                 assert max(p.layout.size for p in plans) < one or n == 0
+    # a step the budget gave no node: the pending tokens alone (no window), on every rank
+    rows, none = np.zeros((2, 3), np.int64), np.zeros(0, np.int64)
+    splits = [Split(3, 3, 2, r) for r in range(2)]
+    bare = [StepPlan(lay_out_step(s, np.array([5, 6]), rows, none, none, none, False), 2, s) for s in splits]
+    assert [p.whole for p in bare] == [p.layout.size for p in bare] == [2, 2]

@@ -320,8 +320,8 @@ def run_spec(spec_path: str) -> int:
                 res["error"] = {"type": type(e).__name__, "message": str(e)}
             res.update(calls=CALLS[n_calls:], pg_calls=PG_CALLS[n_pg:], seconds=time.time() - t)
             res["memory"] = [lm.memory.digest, lm.memory.tokens]  # the draft memory after the task
-            if mine.get("slope"):  # what W=auto's tuner learned so far
-                res["slope"] = lm.tuner().slope()
+            if mine.get("slope"):  # what W=auto's tuner learned so far, from how many sequences
+                res["slope"], res["learned"] = lm.tuner().slope(), lm.tuner().learned
             doc["results"][task["id"]] = res
             save()
         doc["done"] = True

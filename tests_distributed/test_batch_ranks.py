@@ -83,7 +83,7 @@ def test_w_auto_learns_alike_on_every_rank(tiny_models, references, tmp_path):
     launch, docs = run_api_worker(spec, 2, timeout=240, tmp=tmp_path)
     assert launch.returncode == 0, launch.describe()
     first, second = (doc["results"] for doc in docs)
-    assert first["teach"]["slope"] == second["teach"]["slope"]
+    assert first["teach"]["learned"] == 1 and first["teach"]["slope"] == second["teach"]["slope"]
     assert first["batch"]["slope"] == second["batch"]["slope"]
     assert first["teach"]["output_ids"] == references["llama", 0]
     assert [b["output_ids"] for b in first["batch"]["batch"]] == [references["llama", p] for p in (0, 1, 2, 1)]

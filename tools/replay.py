@@ -39,7 +39,6 @@ import torch
 
 from lp.bench.shapes import parse_lookahead
 from lp.config import DecodeConfig
-from lp.decode.ladder import rank_tokens
 from lp.decode.loop import StepObserver
 from lp.errors import LPError
 from tools import pricing, steps
@@ -247,7 +246,7 @@ class Replay:
             g = self.decoder.generate(ids, cfg, verifier=verifier, observer=clock)
             kinds = verifier.kinds
         if name == "auto" and max_new is None:
-            self.tuner.observe(rank_tokens(shape) if shape is not None else 1, g.S, g.steps)
+            self.tuner.observe(statistics.mean(g.whole_per_step) if shape is not None else 1, g.S, g.steps)
         want = [len(s) for s in committed] if chose != "ar" else [1] * n
         return {
             "id": prompt["id"],

@@ -92,7 +92,7 @@ class HFGenerate(BenchDecoder):
         ids = out[0, x.shape[1] :].tolist()
         times, counts = stream.times, stream.counts
         if not times:  # nothing generated
-            return DecodeOutput(ids, 0, t_end - t0, 0.0, accepted_per_step=[], fed_per_step=[], step_tokens=[])
+            return DecodeOutput(ids, 0, t_end - t0, 0.0, accepted_per_step=[], fed_per_step=[], whole_per_step=[])
         if sum(counts) != len(ids):
             log.warning("%s: streamed %d tokens but generate returned %d", self.label, sum(counts), len(ids))
         # the first forward reads the whole prompt; count it as lp does: the prompt's last token
@@ -105,7 +105,7 @@ class HFGenerate(BenchDecoder):
             t_end - times[0],
             accepted_per_step=counts,
             fed_per_step=fed,
-            step_tokens=fed,
+            whole_per_step=fed,
             step_latencies=[b - a for a, b in zip(times[:-1], times[1:])],
         )
 
@@ -206,6 +206,6 @@ class PipelineParallel(BenchDecoder):
             t_end - times[0],
             accepted_per_step=[1] * len(times),
             fed_per_step=[1] * len(times),
-            step_tokens=[1] * len(times),
+            whole_per_step=[1] * len(times),
             step_latencies=[b - a for a, b in zip(times[:-1], times[1:])],
         )

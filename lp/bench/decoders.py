@@ -157,7 +157,7 @@ class LPDecoder(BenchDecoder):
             r.seconds,
             accepted_per_step=list(r.accepted_per_step),
             fed_per_step=list(r.fed_per_step),
-            step_tokens=list(r.step_tokens),
+            whole_per_step=list(r.whole_per_step),
             step_latencies=lat,
             forward_seconds=timer.forward_seconds,
             after_read=timer.after_read() if r.mode == "lookahead" else [],

@@ -195,6 +195,6 @@ class TokenRecycling(BenchDecoder):
             end - t1,
             accepted_per_step=list(state.accepted),
             fed_per_step=list(state.fed_per_step),
-            step_tokens=list(state.step_tokens),
+            whole_per_step=list(state.whole_per_step),
             step_latencies=[b - a for a, b in zip(starts, [*starts[1:], end])],
         )

@@ -61,9 +61,9 @@ class StepPlan:
 
     @property
     def whole(self) -> int:
-        """The whole step's tokens, as one rank would feed them: the pending tokens once, every
-        window column and every node (the same on every rank, where `layout.size` is this rank's
-        share)."""
+        """The whole step's tokens, as one rank would feed them: the pending tokens once, the window
+        where the step feeds it, and every node (the same on every rank, where `layout.size` is
+        this rank's share)."""
         columns = int(self.bounds[:, 1].max())
         return RankPlan(range(columns), range(self.tree.size)).cost(self.split.N, self.layout.m, 1)
 

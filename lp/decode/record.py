@@ -19,8 +19,8 @@ class Generation:
     hides; in a batch with `first_step_with_prompt`, all but its last chunk's forward, which the
     first step shares); `seconds` the decode time after it; `accepted_per_step` the tokens
     committed by each step, `fed_per_step` the tokens of this rank's forward in each step and
-    `step_tokens` the whole step's, as one rank would feed it (the same on every rank; both empty
-    where a decoder cannot tell)."""
+    `whole_per_step` the whole step's, as one rank would feed it (the same on every rank, and
+    `fed_per_step` on one; both empty where a decoder cannot tell)."""
 
     output_ids: list[int]
     steps: int
@@ -28,7 +28,7 @@ class Generation:
     seconds: float
     accepted_per_step: list[int]
     fed_per_step: list[int]
-    step_tokens: list[int]
+    whole_per_step: list[int]
 
     @property
     def new_tokens(self) -> int:

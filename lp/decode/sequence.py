@@ -193,7 +193,7 @@ class Sequence:
             seconds=end - self.decoding_since,
             accepted_per_step=state.accepted,
             fed_per_step=state.fed_per_step,
-            step_tokens=state.step_tokens,
+            whole_per_step=state.whole_per_step,
         )
         return self.result
 

@@ -25,7 +25,7 @@ class DecodeState:
     """The output so far and its running checksum (every message carries it and the sequence's
     length, so ranks that drifted apart are caught), the tokens the next step feeds before its
     window and tree (x0 last), and what each step committed and fed: this rank's forward's tokens
-    (`fed_per_step`) and the whole step's, as one rank would feed it (`step_tokens`, the same on
+    (`fed_per_step`) and the whole step's, as one rank would feed it (`whole_per_step`, the same on
     every rank: what W=auto's tuner learns from)."""
 
     prompt: list[int]
@@ -34,7 +34,7 @@ class DecodeState:
     pending: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     fed_per_step: list[int] = field(default_factory=list)
-    step_tokens: list[int] = field(default_factory=list)
+    whole_per_step: list[int] = field(default_factory=list)
     stopped: bool = False
 
     def __post_init__(self) -> None:
@@ -63,7 +63,7 @@ class DecodeState:
         self.pending = next_pending(tokens, keep)
         self.accepted.append(len(tokens))
         self.fed_per_step.append(fed)
-        self.step_tokens.append(whole)
+        self.whole_per_step.append(whole)
 
 
 def decide(

@@ -371,8 +371,8 @@ class LP:
         if ask.reason is not None:
             S, tokens_per_s, _ = self._tuner.expect(shape)  # before this sequence teaches the tuner
             predicted = {"S": S, "tokens_per_s": tokens_per_s}
-            if shape is not None and g.step_tokens:  # the S it achieved at its steps' sizes, alike on every rank
-                self._tuner.observe(sum(g.step_tokens) / len(g.step_tokens), g.S, g.steps)
+            if shape is not None and g.whole_per_step:  # the S it achieved at its steps' sizes, alike on every rank
+                self._tuner.observe(sum(g.whole_per_step) / len(g.whole_per_step), g.S, g.steps)
         return Result(
             **{f.name: getattr(g, f.name) for f in fields(Generation)},
             prompt_ids=ask.request.prompt,
