@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -148,9 +149,21 @@ def test_calibration_builds_every_bucket_auto_can_use(tiny_models):
     # at 8 ranks a share is cut to 128 tokens (lp/decode/shares.py): no rank builds the buckets it never runs
     eight = calibrate(Worker(tiny_models["llama"], graphs=True), reps=1, world_size=8)
     assert eight.tokens == (1, 16, 32, 64, 128)
-    plain = calibrate(Worker(tiny_models["llama"], graphs=False), reps=1)
+    exact_size = Worker(tiny_models["llama"], graphs=False)
+    plain = calibrate(exact_size, reps=1)
     assert not plain.padded and plain.tokens == (*SIZES, 128, 256)
+    assert exact_size.kv.pool.lendable == exact_size.kv.pool.pages - 1  # the drafting batch's pages too
     assert 0 < cost.plain_seconds < math.inf and 0 < plain.plain_seconds < math.inf
+
+
+def test_what_drafts_add_to_a_step_is_in_a_shapes_price():
+    """A shape that pays on the curve alone does not where what its drafts add to a step
+    (`CostCurve.drafting`) eats the tokens they make."""
+    cheap = curve(0.001)
+    assert AutoTuner(cheap).choose()[0] is not None
+    shape, reason = AutoTuner(replace(cheap, drafting=4.0)).choose()  # four plain steps' cost more
+    assert shape is None and reason.startswith("plain decoding: even the cheapest lookahead step")
+    assert "costs 5.0" in reason  # its forward and what its drafts add, against a plain step
 
 
 def test_a_shape_is_priced_beside_the_other_sequences():

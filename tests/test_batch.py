@@ -245,6 +245,17 @@ def test_the_cost_model_takes_the_nodes_that_pay():
     assert eager.split(_grown(one + [Claim(3, 1, False)]), eager.total(one))[1] == 1  # its own tree: all
 
 
+def test_what_drafts_add_to_a_step_is_priced_once():
+    """A step with drafts pays their successors' top-k and their own attention group
+    (`CostCurve.drafting`): nodes that pay on the curve alone do not where that costs more than
+    they make, unless other trees in the step pay it already."""
+    few = [Claim(1, 40, True) for _ in range(4)]
+    assert Budget("auto", cost=lambda: STEEP).total(few) > 0
+    costly = replace(STEEP, drafting=0.5)  # half a plain step
+    assert Budget("auto", cost=lambda: costly).total(few) == 0
+    assert Budget("auto", cost=lambda: costly).total([*few, Claim(3, 2, False)]) > 0
+
+
 def test_windows_are_priced_only_with_nodes():
     """A step of no node feeds no window of the sequences sharing the nodes: the cost model prices
     it so (one sequence whose window would cost as much as its nodes buy takes them anyway) and

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from lp.collective import Collective
+from lp.config import SUCCESSORS
 from lp.decode.ladder import LADDER, Shape, ladder, rank_tokens
 from lp.engine.packed import PackedStep, bucket, buckets, prompt_chunk
 from lp.worker import STEP_ROOM, Worker
@@ -37,17 +38,26 @@ PRIOR_STEPS = 8
 # timings on a shared machine vary by a few percent between runs; without a margin, near ties
 # between shapes flip from run to run on the same input.
 MARGIN = 1.1
+# What drafts add to a step is timed on this many sequences, half of them feeding this many drafts
+# (a step under load: some sequences' trees beside plain ones).
+DRAFTING_BATCH, DRAFTING_NODES = 4, 4
+# ... each after this many tokens of context (at most the curve's): what drafts add hardly depends on it
+DRAFTING_CONTEXT = 128
 
 
 @dataclass(frozen=True)
 class CostCurve:
     """Median forward seconds against the number of step tokens, on this machine. `padded`:
     steps run at fixed shapes (lp/engine/fixed_steps.py), so a T-token step costs its bucket's
-    forward. A plain decoding step is a one-token step, which lookahead's steps must beat."""
+    forward. A plain decoding step is a one-token step, which lookahead's steps must beat.
+    `drafting`: what a step that verifies drafts costs beyond its size's forward (the successors'
+    top-k over its rows and, in a batch, the drafting sequences' own attention group: `calibrate`
+    times it on a batch), so a step of T tokens with drafts costs `seconds_at(T) + drafting`."""
 
     tokens: tuple[int, ...]
     seconds: tuple[float, ...]
     padded: bool = False
+    drafting: float = 0.0
 
     def seconds_at(self, T: float) -> float:
         """Seconds of a T-token forward (linear in between and beyond the measured sizes)."""
@@ -80,6 +90,7 @@ def calibrate(
     reps: int = 5,
     world_size: int = 1,
     progress: bool = False,
+    successors: int = SUCCESSORS,
 ) -> CostCurve:
     """Time one forward of each size after a `context`-token prefill (fastest of `reps`), its
     logits of every row computed and read as a decode does; sizes and context shrink to what the
@@ -91,7 +102,8 @@ def calibrate(
     24 tok/s instead of 400). The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
     them instead of a few; and the fastest run is kept, since other load only ever adds time.
     `progress`: a bar on a terminal (the first pass compiles and captures each bucket: minutes on
-    a fresh GPU machine)."""
+    a fresh GPU machine). Then what drafts add to a step (`CostCurve.drafting`, `drafting_cost`),
+    with `successors` top-k successors a row."""
     padded = worker.fixed is not None
     if sizes is None and padded:
         shares = {
@@ -130,16 +142,60 @@ def calibrate(
         kv.release()
     # An exact-size step's cost cannot fall with more tokens (a dip is timer noise); a bucket's can:
     # each runs its own kernels (on an H200 a 64-token bucket cost 10.9 ms, a 128-token one 7.3)
-    return CostCurve(tuple(sizes), tuple(seconds if padded else np.maximum.accumulate(seconds).tolist()), padded)
+    curve = CostCurve(tuple(sizes), tuple(seconds if padded else np.maximum.accumulate(seconds).tolist()), padded)
+    return replace(curve, drafting=drafting_cost(worker, curve, min(context, DRAFTING_CONTEXT), reps, successors))
+
+
+@torch.inference_mode()
+def drafting_cost(worker: Worker, curve: CostCurve, context: int, reps: int, successors: int) -> float:
+    """What drafts add to a step beyond its size's forward: a batch of `DRAFTING_BATCH` sequences
+    (`context` tokens each) whose step feeds one token each, against the same step where half of
+    them feed `DRAFTING_NODES` drafts more (their own attention group, as a step's tree nodes beside
+    plain sequences make) and every row's top-k `successors` are taken; less what the curve says
+    the added tokens cost (fastest of `reps`, at least 0). One sequence's curve misses this, and
+    under load it decides whether a few nodes pay (4 chat sequences on a 2-core CPU: 7 ms on a
+    42 ms step)."""
+    B, m = DRAFTING_BATCH, DRAFTING_NODES
+    gen = torch.Generator().manual_seed(1)
+    kvs = [worker.sequence(context, 1 + m) for _ in range(B)]
+    try:
+        for kv in kvs:
+            worker.prefill(kv, torch.randint(0, worker.vocab_size, (context,), generator=gen).numpy())
+            kv.reserve(context + 1 + m)
+
+        def step(drafts: list[int]) -> PackedStep:
+            chunks = []
+            for kv, n in zip(kvs, drafts):
+                ids = torch.randint(0, worker.vocab_size, (1 + n,), generator=gen).numpy()
+                chunk = prompt_chunk(kv.owner, ids, context, kv.table)
+                chunk.rows = np.arange(1 + n)
+                chunks.append(chunk)
+            return PackedStep(chunks)
+
+        plain, drafted = step([0] * B), step([m if i % 2 else 0 for i in range(B)])
+        best = [math.inf, math.inf]
+        for _ in range(reps):
+            for i, (packed, k) in enumerate(((plain, 0), (drafted, successors))):
+                t0 = time.perf_counter()
+                logits = worker.run(packed)[0]
+                if k:
+                    logits.topk(k, dim=-1)
+                logits.argmax(dim=-1)[0].item()  # wait for the device, as a decode's read does
+                best[i] = min(best[i], time.perf_counter() - t0)
+    finally:
+        for kv in kvs:
+            kv.release()
+    added = curve.seconds_at(B + m * (B // 2)) - curve.seconds_at(B)
+    return max(0.0, best[1] - best[0] - added)
 
 
 def calibrate_ranks(worker: Worker, comm: Collective, world_size: int) -> CostCurve:
-    """`calibrate` on every rank of `comm`, each size at the slowest rank's cost, so all ranks
-    choose alike; `world_size`: the LP replicas that split a step."""
+    """`calibrate` on every rank of `comm`, each size (and what drafts add) at the slowest rank's
+    cost, so all ranks choose alike; `world_size`: the LP replicas that split a step."""
     mine = calibrate(worker, world_size=world_size, progress=comm.is_main)
-    micros = torch.tensor([round(s * 1e6) for s in mine.seconds], dtype=torch.long, device=comm.device)
-    slowest = (x / 1e6 for x in comm.all_gather(micros).max(dim=0).values.cpu().tolist())
-    return CostCurve(mine.tokens, tuple(slowest), mine.padded)
+    micros = torch.tensor([round(s * 1e6) for s in (*mine.seconds, mine.drafting)], dtype=torch.long, device=comm.device)
+    *slowest, drafting = (x / 1e6 for x in comm.all_gather(micros).max(dim=0).values.cpu().tolist())
+    return CostCurve(mine.tokens, tuple(slowest), mine.padded, drafting)
 
 
 def _plural(n: int, word: str) -> str:
@@ -174,7 +230,7 @@ class AutoTuner:
             return 1.0, plain, 1.0
         whole, share = rank_tokens(shape), rank_tokens(shape, self.world_size)
         S = 1 + self.slope() * math.log2(whole)
-        rate = (others + S) / cost.seconds_at(others + share)
+        rate = (others + S) / (cost.seconds_at(others + share) + cost.drafting)
         return S, rate, rate / plain
 
     def choose(self, allow_plain: bool = True, others: int = 0) -> tuple[Shape | None, str]:
@@ -218,7 +274,7 @@ class AutoTuner:
         """What a shape's step costs and is expected to make, in words."""
         S, _, rate = self.expect(shape, others)
         T = rank_tokens(shape, self.world_size)
-        extra = self.cost.seconds_at(others + T) / self.cost.seconds_at(others + 1)
+        extra = (self.cost.seconds_at(others + T) + self.cost.drafting) / self.cost.seconds_at(others + 1)
         return (
             f"costs {extra:.2f}x a plain step here and is expected to make "
             f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding"

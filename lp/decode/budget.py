@@ -16,7 +16,9 @@ How many nodes the step takes in all:
 * `auto`: the count that maximises the step's expected tokens per second, as W=auto prices one
   sequence's step (lp/decode/auto.py): a sequence whose step feeds T tokens commits S(T) =
   1 + slope x log2(T) of them, the slope fitted on what the decodes achieved, and a step of T
-  tokens costs what this machine measured (nodes at all only where they promise `MARGIN` more);
+  tokens costs what this machine measured, and more with drafts in it (`CostCurve.drafting`: their
+  successors' top-k, their own attention group beside plain sequences; nodes at all only where
+  they promise `MARGIN` more);
   the tokens every decoding step feeds anyway (pending tokens, windows) are the base it adds to,
   and a step of no node feeds no window of the sequences that share the nodes.
   A prompt chunk in the step is left out of the price: it is paid whatever the nodes, and a step
@@ -94,12 +96,13 @@ class Budget:
         if not shared or self.policy == "none":
             return 0
         available = sum(c.cap for c in shared)
-        fixed = sum(c.fixed for c in claims) + math.ceil(sum(c.cap for c in claims if not c.shared) / self.P)
+        unshared = sum(c.cap for c in claims if not c.shared)  # trees verified whole: drafts in the step anyway
+        fixed = sum(c.fixed for c in claims) + math.ceil(unshared / self.P)
         if self.policy in ("shared", "even"):
             return min(available, max(0, (self.step_tokens - base - fixed) * self.P))
         # priced as a step of decodes alone: a prompt chunk's cost is paid whatever the nodes
         windows = sum(c.window for c in shared)
-        return self._best_count(available, len(shared), len(claims) - len(shared), fixed, windows)
+        return self._best_count(available, len(shared), len(claims) - len(shared), fixed, windows, unshared > 0)
 
     def split(self, claims: list[Claim], total: int) -> list[int]:
         """The nodes each grown claim's next step verifies: every node of a tree that is not shared;
@@ -128,16 +131,22 @@ class Budget:
             counts[i] = int(taken[j])
         return counts
 
-    def _best_count(self, available: int, sequences: int, others: int, fixed: int, windows: int) -> int:
+    def _best_count(
+        self, available: int, sequences: int, others: int, fixed: int, windows: int, drafted: bool
+    ) -> int:
         """The count of nodes (at most `available`) that maximises the step's expected tokens per
         second: each of the `sequences` sharing them commits S of its share plus a pending token
         (W=auto's S(T), module docstring), each of `others` one token; the step feeds `fixed`
-        tokens and a rank's share of the nodes, `windows` fewer with none."""
+        tokens and a rank's share of the nodes, `windows` fewer with none, and pays for drafts
+        with nodes (or `drafted`: other trees in it already do)."""
         counts = np.arange(available + 1)
         expected = others + sequences * (1 + self.slope() * np.log2(1 + counts / sequences))
         shares = fixed + np.ceil(counts / self.P)
         shares[0] -= windows
-        rates = expected / self.cost().seconds_of(shares)
+        cost = self.cost()
+        seconds = cost.seconds_of(shares)
+        seconds[0 if drafted else 1 :] += cost.drafting  # drafts: their successors' top-k, their own attention
+        rates = expected / seconds
         best = int(np.argmax(rates))
         return best if rates[best] > MARGIN * rates[0] else 0
 
