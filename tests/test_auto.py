@@ -153,6 +153,9 @@ def test_calibration_builds_every_bucket_auto_can_use(tiny_models):
     plain = calibrate(exact_size, reps=1)
     assert not plain.padded and plain.tokens == (*SIZES, 128, 256)
     assert exact_size.kv.pool.lendable == exact_size.kv.pool.pages - 1  # the drafting batch's pages too
+    # a small cache: the drafting batch's context shrinks to what it lends, as the curve's does
+    small = Worker(tiny_models["llama"], graphs=False, kv_tokens=128)
+    assert calibrate(small, reps=1).drafting >= 0 and small.kv.pool.lendable == small.kv.pool.pages - 1
     assert 0 < cost.plain_seconds < math.inf and 0 < plain.plain_seconds < math.inf
 
 

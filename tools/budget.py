@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_new_tokens": args.max_new_tokens,
         "shape": SHAPE,
         "gpu_costs": about,
-        "cpu_costs": {"tokens": list(cpu.tokens), "seconds": list(cpu.seconds)},
+        "cpu_costs": {"tokens": list(cpu.tokens), "seconds": list(cpu.seconds), "drafting": cpu.drafting},
         "fixed": [],
         "auto": [],
     }

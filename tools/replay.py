@@ -356,7 +356,13 @@ def run(cfg: Replayer) -> dict:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "max_memory_allocated_mib": torch.cuda.max_memory_allocated(comm.device) / 2**20 if cuda else None,
         "capture_seconds": dict(worker.fixed.capture_seconds) if worker.fixed is not None else {},
-        "auto": None if replay.tuner is None else {"slope": replay.tuner.slope(), "costs": replay.tuner.cost.seconds},
+        "auto": None
+        if replay.tuner is None
+        else {
+            "slope": replay.tuner.slope(),
+            "costs": replay.tuner.cost.seconds,
+            "drafting": replay.tuner.cost.drafting,
+        },
         "rows": replay.rows,
         "summary": summarize(replay.rows, names),
         "is_main": comm.is_main,

@@ -1,8 +1,8 @@
 """`W=auto`: choose the step's shape (W, N, G, tree budget) to maximise tokens/s, not S.
 
-Two measured inputs: the cost of one forward against its token count on this machine (a short
-calibration, once per process) and the acceptance seen so far (S of the sequences already
-decoded). The paper finds S - 1 growing linearly with the log of the per-step FLOPs; lp fits
+Two measured inputs: the cost of one forward against its token count on this machine and what
+drafts add to a step (a short calibration, once per process), and the acceptance seen so far (S
+of the sequences already decoded). The paper finds S - 1 growing linearly with the log of the per-step FLOPs; lp fits
 that slope to what it has seen and picks, from a ladder of shapes of growing step size, the
 one whose expected S divided by its relative step cost is largest. Plain decoding (one token
 per step, cost 1) is always a candidate, so on hardware where extra tokens are expensive
@@ -23,6 +23,7 @@ from lp.collective import Collective
 from lp.config import SUCCESSORS
 from lp.decode.ladder import LADDER, Shape, ladder, rank_tokens
 from lp.engine.packed import PackedStep, bucket, buckets, prompt_chunk
+from lp.engine.pages import PAGE
 from lp.worker import STEP_ROOM, Worker
 
 # S - 1 per doubling of a step's tokens before anything is decoded: the least-squares slope
@@ -152,12 +153,18 @@ def drafting_cost(worker: Worker, curve: CostCurve, context: int, reps: int, suc
     (`context` tokens each) whose step feeds one token each, against the same step where half of
     them feed `DRAFTING_NODES` drafts more (their own attention group, as a step's tree nodes beside
     plain sequences make) and every row's top-k `successors` are taken; less what the curve says
-    the added tokens cost (fastest of `reps`, at least 0). One sequence's curve misses this, and
+    the added tokens cost (fastest of `reps`, at least 0; 0 where the cache holds no such batch:
+    the context shrinks to what it lends). One sequence's curve misses this, and
     under load it decides whether a few nodes pay (on a 2-core Xeon: 3 ms on a 41 ms step)."""
     B, m = DRAFTING_BATCH, DRAFTING_NODES
+    context = min(context, worker.kv.pool.lendable // B * PAGE - (1 + m))
+    if context < 1:
+        return 0.0
     gen = torch.Generator().manual_seed(1)
-    kvs = [worker.sequence(context, 1 + m) for _ in range(B)]
+    kvs = []
     try:
+        for _ in range(B):
+            kvs.append(worker.sequence(context, 1 + m))
         for kv in kvs:
             worker.prefill(kv, torch.randint(0, worker.vocab_size, (context,), generator=gen).numpy())
             kv.reserve(context + 1 + m)
@@ -192,7 +199,8 @@ def calibrate_ranks(worker: Worker, comm: Collective, world_size: int) -> CostCu
     """`calibrate` on every rank of `comm`, each size (and what drafts add) at the slowest rank's
     cost, so all ranks choose alike; `world_size`: the LP replicas that split a step."""
     mine = calibrate(worker, world_size=world_size, progress=comm.is_main)
-    micros = torch.tensor([round(s * 1e6) for s in (*mine.seconds, mine.drafting)], dtype=torch.long, device=comm.device)
+    timed = (*mine.seconds, mine.drafting)
+    micros = torch.tensor([round(s * 1e6) for s in timed], dtype=torch.long, device=comm.device)
     *slowest, drafting = (x / 1e6 for x in comm.all_gather(micros).max(dim=0).values.cpu().tolist())
     return CostCurve(mine.tokens, tuple(slowest), mine.padded, drafting)
 

@@ -131,9 +131,7 @@ class Budget:
             counts[i] = int(taken[j])
         return counts
 
-    def _best_count(
-        self, available: int, sequences: int, others: int, fixed: int, windows: int, drafted: bool
-    ) -> int:
+    def _best_count(self, available: int, sequences: int, others: int, fixed: int, windows: int, drafted: bool) -> int:
         """The count of nodes (at most `available`) that maximises the step's expected tokens per
         second: each of the `sequences` sharing them commits S of its share plus a pending token
         (W=auto's S(T), module docstring), each of `others` one token; the step feeds `fixed`
