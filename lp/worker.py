@@ -99,13 +99,10 @@ class _Probe:
     def __call__(self, name: str, M: int) -> Callable[[], torch.Tensor]:
         w = self.worker
         if self.kv is None:
-            self.kv = w.sequence(self.context, self.sizes[-1])
-            w.prefill(self.kv, torch.randint(0, w.vocab_size, (self.context,), generator=self.gen).numpy())
-            self.kv.reserve(self.context + self.sizes[-1])
+            self.kv = w.random_sequence(self.context, self.sizes[-1], self.gen)
         w.forward.use(Kernels.only(name), keep=True)
         ids = torch.randint(0, w.vocab_size, (M,), generator=self.gen).numpy()
-        chunk = prompt_chunk(self.kv.owner, ids, self.kv.length, self.kv.table)
-        chunk.rows = np.arange(M)
+        chunk = prompt_chunk(self.kv.owner, ids, self.kv.length, self.kv.table, logits=True)
         # the step's inputs made once: the timed run is the forward alone
         on = exact(PackedStep([chunk]), w.kv.pool.owner, w.kv.pool.index, w.query_groups)
         inputs = StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)
@@ -230,6 +227,19 @@ class Worker:
         if not self.lean:
             on.attend = Dense(on.visible, self.kv.slots).refresh()
         return self.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)), on
+
+    def random_sequence(self, context: int, step_tokens: int, gen: torch.Generator) -> SequenceKV:
+        """A sequence holding `context` random tokens' KV (drawn from `gen`), its room for a step of
+        `step_tokens` after them reserved: what timed steps run after (the kernel choice, W=auto's
+        calibration). The caller releases it."""
+        kv = self.sequence(context, step_tokens)
+        try:
+            self.prefill(kv, torch.randint(0, self.vocab_size, (context,), generator=gen).numpy())
+            kv.reserve(context + step_tokens)
+        except BaseException:
+            kv.release()
+            raise
+        return kv
 
     @torch.inference_mode()
     def prefill(self, kv: SequenceKV, ids: list[int] | np.ndarray) -> None:

@@ -47,9 +47,7 @@ def _time(worker, kvs: list, nodes: list[int], call_pages: int, gen: np.random.G
     """Seconds of one step's forward (its host work included) under `call_pages`."""
     segments = []
     for kv, n in zip(kvs, nodes):
-        chunk = prompt_chunk(kv.owner, gen.integers(0, worker.vocab_size, 1 + n), kv.length, kv.table)
-        chunk.rows = np.arange(1 + n)
-        segments.append(chunk)
+        segments.append(prompt_chunk(kv.owner, gen.integers(0, worker.vocab_size, 1 + n), kv.length, kv.table, True))
     t0 = time.perf_counter()
     on = exact(PackedStep(segments), worker.kv.pool.owner, worker.kv.pool.index, worker.query_groups, call_pages)
     worker.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)).argmax().item()

@@ -402,11 +402,8 @@ def packed_latencies(worker, cfg: Settings, vocab: int, memory: dict[int, dict])
             for i, kv in enumerate(kvs):
                 n = T // B + (i < T % B)
                 kv.reserve(kv.length + n)
-                chunk = prompt_chunk(
-                    kv.owner, torch.randint(0, vocab, (n,), generator=gen).numpy(), kv.length, kv.table
-                )
-                chunk.rows = np.arange(n)
-                segments.append(chunk)
+                ids = torch.randint(0, vocab, (n,), generator=gen).numpy()
+                segments.append(prompt_chunk(kv.owner, ids, kv.length, kv.table, logits=True))
             step = PackedStep(segments)
             with _graph_memory(worker, memory):
                 seconds = timed(

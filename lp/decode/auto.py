@@ -119,17 +119,12 @@ def calibrate(
     sizes = tuple(T for T in sizes if worker.step_slots(T) < min(worker.kv_tokens, positions)) or (1, 2)
     context = max(1, min(context, worker.max_seq_len - 1, positions - sizes[-1], worker.kv_tokens - sizes[-1]))
     gen = torch.Generator().manual_seed(0)
-    kv = worker.sequence(context, sizes[-1])
+    kv = worker.random_sequence(context, sizes[-1], gen)
     try:
-        worker.prefill(kv, torch.randint(0, worker.vocab_size, (context,), generator=gen).numpy())
-        kv.reserve(context + sizes[-1])
         steps = []
         for T in sizes:  # T causal tokens after the context, logits for each (as a tree's nodes need)
-            chunk = prompt_chunk(
-                kv.owner, torch.randint(0, worker.vocab_size, (T,), generator=gen).numpy(), context, kv.table
-            )
-            chunk.rows = np.arange(T)
-            steps.append(PackedStep([chunk]))
+            ids = torch.randint(0, worker.vocab_size, (T,), generator=gen).numpy()
+            steps.append(PackedStep([prompt_chunk(kv.owner, ids, context, kv.table, logits=True)]))
         seconds = [math.inf] * len(sizes)
         bar = tqdm(total=reps * len(sizes), desc="W=auto: timing step sizes", disable=None if progress else True)
         for _ in range(reps):
@@ -164,19 +159,11 @@ def drafting_cost(worker: Worker, curve: CostCurve, context: int, reps: int, suc
     kvs = []
     try:
         for _ in range(B):
-            kvs.append(worker.sequence(context, 1 + m))
-        for kv in kvs:
-            worker.prefill(kv, torch.randint(0, worker.vocab_size, (context,), generator=gen).numpy())
-            kv.reserve(context + 1 + m)
+            kvs.append(worker.random_sequence(context, 1 + m, gen))
 
         def step(drafts: list[int]) -> PackedStep:
-            chunks = []
-            for kv, n in zip(kvs, drafts):
-                ids = torch.randint(0, worker.vocab_size, (1 + n,), generator=gen).numpy()
-                chunk = prompt_chunk(kv.owner, ids, context, kv.table)
-                chunk.rows = np.arange(1 + n)
-                chunks.append(chunk)
-            return PackedStep(chunks)
+            ids = [torch.randint(0, worker.vocab_size, (1 + n,), generator=gen).numpy() for n in drafts]
+            return PackedStep([prompt_chunk(kv.owner, x, context, kv.table, logits=True) for kv, x in zip(kvs, ids)])
 
         plain, drafted = step([0] * B), step([m if i % 2 else 0 for i in range(B)])
         best = [math.inf, math.inf]

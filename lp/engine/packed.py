@@ -81,13 +81,14 @@ def step_segment(owner: int, layout: StepLayout, ids: np.ndarray, x0: int, lengt
     )
 
 
-def prompt_chunk(owner: int, ids: np.ndarray, start: int, pages: np.ndarray) -> Segment:
+def prompt_chunk(owner: int, ids: np.ndarray, start: int, pages: np.ndarray, logits: bool = False) -> Segment:
     """A chunk of a prompt, tokens at positions `start ..` after `start` committed: causal, no
-    logits."""
+    logits (`logits`: every row's, as a timed step computes what a tree's nodes need)."""
     n = len(ids)
     none = np.zeros(0, np.int64)
     block = np.tri(n, dtype=np.bool_)
-    return Segment(owner, ids, np.arange(start, start + n), block, none, np.zeros(n, np.int64), none, start, pages)
+    rows = np.arange(n) if logits else none
+    return Segment(owner, ids, np.arange(start, start + n), block, rows, np.zeros(n, np.int64), none, start, pages)
 
 
 @dataclass(eq=False)
