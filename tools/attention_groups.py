@@ -116,9 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     lm = LP(args.model, draft_memory=0)
     worker = lm.decoder.worker
     doc: dict = {
-        "command": " ".join(
-            ["python -m tools.attention_groups", shlex.join(sys.argv[1:] if argv is None else argv)]
-        ).strip(),
+        "command": ("python -m tools.attention_groups " + shlex.join(sys.argv[1:] if argv is None else argv)).strip(),
         "device": cpu_name(),
         "date": datetime.date.today().isoformat(),
         "model": args.model,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from lp.engine.attention import FLEX_BLOCK, Group, Grouped, Visibility
-from lp.engine.pages import PAD, PAGE
+from lp.engine.pages import PAD, PAGE, pages_for
 from lp.jit import compiled
 from lp.lookahead.mask import StepLayout
 
@@ -131,8 +131,9 @@ class PackedStep:
         index = cat([np.arange(s.length, s.length + s.size) for s in segs])
         table = cat([np.full(s.size, i) for i, s in enumerate(segs)])
         self.slots = self._slots(index, table)
+        lengths = np.array([s.length for s in segs], np.int64)
         self.owner = np.repeat([s.owner for s in segs], sizes)
-        self.length = np.repeat([s.length for s in segs], sizes)
+        self.length = np.repeat(lengths, sizes)
         self.base = np.repeat(self.starts[:-1], sizes)
         self.size = np.repeat(sizes, sizes)
         T = int(self.starts[-1])
@@ -141,7 +142,7 @@ class PackedStep:
             self.block[a : a + s.size, a : a + s.size] = s.block
         self.rows = cat([s.rows + a for a, s in zip(self.starts, segs)]).astype(np.int64, copy=False)
         self.parents = cat([s.parents for s in segs]).astype(np.int64, copy=False)
-        self.pages = -(-(np.array([s.length for s in segs], np.int64) + sizes) // PAGE)
+        self.pages = pages_for(lengths + sizes)
 
     def _slots(self, index: np.ndarray, which: np.ndarray) -> np.ndarray:
         """The slots of storage indices `index`, of segments `which`."""
@@ -279,15 +280,14 @@ def _grouped(step: PackedStep, visible: Visibility, heads: int, dev: torch.devic
     for members, n in parts:
         segs = [step.segments[i] for i in members]
         p = int(step.pages[members].max())
-        queries = np.empty((len(segs), n), np.int64)
+        # each member's queries, its last repeated to the group's size; `real`: the unrepeated ones
+        sizes = (step.starts[members + 1] - step.starts[members])[:, None]
+        queries = step.starts[members][:, None] + np.minimum(np.arange(n), sizes - 1)
+        real = np.flatnonzero(np.arange(n) < sizes)
         pages = np.zeros((len(segs), p), np.int64)  # the pad page: its owner matches no token
         for r, (i, s) in enumerate(zip(members, segs)):
-            a = step.starts[i]
-            queries[r, : s.size] = np.arange(a, a + s.size)
-            queries[r, s.size :] = a + s.size - 1
             used = step.pages[i]
             pages[r, :used] = s.pages[:used]
-        real = np.concatenate([np.arange(r * n, r * n + s.size) for r, s in enumerate(segs)])
         padded = len(real) < queries.size
         run = None
         if len(segs) == 1 and (np.diff(pages[0]) == 1).all():
@@ -358,12 +358,14 @@ def padded(step: PackedStep, B: int) -> dict[str, np.ndarray]:
 
 __all__ = [
     "BUCKETS",
+    "GROUP_CALL_PAGES",
     "LARGE",
     "PackedStep",
     "PackedTensors",
     "Segment",
     "SegmentTensors",
     "bucket",
+    "by_length",
     "exact",
     "flex_blocks",
     "padded",
