@@ -22,7 +22,7 @@ from lp.engine.fixed_steps import FixedSteps
 from lp.engine.forward import Forward, StepInputs, TransformersForward, kv_shape
 from lp.engine.kernels import Kernels
 from lp.engine.kv import KVCache
-from lp.engine.packed import PackedStep, PackedTensors, bucket, exact, prompt_chunk, step_segment
+from lp.engine.packed import GROUP_CALL_PAGES, PackedStep, PackedTensors, bucket, exact, prompt_chunk, step_segment
 from lp.engine.pages import PAGE, SequenceKV, pages_for
 from lp.engine.tp import ALONE, TensorGroup
 from lp.errors import LPError
@@ -162,6 +162,9 @@ class Worker:
         self.kv = KVCache(layers, kv_heads // tp.size, head_dim, pages, param.dtype, self.device)
         self.lean = lean
         self.query_groups = model.config.get_text_config().num_attention_heads // kv_heads
+        # the pages an eager step's attention group is priced as (lp/engine/packed.py `by_length`):
+        # the groupings' timing (tools.attention_groups) sets others
+        self.call_pages = GROUP_CALL_PAGES
         self._owners = 0  # the last sequence id handed out (ids are never reused)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         positions = self.max_seq_len + STEP_ROOM
@@ -223,7 +226,7 @@ class Worker:
         Every token's KV is written; the sequences' lengths (their hosts') say what is kept."""
         if self.fixed is not None:
             return self.fixed.step(step)
-        on = exact(step, self.kv.pool.owner, self.kv.pool.index, self.query_groups)
+        on = exact(step, self.kv.pool.owner, self.kv.pool.index, self.query_groups, self.call_pages)
         if not self.lean:
             on.attend = Dense(on.visible, self.kv.slots).refresh()
         return self.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)), on

@@ -68,10 +68,11 @@ def test_grouped_attention_equals_the_whole_cache(arch, call_pages):
     for kv, n in zip([worker.sequence(200, 40) for _ in range(4)], (30, 17, 50, 5)):
         worker.prefill(kv, make_prompt(n % 7, n, 2)[:n])
     step, _ = _interleaved(worker, [30, 17, 50, 5])
-    on = exact(step, worker.kv.pool.owner, worker.kv.pool.index, worker.query_groups, call_pages)
-    grouped = worker.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend))
+    worker.call_pages = call_pages
+    grouped, on = worker.run(step)
     on.attend = Dense(on.visible, worker.kv.slots).refresh()
-    dense = worker.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend))
+    with torch.inference_mode():  # as the step's tensors were made
+        dense = worker.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend))
     torch.testing.assert_close(grouped, dense, rtol=1e-5, atol=1e-5)
     # sizes 7 and 11 share a bucket, 1 and 20 have one each: 3 buckets; where a group costs
     # nothing, the shared bucket's sequences (4 pages and 3) split by length

@@ -25,9 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lp.engine.forward import StepInputs
 from lp.engine.kernel_choice import cpu_name
-from lp.engine.packed import GROUP_CALL_PAGES, PackedStep, exact, prompt_chunk
+from lp.engine.packed import GROUP_CALL_PAGES, PackedStep, prompt_chunk
 
 NEVER = 1 << 40  # a group costs more than any pages: one group a size bucket
 GROUPINGS = {"by size and length": GROUP_CALL_PAGES, "by size alone": NEVER}
@@ -49,8 +48,8 @@ def _time(worker, kvs: list, nodes: list[int], call_pages: int, gen: np.random.G
     for kv, n in zip(kvs, nodes):
         segments.append(prompt_chunk(kv.owner, gen.integers(0, worker.vocab_size, 1 + n), kv.length, kv.table, True))
     t0 = time.perf_counter()
-    on = exact(PackedStep(segments), worker.kv.pool.owner, worker.kv.pool.index, worker.query_groups, call_pages)
-    worker.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)).argmax().item()
+    worker.call_pages = call_pages
+    worker.run(PackedStep(segments))[0].argmax().item()
     return time.perf_counter() - t0
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from lp import models
-from lp.decode.auto import calibrate
+from lp.decode.auto import step_costs
 from lp.engine import kernel_choice
 from lp.engine.kernel_choice import OtherLoad, cpu_name
 from lp.engine.kernels import FORMULATIONS
@@ -59,7 +59,7 @@ def report(model_name: str, reps: int) -> str:
     curves = {name: [] for name in (*names, "auto")}
     for _ in range(reps):  # whole steps, the formulations alternating
         for name in curves:
-            curves[name].append(calibrate(workers[name], sizes=STEP_SIZES, reps=1))
+            curves[name].append(step_costs(workers[name], sizes=STEP_SIZES, reps=1))
     floor_ms = 1e3 * weights / (gb_s * 1e9)  # as tools/steps.py counts it on a GPU
     busy = others.cores()
     lines = [

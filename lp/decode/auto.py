@@ -93,6 +93,21 @@ def calibrate(
     progress: bool = False,
     successors: int = SUCCESSORS,
 ) -> CostCurve:
+    """`step_costs`, then what drafts add to a step (`CostCurve.drafting`, `drafting_cost`), with
+    `successors` top-k successors a row."""
+    curve = step_costs(worker, sizes, context, reps, world_size, progress)
+    return replace(curve, drafting=drafting_cost(worker, curve, min(context, DRAFTING_CONTEXT), reps, successors))
+
+
+@torch.inference_mode()
+def step_costs(
+    worker: Worker,
+    sizes: tuple[int, ...] | None = None,
+    context: int = 256,
+    reps: int = 5,
+    world_size: int = 1,
+    progress: bool = False,
+) -> CostCurve:
     """Time one forward of each size after a `context`-token prefill (fastest of `reps`), its
     logits of every row computed and read as a decode does; sizes and context shrink to what the
     cache holds. Default sizes: 1 to 256 tokens for exact-size steps, in powers of two and on
@@ -103,8 +118,7 @@ def calibrate(
     24 tok/s instead of 400). The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
     them instead of a few; and the fastest run is kept, since other load only ever adds time.
     `progress`: a bar on a terminal (the first pass compiles and captures each bucket: minutes on
-    a fresh GPU machine). Then what drafts add to a step (`CostCurve.drafting`, `drafting_cost`),
-    with `successors` top-k successors a row."""
+    a fresh GPU machine)."""
     padded = worker.fixed is not None
     if sizes is None and padded:
         shares = {
@@ -138,8 +152,7 @@ def calibrate(
         kv.release()
     # An exact-size step's cost cannot fall with more tokens (a dip is timer noise); a bucket's can:
     # each runs its own kernels (on an H200 a 64-token bucket cost 10.9 ms, a 128-token one 7.3)
-    curve = CostCurve(tuple(sizes), tuple(seconds if padded else np.maximum.accumulate(seconds).tolist()), padded)
-    return replace(curve, drafting=drafting_cost(worker, curve, min(context, DRAFTING_CONTEXT), reps, successors))
+    return CostCurve(tuple(sizes), tuple(seconds if padded else np.maximum.accumulate(seconds).tolist()), padded)
 
 
 @torch.inference_mode()
@@ -149,10 +162,10 @@ def drafting_cost(worker: Worker, curve: CostCurve, context: int, reps: int, suc
     them feed `DRAFTING_NODES` drafts more (their own attention group, as a step's tree nodes beside
     plain sequences make) and every row's top-k `successors` are taken; less what the curve says
     the added tokens cost (fastest of `reps`, at least 0; 0 where the cache holds no such batch:
-    the context shrinks to what it lends). One sequence's curve misses this, and
+    the context shrinks to what it lends and the model's context allows). One sequence's curve misses this, and
     under load it decides whether a few nodes pay (on a 2-core Xeon: 3 ms on a 41 ms step)."""
     B, m = DRAFTING_BATCH, DRAFTING_NODES
-    context = min(context, worker.kv.pool.lendable // B * PAGE - (1 + m))
+    context = min(context, worker.max_seq_len - (1 + m), worker.kv.pool.lendable // B * PAGE - (1 + m))
     if context < 1:
         return 0.0
     gen = torch.Generator().manual_seed(1)
