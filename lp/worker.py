@@ -31,7 +31,7 @@ from lp.lookahead.mask import StepLayout
 DEFAULT_MAX_SEQ_LEN = 8192  # committed tokens when neither the user nor a shorter context says less
 STEP_ROOM = 512  # positions past max_seq_len for one step's speculative tokens (W=60 N=5 G=60 fits)
 MAX_STEP = 1024  # tokens one sequence's step may feed a rank: the largest of W=auto's shapes
-PROBE_CONTEXT = 256  # committed tokens before each forward the kernel choice times (as W=auto's calibration)
+TIMED_CONTEXT = 256  # committed tokens before a timed forward (the kernel choice's, W=auto's calibration's)
 
 
 def context_length(model: torch.nn.Module) -> int:
@@ -79,15 +79,16 @@ class _Probe:
     """Whole forwards for the kernel choice to time (lp/engine/kernel_choice.py `Forwards`): M
     random tokens after a prefilled context, logits of every row, every matmul by the formulation
     named. `sizes`: the kernel choice's that the cache holds beside the context; `context`:
-    `PROBE_CONTEXT`, or what max_seq_len and the cache allow. Its pages are taken at the first
-    forward asked for (none where the choice was cached) and given back on leaving; the weight
-    copies a formulation reads are made once, and those the choice does not read dropped after."""
+    `TIMED_CONTEXT`, or what the model and the cache allow. Its pages are taken at the first
+    forward asked for (none where the choice was cached) and given back on leaving, each size's
+    inputs made once; the weight copies a formulation reads are made once, and those the choice
+    does not read dropped after."""
 
     def __init__(self, worker: Worker) -> None:
-        self.worker, self.kv = worker, None
+        self.worker, self.kv, self.inputs = worker, None, {}
         self.gen = torch.Generator().manual_seed(0)
         self.sizes = tuple(M for M in kernel_choice.SIZES if M < worker.kv_tokens)
-        self.context = max(1, min(PROBE_CONTEXT, worker.max_seq_len - 1, worker.kv_tokens - self.sizes[-1]))
+        self.context = worker.timed_context(TIMED_CONTEXT, self.sizes[-1])
 
     def __enter__(self) -> _Probe:
         return self
@@ -101,11 +102,12 @@ class _Probe:
         if self.kv is None:
             self.kv = w.random_sequence(self.context, self.sizes[-1], self.gen)
         w.forward.use(Kernels.only(name), keep=True)
-        ids = torch.randint(0, w.vocab_size, (M,), generator=self.gen).numpy()
-        chunk = prompt_chunk(self.kv.owner, ids, self.kv.length, self.kv.table, logits=True)
-        # the step's inputs made once: the timed run is the forward alone
-        on = exact(PackedStep([chunk]), w.kv.pool.owner, w.kv.pool.index, w.query_groups)
-        inputs = StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)
+        if M not in self.inputs:  # made once: the timed run is the forward alone
+            ids = torch.randint(0, w.vocab_size, (M,), generator=self.gen).numpy()
+            chunk = prompt_chunk(self.kv.owner, ids, self.kv.length, self.kv.table, logits=True)
+            on = exact(PackedStep([chunk]), w.kv.pool.owner, w.kv.pool.index, w.query_groups)
+            self.inputs[M] = StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)
+        inputs = self.inputs[M]
         return lambda: w.forward(inputs)
 
 
@@ -230,6 +232,12 @@ class Worker:
         if not self.lean:
             on.attend = Dense(on.visible, self.kv.slots).refresh()
         return self.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)), on
+
+    def timed_context(self, context: int, step_tokens: int) -> int:
+        """The committed tokens a timed step of `step_tokens` runs after: `context`, fewer where the
+        model's positions or the cache hold fewer (at least 1)."""
+        room = min(self.max_seq_len + STEP_ROOM, self.kv_tokens) - step_tokens
+        return max(1, min(context, self.max_seq_len - 1, room))
 
     def random_sequence(self, context: int, step_tokens: int, gen: torch.Generator) -> SequenceKV:
         """A sequence holding `context` random tokens' KV (drawn from `gen`), its room for a step of

@@ -18,7 +18,7 @@ from lp.engine.kernel_choice import SIZES, choose, table
 from lp.engine.kernels import EXACT_ROWS, FORMULATIONS, Kernels, Matrix, padded_rows
 from lp.errors import LPError
 from lp.lookahead.mask import step_layout
-from lp.worker import PROBE_CONTEXT, Worker
+from lp.worker import TIMED_CONTEXT, Worker
 
 CPU = torch.device("cpu")
 HERE = [n for n, f in FORMULATIONS.items() if f.available(CPU, torch.float32)]
@@ -140,7 +140,7 @@ def test_a_worker_times_whole_forwards_within_its_cache(tmp_path, monkeypatch):
 
     w = Worker(build_tiny("llama"), graphs=False, kv_tokens=128, kernels="auto", kernel_timer=timer)
     # a 256-token context and 128 tokens do not fit this cache: the probe's context shrank
-    assert w.kv_tokens < PROBE_CONTEXT + max(seen) and w.kernels.names == {"linear"}
+    assert w.kv_tokens < TIMED_CONTEXT + max(seen) and w.kernels.names == {"linear"}
     assert w.kv.pool.lendable == w.kv.pool.pages - 1
     assert all(m.packed is None for mats in w.forward.matrices().values() for m in mats)
 

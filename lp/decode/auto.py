@@ -24,7 +24,7 @@ from lp.config import SUCCESSORS
 from lp.decode.ladder import LADDER, Shape, ladder, rank_tokens
 from lp.engine.packed import PackedStep, bucket, buckets, prompt_chunk
 from lp.engine.pages import PAGE
-from lp.worker import STEP_ROOM, Worker
+from lp.worker import STEP_ROOM, TIMED_CONTEXT, Worker
 
 # S - 1 per doubling of a step's tokens before anything is decoded: the least-squares slope
 # (through the origin, against log2 of the largest step) of the ladder's S in the budget sweep
@@ -87,7 +87,7 @@ class CostCurve:
 def calibrate(
     worker: Worker,
     sizes: tuple[int, ...] | None = None,
-    context: int = 256,
+    context: int = TIMED_CONTEXT,
     reps: int = 5,
     world_size: int = 1,
     progress: bool = False,
@@ -103,7 +103,7 @@ def calibrate(
 def step_costs(
     worker: Worker,
     sizes: tuple[int, ...] | None = None,
-    context: int = 256,
+    context: int = TIMED_CONTEXT,
     reps: int = 5,
     world_size: int = 1,
     progress: bool = False,
@@ -131,7 +131,7 @@ def step_costs(
         sizes = tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256} | {M for M in worker.kernels.switches if M <= 256}))
     positions = worker.max_seq_len + STEP_ROOM  # RoPE's table
     sizes = tuple(T for T in sizes if worker.step_slots(T) < min(worker.kv_tokens, positions)) or (1, 2)
-    context = max(1, min(context, worker.max_seq_len - 1, positions - sizes[-1], worker.kv_tokens - sizes[-1]))
+    context = worker.timed_context(context, sizes[-1])
     gen = torch.Generator().manual_seed(0)
     kv = worker.random_sequence(context, sizes[-1], gen)
     try:
