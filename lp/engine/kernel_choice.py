@@ -134,18 +134,18 @@ def table(seconds: Mapping[int, Mapping[str, float]], how: str) -> Kernels:
     another is more than `HYSTERESIS` faster; runs of one formulation merged."""
     timed = sorted(seconds)
     names = list(seconds[timed[0]])
-    at = {n: [seconds[M][n] for M in timed] for n in names}
-    pairs: list[tuple[int, str]] = []
-    for M in range(timed[0], timed[-1] + 1):
-        by_name = {n: float(np.interp(M, timed, at[n])) for n in names}
-        name = min(by_name, key=by_name.get)
-        if pairs and by_name[pairs[-1][1]] <= (1 + HYSTERESIS) * by_name[name]:
-            name = pairs[-1][1]
-        if pairs and pairs[-1][1] == name:
-            pairs[-1] = (M, name)
+    grid = np.arange(timed[0], timed[-1] + 1)
+    times = np.array([np.interp(grid, timed, [seconds[M][n] for M in timed]) for n in names])  # [name, size]
+    pairs: list[tuple[int, int]] = []  # (the last size, the formulation's index)
+    for j, M in enumerate(grid.tolist()):
+        best = int(times[:, j].argmin())
+        if pairs and times[pairs[-1][1], j] <= (1 + HYSTERESIS) * times[best, j]:
+            best = pairs[-1][1]
+        if pairs and pairs[-1][1] == best:
+            pairs[-1] = (M, best)
         else:
-            pairs.append((M, name))
-    return Kernels(tuple(pairs), how)
+            pairs.append((M, best))
+    return Kernels(tuple((M, names[i]) for M, i in pairs), how)
 
 
 def _key(matrices: Mapping[str, list[Matrix]], names: list[str], sizes: tuple[int, ...], context: int) -> dict:
