@@ -40,6 +40,19 @@ def test_auto_picks_a_large_group_when_all_reduces_are_cheap():
     assert [x.T for x in priced] == [1, 2, 4, 8] and best.tok_s == max(x.tok_s for x in priced)
 
 
+def test_drafts_cost_their_shapes_what_they_add_and_plain_decoding_nothing():
+    """A shape with drafts pays what they add to a step (as W=auto prices it); where they cost more
+    than any shape makes, plain decoding is the fastest mesh."""
+    model = GroupModel(a=1.0, lat_ms=0.0)
+    free, dear = (priced_shapes(1, 1, ONE_GPU.seconds_at, model, 0.0, drafting_s=d) for d in (0.0, 0.05))
+    assert free[0].shape is None and dear[0].tok_s == free[0].tok_s
+    for a, b in zip(free[1:], dear[1:]):
+        assert b.tok_s == pytest.approx(b.S / (1e3 * ONE_GPU.seconds_at(rank_tokens(b.shape)) + 50) * 1e3)
+        assert b.tok_s < a.tok_s
+    assert max(free, key=lambda x: x.tok_s).shape is not None
+    assert choose(1, [1], ONE_GPU.seconds_at, model, 0.0, drafting_s=0.05)[0].shape is None
+
+
 def test_auto_picks_replicas_when_all_reduces_are_slow():
     slow = GroupModel(a=0.05, lat_ms=5.0)
     best, _ = choose(8, [1, 2, 4, 8], ONE_GPU.seconds_at, slow, allgather_ms=0.05)

@@ -30,7 +30,8 @@ from tools import pricing, steps
 LABEL = (
     "PROJECTION, not a multi-GPU run: measured: one GPU's step cost per bucket (the steps run named), S "
     "(exact SmolLM2 decodes, the sweep named); priced: S on P > 1 replicas at the step size their cut "
-    "shares leave; assumed: the all-gather; not measured: the host's work, interference between GPUs"
+    "shares leave; assumed: the all-gather; not measured: the host's work, interference between GPUs, what "
+    "drafts add to a step beyond its size (their top-k, their attention group)"
 )
 ONE_GPU = GroupModel(a=1.0, lat_ms=0.0)  # a replica of one GPU: its own step, no all-reduce
 
@@ -67,7 +68,7 @@ HELP = {
 def shape_rows(P: int, curve, S: pricing.SweepS, allgather_ms: float, ar_tok_s: float) -> list[dict]:
     """Every shape (plain decoding too, on one GPU) on P replicas of one GPU, priced."""
     rows = []
-    for x in priced_shapes(1, P, curve.seconds_at, ONE_GPU, allgather_ms, S_of=S):
+    for x in priced_shapes(1, P, curve.seconds_at, ONE_GPU, allgather_ms, S_of=S, drafting_s=curve.drafting):
         share = 1 if x.shape is None else rank_tokens(x.shape, P)
         rows.append(
             {

@@ -102,16 +102,19 @@ def priced_shapes(
     allgather_ms: float,
     slope: float = PRIOR_SLOPE,
     S_of: Callable[[Shape, int], float] | None = None,
+    drafting_s: float = 0.0,
 ) -> list[PricedMesh]:
     """The mesh (T, P) at every ladder shape sized for P (and plain decoding with P = 1): S from
     `S_of(shape, P)` (default: the prior from the step's tokens, which P replicas share), cost
-    from one rank's step at the tokens of its share, the group model and, with P > 1, the
-    all-gather."""
+    from one rank's step at the tokens of its share, the group model, with P > 1 the all-gather,
+    and with drafts what they add to a step (`drafting_s`: `CostCurve.drafting`, as W=auto
+    prices it; 0 where it was not measured)."""
 
     def priced(shape: Shape | None) -> PricedMesh:
         total, share = (1, 1) if shape is None else (rank_tokens(shape), rank_tokens(shape, P))
         S = 1.0 if shape is None else S_of(shape, P) if S_of else 1 + slope * math.log2(total)
         ms = model.step_ms(1e3 * one_gpu_s(share), T, share) + (allgather_ms if P > 1 else 0.0)
+        ms += 0.0 if shape is None else 1e3 * drafting_s
         return PricedMesh(T, P, shape, S, S / ms * 1e3)
 
     return [priced(s) for s in ((None, *LADDER) if P == 1 else ladder(P))]
@@ -123,11 +126,16 @@ def choose(
     one_gpu_s: Callable[[float], float],
     model: GroupModel,
     allgather_ms: float,
+    drafting_s: float = 0.0,
 ) -> tuple[PricedMesh, list[PricedMesh]]:
     """The fastest mesh of `world_size` ranks with T in `sizes` (ties: the larger T, which
-    holds less of the model per rank), and every priced mesh."""
+    holds less of the model per rank), and every priced mesh (`drafting_s`: `priced_shapes`')."""
     priced = [
-        max(priced_shapes(T, world_size // T, one_gpu_s, model, allgather_ms), key=lambda x: x.tok_s) for T in sizes
+        max(
+            priced_shapes(T, world_size // T, one_gpu_s, model, allgather_ms, drafting_s=drafting_s),
+            key=lambda x: x.tok_s,
+        )
+        for T in sizes
     ]
     return max(priced, key=lambda x: (x.tok_s, x.T)), priced
 

@@ -103,7 +103,7 @@ def choose_mesh(lm: Replicas, load: Callable[[int], None], model: str) -> tuple[
     def one_rank_s(n: float) -> float:
         return group.one_gpu_ms(1e3 * curve.seconds_at(n), largest, n) / 1e3
 
-    best, priced = choose(world, sizes, one_rank_s, group, allgather_ms)
+    best, priced = choose(world, sizes, one_rank_s, group, allgather_ms, curve.drafting)
     chosen = int(comm.all_gather(torch.tensor([best.T], device=comm.device))[0, 0])  # rank 0's, everywhere
     best = next(x for x in priced if x.T == chosen)
     if chosen != largest:
