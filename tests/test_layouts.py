@@ -51,6 +51,9 @@ def test_drafts_cost_their_shapes_what_they_add_and_plain_decoding_nothing():
         assert b.tok_s < a.tok_s
     assert max(free, key=lambda x: x.tok_s).shape is not None
     assert choose(1, [1], ONE_GPU.seconds_at, model, 0.0, drafting_s=0.05)[0].shape is None
+    group = GroupModel(a=0.2, lat_ms=0.004)
+    for free, dear in zip(*(priced_shapes(2, 2, ONE_GPU.seconds_at, group, 0.05, drafting_s=d) for d in (0.0, 0.05))):
+        assert dear.S / dear.tok_s == pytest.approx(free.S / free.tok_s + 0.05)  # seconds a step
 
 
 def test_auto_picks_replicas_when_all_reduces_are_slow():

@@ -48,8 +48,11 @@ def _time(worker, kvs: list, nodes: list[int], call_pages: int, gen: np.random.G
     for kv, n in zip(kvs, nodes):
         segments.append(prompt_chunk(kv.owner, gen.integers(0, worker.vocab_size, 1 + n), kv.length, kv.table, True))
     t0 = time.perf_counter()
-    worker.call_pages = call_pages
-    worker.run(PackedStep(segments))[0].argmax().item()
+    kept, worker.call_pages = worker.call_pages, call_pages
+    try:
+        worker.run(PackedStep(segments))[0].argmax().item()
+    finally:
+        worker.call_pages = kept
     return time.perf_counter() - t0
 
 
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from lp import LP
 
-    lm = LP(args.model, draft_memory=0)
+    lm = LP(args.model, draft_memory=0, graphs=False)  # eager steps: fixed shapes attend otherwise
     worker = lm.decoder.worker
     doc: dict = {
         "command": ("python -m tools.attention_groups " + shlex.join(sys.argv[1:] if argv is None else argv)).strip(),

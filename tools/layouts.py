@@ -54,7 +54,7 @@ def price(
         spans = P > 1 and gpus > node
         gather = 0.0 if P == 1 else cross_node_ms if spans else allgather_ms
         shapes = []
-        for x in priced_shapes(T, P, curve.seconds_at, model, gather, S_of=S, drafting_s=curve.drafting):
+        for x in priced_shapes(T, P, curve.seconds_at, model, gather, S_of=S):
             share = 1 if x.shape is None else rank_tokens(x.shape, P)
             shapes.append(
                 {
@@ -74,9 +74,7 @@ def price(
 def references(curve, S: pricing.SweepS, model: GroupModel, gpus: int, node: int) -> dict:
     """TP plain decoding on a node's GPUs (T = min(node, gpus)), one GPU's `mode=ar` and best shape."""
     T = min(node, gpus)
-    one = max(
-        priced_shapes(1, 1, curve.seconds_at, model, 0.0, S_of=S, drafting_s=curve.drafting), key=lambda x: x.tok_s
-    )
+    one = max(priced_shapes(1, 1, curve.seconds_at, model, 0.0, S_of=S), key=lambda x: x.tok_s)
     return {
         "tp_ar_T": T,
         "tp_ar_tok_s": 1e3 / model.step_ms(1e3 * curve.seconds_at(1), T, 1),

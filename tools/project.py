@@ -68,7 +68,7 @@ HELP = {
 def shape_rows(P: int, curve, S: pricing.SweepS, allgather_ms: float, ar_tok_s: float) -> list[dict]:
     """Every shape (plain decoding too, on one GPU) on P replicas of one GPU, priced."""
     rows = []
-    for x in priced_shapes(1, P, curve.seconds_at, ONE_GPU, allgather_ms, S_of=S, drafting_s=curve.drafting):
+    for x in priced_shapes(1, P, curve.seconds_at, ONE_GPU, allgather_ms, S_of=S):
         share = 1 if x.shape is None else rank_tokens(x.shape, P)
         rows.append(
             {

@@ -96,7 +96,8 @@ def calibrate(
     """`step_costs`, then what drafts add to a step (`CostCurve.drafting`, `drafting_cost`), with
     `successors` top-k successors a row."""
     curve = step_costs(worker, sizes, context, reps, world_size, progress)
-    return replace(curve, drafting=drafting_cost(worker, curve, min(context, DRAFTING_CONTEXT), reps, successors))
+    context = min(worker.timed_context(context, curve.tokens[-1]), DRAFTING_CONTEXT)  # the curve's, at most
+    return replace(curve, drafting=drafting_cost(worker, curve, context, reps, successors))
 
 
 @torch.inference_mode()
@@ -162,10 +163,10 @@ def drafting_cost(worker: Worker, curve: CostCurve, context: int, reps: int, suc
     them feed `DRAFTING_NODES` drafts more (their own attention group, as a step's tree nodes beside
     plain sequences make) and every row's top-k `successors` are taken; less what the curve says
     the added tokens cost (fastest of `reps`, at least 0; 0 where the cache holds no such batch:
-    the context shrinks to what it lends and the model's context allows). One sequence's curve misses this, and
+    the context shrinks to what it lends). One sequence's curve misses this, and
     under load it decides whether a few nodes pay (on a 2-core Xeon: 3 ms on a 41 ms step)."""
     B, m = DRAFTING_BATCH, DRAFTING_NODES
-    context = min(context, worker.max_seq_len - (1 + m), worker.kv.pool.lendable // B * PAGE - (1 + m))
+    context = min(context, worker.kv.pool.lendable // B * PAGE - (1 + m))
     if context < 1:
         return 0.0
     gen = torch.Generator().manual_seed(1)

@@ -13,8 +13,9 @@ all-reduce's bandwidth term is negligible; `bw` is assumed.
 
 `choose` prices every mesh of a world with that model and lookahead's expected S (the prior of
 lp/decode/auto.py: S - 1 grows with the log of the step's tokens, which P replicas share) and
-returns the fastest. At run time (lp/frontend/runtime.py) one rank's step costs and the
-all-reduce and all-gather latencies are measured; `a` stays the fitted one.
+returns the fastest, a shape with drafts paying what they add to a step as W=auto prices it. At run
+time (lp/frontend/runtime.py) one rank's step costs, what drafts add, and the all-reduce and
+all-gather latencies are measured; `a` stays the fitted one.
 """
 
 from __future__ import annotations

@@ -112,7 +112,8 @@ def choose_mesh(lm: Replicas, load: Callable[[int], None], model: str) -> tuple[
     why = (
         f"{best.describe()}, expected ahead of {others}. Measured at tp={largest}: a step "
         f"{1e3 * curve.seconds[0]:.2f} ms ({curve.tokens[0]} token) to {1e3 * curve.seconds[-1]:.2f} ms "
-        f"({curve.tokens[-1]} tokens), one all-reduce {allreduce_ms:.3f} ms, one all-gather {allgather_ms:.3f} ms; "
+        f"({curve.tokens[-1]} tokens), drafts {1e3 * curve.drafting:.2f} ms more, "
+        f"one all-reduce {allreduce_ms:.3f} ms, one all-gather {allgather_ms:.3f} ms; "
         f"modelled: unsplit share a = {group.a:.2f} (fitted to {PUBLISHED_SOURCE}), "
         f"S - 1 = {PRIOR_SLOPE} x log2(step tokens)"
     )
