@@ -85,18 +85,12 @@ class CostCurve:
 
 @torch.inference_mode()
 def calibrate(
-    worker: Worker,
-    sizes: tuple[int, ...] | None = None,
-    context: int = TIMED_CONTEXT,
-    reps: int = 5,
-    world_size: int = 1,
-    progress: bool = False,
-    successors: int = SUCCESSORS,
+    worker: Worker, reps: int = 5, world_size: int = 1, progress: bool = False, successors: int = SUCCESSORS
 ) -> CostCurve:
-    """`step_costs`, then what drafts add to a step (`CostCurve.drafting`, `drafting_cost`), with
-    `successors` top-k successors a row."""
-    curve = step_costs(worker, sizes, context, reps, world_size, progress)
-    context = min(worker.timed_context(context, curve.tokens[-1]), DRAFTING_CONTEXT)  # the curve's, at most
+    """W=auto's step costs: `step_costs` at its default sizes, then what drafts add to a step
+    (`CostCurve.drafting`, `drafting_cost`), with `successors` top-k successors a row."""
+    curve = step_costs(worker, reps=reps, world_size=world_size, progress=progress)
+    context = min(worker.timed_context(TIMED_CONTEXT, curve.tokens[-1]), DRAFTING_CONTEXT)  # the curve's, at most
     return replace(curve, drafting=drafting_cost(worker, curve, context, reps, successors))
 
 
