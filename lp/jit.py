@@ -7,8 +7,8 @@ module (__pycache__). numba keys a cached function by its own source file only, 
 inlines the compiled functions of the other modules it calls: an edit there would leave its cached
 code stale. So lp keeps a digest of every module that compiles code (those that import this one)
 with the cache, and drops all of lp's cached code when it changes: an edit compiles anew, once.
-The cache is beside the modules, or under `NUMBA_CACHE_DIR` where that is set (a folder per
-source folder, named as numba names it).
+numba keeps the cache under `NUMBA_CACHE_DIR` where that is set, else beside the modules, else (a
+read-only install) in the user's cache, whichever it can write first; each place has its digest.
 
 State that the compiled code keeps between steps (the text index, the n-gram pool, ...) is a
 `State`: a numba StructRef, a mutable record of arrays and numbers that compiled code reads and
@@ -22,11 +22,10 @@ import os
 from pathlib import Path
 
 from numba import config, njit, types
-from numba.core.caching import UserProvidedCacheLocator
 
 _PACKAGE = Path(__file__).parent
 _IMPORT = b"from lp.jit import"
-STAMP = "numba-sources.sha256"  # the digest the cached code was compiled from, in the package's cache folder
+STAMP = "numba-sources.sha256"  # the digest the cached code was compiled from, in each cache place
 
 
 def _sources_digest(package: Path) -> str:
@@ -34,36 +33,57 @@ def _sources_digest(package: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         source = path.read_bytes()
-        if _IMPORT in source or path.name == "jit.py" and path.parent == package:
+        if _IMPORT in source or (path.name == "jit.py" and path.parent == package):
             digest.update(path.relative_to(package).as_posix().encode() + b"\0" + source)
     return digest.hexdigest()
 
 
-def cache_folder(folder: Path, cache_dir: str | None) -> Path:
-    """Where numba keeps the machine code of the modules in `folder`: its `__pycache__`, or with
-    `cache_dir` (NUMBA_CACHE_DIR) the folder numba names after it there."""
-    if not cache_dir:
-        return folder / "__pycache__"
-    return Path(cache_dir) / UserProvidedCacheLocator.get_suitable_cache_subpath(str(folder / "any.py"))
+def cache_places(folder: Path, cache_dir: str | None) -> list[Path]:
+    """Every folder where numba may keep the machine code of the modules in `folder`, in the order
+    it tries them (it takes the first it can write): under `cache_dir` (NUMBA_CACHE_DIR) where set,
+    beside them (`__pycache__`), in the user's cache. Named as numba names them."""
+    # numba's own naming, imported here: a numba that moves it turns the guard off, not lp's import
+    from numba.core.caching import UserProvidedCacheLocator
+    from numba.misc.appdirs import AppDirs
+
+    sub = UserProvidedCacheLocator.get_suitable_cache_subpath(str(folder / "any.py"))
+    places = [folder / "__pycache__", Path(AppDirs(appname="numba", appauthor=False).user_cache_dir) / sub]
+    return [Path(cache_dir) / sub, *places] if cache_dir else places
 
 
 def drop_stale_code(package: Path, cache_dir: str | None) -> bool:
-    """Remove `package`'s cached machine code if it was compiled from other sources (where the
-    cache is lp's to write: an installed, read-only lp does not change); whether it did."""
-    package = Path(os.path.abspath(package))
-    digest = _sources_digest(package)
-    stamp = cache_folder(package, cache_dir) / STAMP
+    """Remove `package`'s cached machine code, in each place numba may keep it, where it was
+    compiled from other sources (the place's stamp differs); whether any was. The first place lp
+    can write gets the stamp (numba takes the first it can write), a later one only where it
+    holds code or a stamp. A place lp cannot write, or a numba that names its places otherwise,
+    is left as it is: the guard must never stop lp from loading."""
+    dropped = settled = False
     try:
-        if stamp.exists() and stamp.read_text() == digest:
-            return False
-        for folder in {path.parent for path in package.rglob("*.py")}:
-            for cached in cache_folder(folder, cache_dir).glob("*.nb[ci]"):
-                cached.unlink(missing_ok=True)
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(digest)
-    except OSError:
+        package = Path(os.path.abspath(package))
+        digest = _sources_digest(package)
+        folders = sorted({path.parent for path in package.rglob("*.py")})
+        places = [cache_places(folder, cache_dir) for folder in folders]
+        stamps = [place / STAMP for place in cache_places(package, cache_dir)]
+    except (OSError, ImportError, AttributeError):
         return False
-    return True
+    for i, stamp in enumerate(stamps):
+        try:
+            current = stamp.exists() and stamp.read_text() == digest
+            if not current:
+                cached = [
+                    path for by_folder in places if by_folder[i].is_dir() for path in by_folder[i].glob("*.nb[ci]")
+                ]
+                if cached or stamp.exists() or not settled:
+                    for path in cached:
+                        path.unlink(missing_ok=True)
+                    dropped = dropped or bool(cached)
+                    stamp.parent.mkdir(parents=True, exist_ok=True)
+                    stamp.write_text(digest)
+                    current = True
+            settled = settled or current
+        except (OSError, ValueError):
+            continue
+    return dropped
 
 
 drop_stale_code(_PACKAGE, config.CACHE_DIR)
@@ -89,4 +109,4 @@ class State(types.StructRef):
         return tuple((name, types.unliteral(typ)) for name, typ in fields)
 
 
-__all__ = ["STAMP", "State", "bit_length", "cache_folder", "compiled", "drop_stale_code"]
+__all__ = ["STAMP", "State", "bit_length", "cache_places", "compiled", "drop_stale_code"]
