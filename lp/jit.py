@@ -28,10 +28,10 @@ _IMPORT = b"from lp.jit import"
 STAMP = "numba-sources.sha256"  # the digest the cached code was compiled from, in each cache place
 
 
-def _sources_digest(package: Path) -> str:
-    """A digest of this module and of every module of `package` that imports it."""
+def _sources_digest(package: Path, paths: list[Path]) -> str:
+    """A digest of this module and of every module of `package` (its `paths`) that imports it."""
     digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
+    for path in paths:
         source = path.read_bytes()
         if _IMPORT in source or (path.name == "jit.py" and path.parent == package):
             digest.update(path.relative_to(package).as_posix().encode() + b"\0" + source)
@@ -41,14 +41,17 @@ def _sources_digest(package: Path) -> str:
 def cache_places(folder: Path, cache_dir: str | None) -> list[Path]:
     """Every folder where numba may keep the machine code of the modules in `folder`, in the order
     it tries them (it takes the first it can write): under `cache_dir` (NUMBA_CACHE_DIR) where set,
-    beside them (`__pycache__`), in the user's cache. Named as numba names them."""
-    # numba's own naming, imported here: a numba that moves it turns the guard off, not lp's import
-    from numba.core.caching import UserProvidedCacheLocator
-    from numba.misc.appdirs import AppDirs
+    beside them (`__pycache__`), in the user's cache; as numba's own locators name them."""
+    # imported here: a numba that moves them turns the guard off, not lp's import
+    from numba.core.caching import InTreeCacheLocator, UserProvidedCacheLocator, UserWideCacheLocator
 
-    sub = UserProvidedCacheLocator.get_suitable_cache_subpath(str(folder / "any.py"))
-    places = [folder / "__pycache__", Path(AppDirs(appname="numba", appauthor=False).user_cache_dir) / sub]
-    return [Path(cache_dir) / sub, *places] if cache_dir else places
+    module = str(folder / "any.py")
+    places = [Path(L(cache_places, module).get_cache_path()) for L in (InTreeCacheLocator, UserWideCacheLocator)]
+    return (
+        [Path(cache_dir) / UserProvidedCacheLocator.get_suitable_cache_subpath(module), *places]
+        if cache_dir
+        else places
+    )
 
 
 def drop_stale_code(package: Path, cache_dir: str | None) -> bool:
@@ -60,20 +63,24 @@ def drop_stale_code(package: Path, cache_dir: str | None) -> bool:
     dropped = settled = False
     try:
         package = Path(os.path.abspath(package))
-        digest = _sources_digest(package)
-        folders = sorted({path.parent for path in package.rglob("*.py")})
-        places = [cache_places(folder, cache_dir) for folder in folders]
-        stamps = [place / STAMP for place in cache_places(package, cache_dir)]
-    except (OSError, ImportError, AttributeError):
+        paths = sorted(package.rglob("*.py"))
+        digest = _sources_digest(package, paths)
+        places = {folder: cache_places(folder, cache_dir) for folder in {package, *(path.parent for path in paths)}}
+    except (OSError, ImportError, AttributeError, TypeError):
         return False
-    for i, stamp in enumerate(stamps):
+    for i, place in enumerate(places[package]):
+        stamp = place / STAMP
         try:
-            current = stamp.exists() and stamp.read_text() == digest
+            stamped = stamp.exists()
+            current = stamped and stamp.read_text() == digest
             if not current:
                 cached = [
-                    path for by_folder in places if by_folder[i].is_dir() for path in by_folder[i].glob("*.nb[ci]")
+                    path
+                    for by_folder in places.values()
+                    if by_folder[i].is_dir()
+                    for path in by_folder[i].glob("*.nb[ci]")
                 ]
-                if cached or stamp.exists() or not settled:
+                if cached or stamped or not settled:
                     for path in cached:
                         path.unlink(missing_ok=True)
                     dropped = dropped or bool(cached)

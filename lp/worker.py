@@ -228,7 +228,9 @@ class Worker:
         Every token's KV is written; the sequences' lengths (their hosts') say what is kept."""
         if self.fixed is not None:
             return self.fixed.step(step)
-        on = exact(step, self.kv.pool.owner, self.kv.pool.index, self.query_groups, self.call_pages)
+        # a model of its own modules attends by one dense mask: no groups built for it
+        groups = self.query_groups if self.lean else 0
+        on = exact(step, self.kv.pool.owner, self.kv.pool.index, groups, self.call_pages)
         if not self.lean:
             on.attend = Dense(on.visible, self.kv.slots).refresh()
         return self.forward(StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)), on

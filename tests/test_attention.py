@@ -31,9 +31,7 @@ def _interleaved(worker: Worker, lengths: list[int]):
     rng = np.random.default_rng(0)
     segs = [step_segment(kvs[0].owner, layout, rng.integers(3, 200, layout.size), lengths[0], lengths[0], kvs[0].table)]
     for kv, n in zip(kvs[1:], (1, 7, 20)):
-        chunk = prompt_chunk(kv.owner, rng.integers(3, 200, n), kv.length, kv.table)
-        chunk.rows = np.arange(n)
-        segs.append(chunk)
+        segs.append(prompt_chunk(kv.owner, rng.integers(3, 200, n), kv.length, kv.table, logits=True))
     return PackedStep(segs), kvs
 
 

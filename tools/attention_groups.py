@@ -46,7 +46,9 @@ def _time(worker, kvs: list, nodes: list[int], call_pages: int, gen: np.random.G
     """Seconds of one step's forward (its host work included) under `call_pages`."""
     segments = []
     for kv, n in zip(kvs, nodes):
-        segments.append(prompt_chunk(kv.owner, gen.integers(0, worker.vocab_size, 1 + n), kv.length, kv.table, True))
+        segments.append(
+            prompt_chunk(kv.owner, gen.integers(0, worker.vocab_size, 1 + n), kv.length, kv.table, logits=True)
+        )
     t0 = time.perf_counter()
     kept, worker.call_pages = worker.call_pages, call_pages
     try:

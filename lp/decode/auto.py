@@ -83,15 +83,11 @@ class CostCurve:
         return self.seconds_at(T) / self.plain_seconds
 
 
-@torch.inference_mode()
-def calibrate(
-    worker: Worker, reps: int = 5, world_size: int = 1, progress: bool = False, successors: int = SUCCESSORS
-) -> CostCurve:
+def calibrate(worker: Worker, reps: int = 5, world_size: int = 1, progress: bool = False) -> CostCurve:
     """W=auto's step costs: `step_costs` at its default sizes, then what drafts add to a step
-    (`CostCurve.drafting`, `drafting_cost`), with `successors` top-k successors a row."""
+    (`CostCurve.drafting`, `drafting_cost`)."""
     curve = step_costs(worker, reps=reps, world_size=world_size, progress=progress)
-    context = min(worker.timed_context(TIMED_CONTEXT, curve.tokens[-1]), DRAFTING_CONTEXT)  # the curve's, at most
-    return replace(curve, drafting=drafting_cost(worker, curve, context, reps, successors))
+    return replace(curve, drafting=drafting_cost(worker, curve, reps))
 
 
 @torch.inference_mode()
@@ -151,15 +147,16 @@ def step_costs(
 
 
 @torch.inference_mode()
-def drafting_cost(worker: Worker, curve: CostCurve, context: int, reps: int, successors: int) -> float:
+def drafting_cost(worker: Worker, curve: CostCurve, reps: int, successors: int = SUCCESSORS) -> float:
     """What drafts add to a step beyond its size's forward: a batch of `DRAFTING_BATCH` sequences
-    (`context` tokens each) whose step feeds one token each, against the same step where half of
-    them feed `DRAFTING_NODES` drafts more (their own attention group, as a step's tree nodes beside
-    plain sequences make) and every row's top-k `successors` are taken; less what the curve says
-    the added tokens cost (fastest of `reps`, at least 0; 0 where the cache holds no such batch:
-    the context shrinks to what it lends). One sequence's curve misses this, and
+    (`DRAFTING_CONTEXT` tokens each, at most the curve's context) whose step feeds one token each,
+    against the same step where half of them feed `DRAFTING_NODES` drafts more (their own attention
+    group, as a step's tree nodes beside plain sequences make) and every row's top-k `successors`
+    are taken; less what the curve says the added tokens cost (fastest of `reps`, at least 0; 0
+    where the cache holds no such batch: the context shrinks to what it lends). One sequence's curve misses this, and
     under load it decides whether a few nodes pay (on a 2-core Xeon: 3 ms on a 41 ms step)."""
     B, m = DRAFTING_BATCH, DRAFTING_NODES
+    context = min(worker.timed_context(TIMED_CONTEXT, curve.tokens[-1]), DRAFTING_CONTEXT)
     context = min(context, worker.kv.pool.lendable // B * PAGE - (1 + m))
     if context < 1:
         return 0.0
@@ -230,9 +227,8 @@ class AutoTuner:
         plain = (others + 1) / cost.seconds_at(others + 1)
         if shape is None:
             return 1.0, plain, 1.0
-        whole, share = rank_tokens(shape), rank_tokens(shape, self.world_size)
-        S = 1 + self.slope() * math.log2(whole)
-        rate = (others + S) / (cost.seconds_at(others + share) + cost.drafting)
+        S = 1 + self.slope() * math.log2(rank_tokens(shape))
+        rate = (others + S) / self._step_seconds(shape, others)
         return S, rate, rate / plain
 
     def choose(self, allow_plain: bool = True, others: int = 0) -> tuple[Shape | None, str]:
@@ -272,11 +268,14 @@ class AutoTuner:
             reason = f"{best.describe()}: its {T}-token step{beside} {self._outlook(best, others)} ({basis})"
         return best, reason
 
+    def _step_seconds(self, shape: Shape, others: int) -> float:
+        """A step of a shape's rank share, beside `others` one-token sequences, drafts' cost included."""
+        return self.cost.seconds_at(others + rank_tokens(shape, self.world_size)) + self.cost.drafting
+
     def _outlook(self, shape: Shape, others: int = 0, only: str = "") -> str:
         """What a shape's step costs and is expected to make, in words."""
         S, _, rate = self.expect(shape, others)
-        T = rank_tokens(shape, self.world_size)
-        extra = (self.cost.seconds_at(others + T) + self.cost.drafting) / self.cost.seconds_at(others + 1)
+        extra = self._step_seconds(shape, others) / self.cost.seconds_at(others + 1)
         return (
             f"costs {extra:.2f}x a plain step here and is expected to make "
             f"{only}{S:.2f} tokens, {rate:.2f}x the speed of plain decoding"

@@ -128,29 +128,24 @@ class PackedStep:
         self.ids = cat([s.ids for s in segs]).astype(np.int64, copy=False)
         self.positions = cat([s.positions for s in segs]).astype(np.int64, copy=False)
         self.depth = cat([s.depth for s in segs]).astype(np.int64, copy=False)
-        index = cat([np.arange(s.length, s.length + s.size) for s in segs])
-        table = cat([np.full(s.size, i) for i, s in enumerate(segs)])
-        self.slots = self._slots(index, table)
         lengths = np.array([s.length for s in segs], np.int64)
         self.owner = np.repeat([s.owner for s in segs], sizes)
         self.length = np.repeat(lengths, sizes)
         self.base = np.repeat(self.starts[:-1], sizes)
         self.size = np.repeat(sizes, sizes)
+        self.pages = pages_for(lengths + sizes)
+        # each token's slot: its storage index's page, looked up in its segment's table (all the
+        # segments' tables end to end, by array ops, not a pass over the tokens per segment)
+        index = self.length + np.arange(len(self.ids)) - self.base
+        tables = cat([s.pages[:p] for s, p in zip(segs, self.pages.tolist())]).astype(np.int64, copy=False)
+        first = np.repeat(np.concatenate(([0], np.cumsum(self.pages)[:-1])), sizes)
+        self.slots = tables[first + index // PAGE] * PAGE + index % PAGE
         T = int(self.starts[-1])
         self.block = np.zeros((T, T), np.bool_)
         for a, s in zip(self.starts, segs):
             self.block[a : a + s.size, a : a + s.size] = s.block
         self.rows = cat([s.rows + a for a, s in zip(self.starts, segs)]).astype(np.int64, copy=False)
         self.parents = cat([s.parents for s in segs]).astype(np.int64, copy=False)
-        self.pages = pages_for(lengths + sizes)
-
-    def _slots(self, index: np.ndarray, which: np.ndarray) -> np.ndarray:
-        """The slots of storage indices `index`, of segments `which`."""
-        out = np.empty(len(index), np.int64)
-        for i, s in enumerate(self.segments):
-            mine = which == i
-            out[mine] = s.pages[index[mine] // PAGE] * PAGE + index[mine] % PAGE
-        return out
 
     @property
     def tokens(self) -> int:
