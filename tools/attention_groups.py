@@ -42,12 +42,18 @@ def _lengths(lm, mix: str) -> list[int]:
     return [len(lm.encode(p, chat=True)) for p in PROMPTS]
 
 
-def _time(worker, kvs: list, nodes: list[int], call_pages: int, gen: np.random.Generator) -> float:
+def _time(worker, kvs: list, nodes: list[int], call_pages: int, gen: torch.Generator) -> float:
     """Seconds of one step's forward (its host work included) under `call_pages`."""
     segments = []
     for kv, n in zip(kvs, nodes):
         segments.append(
-            prompt_chunk(kv.owner, gen.integers(0, worker.vocab_size, 1 + n), kv.length, kv.table, logits=True)
+            prompt_chunk(
+                kv.owner,
+                torch.randint(0, worker.vocab_size, (1 + n,), generator=gen).numpy(),
+                kv.length,
+                kv.table,
+                logits=True,
+            )
         )
     t0 = time.perf_counter()
     kept, worker.call_pages = worker.call_pages, call_pages
@@ -62,13 +68,12 @@ def _time(worker, kvs: list, nodes: list[int], call_pages: int, gen: np.random.G
 def measure(worker, lengths: list[int], B: int, reps: int, groupings: dict[str, int] = GROUPINGS) -> dict:
     """Median step milliseconds of B sequences of `lengths` (in turn), each of `groupings` (its
     name: a group's price in pages), both steps; and the attention groups of each's plain step."""
-    gen = np.random.default_rng(0)
+    gen = torch.Generator().manual_seed(0)
     contexts = [lengths[i % len(lengths)] for i in range(B)]
-    kvs = [worker.sequence(c + 2, 2) for c in contexts]
+    kvs = []
     try:
-        for kv, c in zip(kvs, contexts):
-            worker.prefill(kv, gen.integers(0, worker.vocab_size, c))
-            kv.reserve(c + 2)
+        for c in contexts:
+            kvs.append(worker.random_sequence(c, 2, gen))
         plain = PackedStep([prompt_chunk(kv.owner, np.zeros(1, np.int64), kv.length, kv.table) for kv in kvs])
         row: dict = {
             "sequences": B,

@@ -394,36 +394,37 @@ def packed_latencies(worker, cfg: Settings, vocab: int, memory: dict[int, dict])
     gen = torch.Generator().manual_seed(cfg.seed + 2)
     rows = []
     for B in cfg.batches:
-        kvs = [worker.sequence(cfg.prompt_len, max(cfg.tokens)) for _ in range(B)]
-        for kv in kvs:
-            worker.prefill(kv, torch.randint(0, vocab, (cfg.prompt_len,), generator=gen).numpy())
-        for T in (t for t in cfg.tokens if t >= B):
-            segments = []
-            for i, kv in enumerate(kvs):
-                n = T // B + (i < T % B)
-                kv.reserve(kv.length + n)
-                ids = torch.randint(0, vocab, (n,), generator=gen).numpy()
-                segments.append(prompt_chunk(kv.owner, ids, kv.length, kv.table, logits=True))
-            step = PackedStep(segments)
-            with _graph_memory(worker, memory):
-                seconds = timed(
-                    lambda step=step: worker.run(step)[0].argmax().item(), worker.device, cfg.reps, cfg.warmup
+        kvs = []
+        try:
+            for _ in range(B):
+                kvs.append(worker.random_sequence(cfg.prompt_len, max(cfg.tokens), gen))
+            for T in (t for t in cfg.tokens if t >= B):
+                segments = []
+                for i, kv in enumerate(kvs):
+                    n = T // B + (i < T % B)
+                    ids = torch.randint(0, vocab, (n,), generator=gen).numpy()
+                    segments.append(prompt_chunk(kv.owner, ids, kv.length, kv.table, logits=True))
+                step = PackedStep(segments)
+                with _graph_memory(worker, memory):
+                    seconds = timed(
+                        lambda step=step: worker.run(step)[0].argmax().item(), worker.device, cfg.reps, cfg.warmup
+                    )
+                rows.append(
+                    {
+                        "kind": "packed",
+                        "sequences": B,
+                        "W": None,
+                        "N": None,
+                        "G": None,
+                        "step_tokens": None,
+                        "tokens": T,
+                        **_percentiles(seconds),
+                    }
                 )
-            rows.append(
-                {
-                    "kind": "packed",
-                    "sequences": B,
-                    "W": None,
-                    "N": None,
-                    "G": None,
-                    "step_tokens": None,
-                    "tokens": T,
-                    **_percentiles(seconds),
-                }
-            )
-            _progress(f"packed step, {B} sequences, {T} tokens: {rows[-1]['median_ms']:.3f} ms")
-        for kv in kvs:
-            kv.release()
+                _progress(f"packed step, {B} sequences, {T} tokens: {rows[-1]['median_ms']:.3f} ms")
+        finally:
+            for kv in kvs:
+                kv.release()
     return rows
 
 

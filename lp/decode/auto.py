@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -78,10 +79,6 @@ class CostCurve:
         """Seconds of a plain decoding step: a one-token forward's."""
         return self.seconds_at(1)
 
-    def relative(self, T: float) -> float:
-        """Cost of a T-token step relative to a plain decoding step."""
-        return self.seconds_at(T) / self.plain_seconds
-
 
 def calibrate(worker: Worker, reps: int = 5, world_size: int = 1, progress: bool = False) -> CostCurve:
     """W=auto's step costs: `step_costs` at its default sizes, then what drafts add to a step
@@ -99,17 +96,15 @@ def step_costs(
     world_size: int = 1,
     progress: bool = False,
 ) -> CostCurve:
-    """Time one forward of each size after a `context`-token prefill (fastest of `reps`), its
+    """Time one forward of each size after a `context`-token prefill (`_fastest` of `reps`), its
     logits of every row computed and read as a decode does; sizes and context shrink to what the
     cache holds. Default sizes: 1 to 256 tokens for exact-size steps, in powers of two and on
     both sides of each change of the forward's matmul kernels; with fixed-shape steps, every
     bucket that a ladder shape's rank share uses at `world_size` ranks, with one pending token or
     the most a step can have, so each is compiled and captured here, once per process, and not
     inside a decode that `auto` switches to a larger shape (on an H100 that made one SmolLM2 decode
-    24 tok/s instead of 400). The sizes are timed in turn, rep after rep, so a slow spell of the machine touches all of
-    them instead of a few; and the fastest run is kept, since other load only ever adds time.
-    `progress`: a bar on a terminal (the first pass compiles and captures each bucket: minutes on
-    a fresh GPU machine)."""
+    24 tok/s instead of 400). `progress`: a bar on a terminal (the first pass compiles and captures
+    each bucket: minutes on a fresh GPU machine)."""
     padded = worker.fixed is not None
     if sizes is None and padded:
         shares = {
@@ -130,14 +125,8 @@ def step_costs(
         for T in sizes:  # T causal tokens after the context, logits for each (as a tree's nodes need)
             ids = torch.randint(0, worker.vocab_size, (T,), generator=gen).numpy()
             steps.append(PackedStep([prompt_chunk(kv.owner, ids, context, kv.table, logits=True)]))
-        seconds = [math.inf] * len(sizes)
         bar = tqdm(total=reps * len(sizes), desc="W=auto: timing step sizes", disable=None if progress else True)
-        for _ in range(reps):
-            for i, step in enumerate(steps):
-                t0 = time.perf_counter()
-                worker.run(step)[0].argmax().item()  # .item(): wait for the device, as a decode's read does
-                seconds[i] = min(seconds[i], time.perf_counter() - t0)
-                bar.update()
+        seconds = _fastest([lambda step=step: worker.run(step)[0] for step in steps], reps, bar.update)
         bar.close()
     finally:
         kv.release()
@@ -171,20 +160,34 @@ def drafting_cost(worker: Worker, curve: CostCurve, reps: int, successors: int =
             return PackedStep([prompt_chunk(kv.owner, x, context, kv.table, logits=True) for kv, x in zip(kvs, ids)])
 
         plain, drafted = step([0] * B), step([m if i % 2 else 0 for i in range(B)])
-        best = [math.inf, math.inf]
-        for _ in range(reps):
-            for i, (packed, k) in enumerate(((plain, 0), (drafted, successors))):
-                t0 = time.perf_counter()
-                logits = worker.run(packed)[0]
-                if k:
-                    logits.topk(k, dim=-1)
-                logits.argmax(dim=-1)[0].item()  # wait for the device, as a decode's read does
-                best[i] = min(best[i], time.perf_counter() - t0)
+
+        def with_drafts() -> torch.Tensor:
+            logits = worker.run(drafted)[0]
+            logits.topk(successors, dim=-1)
+            return logits
+
+        best = _fastest([lambda: worker.run(plain)[0], with_drafts], reps)
     finally:
         for kv in kvs:
             kv.release()
     added = curve.seconds_at(B + m * (B // 2)) - curve.seconds_at(B)
     return max(0.0, best[1] - best[0] - added)
+
+
+def _fastest(
+    runs: list[Callable[[], torch.Tensor]], reps: int, tick: Callable[[], object] = lambda: None
+) -> list[float]:
+    """Each of `runs` (a step returning its logits) timed `reps` times, in turn rep after rep so that
+    a slow spell of the machine touches all of them, up to its logits' argmax read (waiting for the
+    device, as a decode's read does): the fastest of each, since other load only ever adds time."""
+    seconds = [math.inf] * len(runs)
+    for _ in range(reps):
+        for i, run in enumerate(runs):
+            t0 = time.perf_counter()
+            run().argmax(dim=-1)[0].item()
+            seconds[i] = min(seconds[i], time.perf_counter() - t0)
+            tick()
+    return seconds
 
 
 def calibrate_ranks(worker: Worker, comm: Collective, world_size: int) -> CostCurve:
