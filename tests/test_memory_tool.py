@@ -46,3 +46,51 @@ def test_a_warm_memory_is_reused_only_when_the_same_requests_taught_it(tmp_path)
     warm_memory(lm, ["a", "c"], 8, path)  # other requests: warmed again
     warm_memory(lm, ["a", "c"], 16, path)  # longer answers: again
     assert warmed == [["a", "b"], ["a", "c"], ["a", "c"]]
+
+
+def _decode(steps: int) -> dict:
+    return {"tokens": 100, "steps": steps, "seconds": 1.0, "host_s": [1e-3]}
+
+
+def test_the_memory_is_judged_against_the_noise_of_neutral_changes(tmp_path):
+    from tools.memory import markdown, plot, summary
+
+    # (steps without, with, and at the two neutral changes) of 20 prompts: 0 slowed by more than
+    # any neutral change moved a prompt; 1 as much as its own change moved it (within its noise);
+    # 5 and 6 slowed less than the pooled 5th percentile but where their own changes cost nothing
+    # (6's sped up: a prompt's own noise is never above 1); 7 faster with the memory, its own
+    # changes faster still (not slowed at all)
+    rows = [
+        {"without": _decode(a), "with": _decode(b), "noise": [_decode(c), _decode(d)], "identical": True}
+        for a, b, c, d in [
+            (20, 24, 20, 20),
+            (20, 21, 21, 20),
+            (20, 18, 24, 20),
+            (20, 18, 22, 20),
+            (20, 18, 21, 19),
+            (40, 41, 40, 40),
+            (20, 21, 19, 19),
+            (20, 19, 18, 18),
+        ]
+        + [(20, 18, 20, 20)] * 12
+    ]
+    s = summary(rows)
+    assert s["S_neighbours"] == [2000 / 425, 2000 / 416]
+    assert s["noise_ratio_min"] == 20 / 24
+    assert s["noise_ratio_p5"] == 20 / 21  # the 3rd lowest of 40 ratios: 20/24, 20/22, then 20/21 twice
+    assert s["prompts_more_steps_with"] == 4  # 0, 1, 5, 6
+    assert s["prompts_slower_beyond_p5"] == 1  # 0 (1 is at it, 5 and 6 above it)
+    assert s["prompts_slower_beyond_own"] == 3  # 0, 5, 6
+    detail = [
+        {"without": r["without"], "with": r["with"], "noise_steps": [n["steps"] for n in r["noise"]]} for r in rows
+    ]
+    doc = {"results": [{"shape": "W3N3G15-L128-D14", "workload": "spec", **s, "prompts_detail": detail}]}
+    doc |= {"command": "c", "device": "d", "date": "t", "model": "m", "max_new_tokens": 8, "budget_tokens": 64}
+    assert (
+        "more steps with the memory: 4; below that 5th percentile: 1; below both of their own neutral ratios: 3"
+        in markdown(doc)
+    )
+    plot(doc, tmp_path / "memory.png")
+    assert (tmp_path / "memory.png").stat().st_size > 0
+    without = summary([{k: v for k, v in r.items() if k != "noise"} for r in rows])  # no --noise
+    assert "noise_ratio_p5" not in without and without["ratio"] == s["ratio"]

@@ -3,7 +3,7 @@ S without it, one run side by side, and what it costs.
 
     python -m tools.memory [--spec 48] [--mt 24] [--humaneval 32] [--max-new-tokens 128]
         [--shapes W3N3G15-L128-D14,auto] [--workloads spec,mt2,humaneval,repeat] [--budget 65536]
-        [--warm 0] [--out results/memory]   (written after every workload: a run stopped early keeps them)
+        [--warm 0] [--noise] [--out results/memory]   (written after every workload: a run stopped early keeps them)
 
 Four workloads, each decoded in order by one LP (SmolLM2-135M, greedy), once per shape with a
 memory cleared at its start, or with `--warm N`, the memory of a server that has served N earlier
@@ -22,7 +22,11 @@ Both outputs must equal transformers' greedy `generate` (cached in OUT/reference
 committed tokens over the steps, pooled over the workload's prompts; per prompt, the ratio of
 the two steps counts (deterministic at a fixed shape: S does not depend on the machine's speed;
 at `auto` the shapes are chosen by its step costs) tells whether any
-prompt took more steps with the memory. The host's work after each message read (the time a
+prompt took more steps with the memory. With `--noise`, at a shape of a fixed step size (`-L`), each
+prompt is also decoded without the memory at one token fewer and one more a step: changes that
+neither help nor hurt (a tree loses or gains its least likely node) but move the course of the
+decode (what a step verifies teaches the next trees), so their step ratios are the per-prompt
+noise that the memory's ratios are judged against. The host's work after each message read (the time a
 device waits for the host; StepObserver) is timed per step with and without.
 
 The memory's cost: a fresh memory of `--budget` tokens fed 1,000 texts (the run's prompt tails
@@ -38,6 +42,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -51,6 +56,7 @@ from lp.engine.kernel_choice import cpu_name
 
 WORKLOADS = ("spec", "mt2", "humaneval", "repeat")
 TEXTS = 1000  # texts fed to the memory whose cost is measured
+REPS = 3  # saves and loads timed
 WARM_BATCH = 32  # the warming requests decoded together, as a server under load does
 
 
@@ -81,8 +87,8 @@ def conversations(n: int) -> list[tuple[str, str]]:
 class Run:
     """One LP and the greedy references its outputs are checked against."""
 
-    def __init__(self, lm, references, max_new: int) -> None:
-        self.lm, self.refs, self.max_new = lm, references, max_new
+    def __init__(self, lm, references, max_new: int, noise: bool = False) -> None:
+        self.lm, self.refs, self.max_new, self.noise = lm, references, max_new, noise
 
     def reference(self, ids: list[int]) -> list[int]:
         import torch
@@ -112,11 +118,15 @@ class Run:
         }
 
     def pair(self, ids: list[int], settings: dict) -> dict:
-        """One prompt without the memory, then with it (which adds its text): both checked."""
-        without, with_ = self.decode(ids, settings, False), self.decode(ids, settings, True)
+        """One prompt without the memory, then with it (which adds its text), and with `noise` at a
+        fixed step size, without it at one token fewer and one more a step: all checked."""
+        row = {"without": self.decode(ids, settings, False), "with": self.decode(ids, settings, True)}
+        if self.noise and "step_tokens" in settings:
+            T = settings["step_tokens"]
+            row["noise"] = [self.decode(ids, settings | {"step_tokens": T + d}, False) for d in (-1, 1)]
         ref = self.reference(ids)
-        same = without["output_ids"] == ref and with_["output_ids"] == ref
-        return {"without": without, "with": with_, "identical": same, "prompt_ids": ids}
+        same = all(d["output_ids"] == ref for d in (row["without"], row["with"], *row.get("noise", [])))
+        return row | {"identical": same, "prompt_ids": ids}
 
 
 def progress(items, desc: str, total: int | None = None):
@@ -203,7 +213,8 @@ def summary(rows: list[dict]) -> dict:
     host = {side: statistics.median([s for r in rows for s in r[side]["host_s"]]) * 1e3 for side in ("without", "with")}
     seconds = {side: sum(r[side]["seconds"] for r in rows) for side in ("without", "with")}
     tokens = sum(r["with"]["tokens"] for r in rows)
-    return {
+    noise = {} if "noise" not in rows[0] else _noise(rows, ratios)
+    return noise | {
         "prompts": len(rows),
         "S_without": S("without"),
         "S_with": S("with"),
@@ -217,9 +228,27 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
+def _noise(rows: list[dict], ratios: list[float]) -> dict:
+    """The neutral changes' step ratios (`--noise`: without the memory, the step size's neighbours
+    against it) and the prompts the memory slowed (a ratio below 1) by more than they move a decode:
+    below the 5th percentile of every prompt's neutral ratios, and below both of its own."""
+    pooled = sorted(r["without"]["steps"] / n["steps"] for r in rows for n in r["noise"])
+    p5 = pooled[round(0.05 * (len(pooled) - 1))]  # numpy's "nearest" percentile
+    own = [min(1.0, *(r["without"]["steps"] / n["steps"] for n in r["noise"])) for r in rows]
+    S = [sum(r["noise"][i]["tokens"] for r in rows) / sum(r["noise"][i]["steps"] for r in rows) for i in (0, 1)]
+    return {
+        "S_neighbours": S,
+        "noise_ratio_p5": p5,
+        "noise_ratio_min": pooled[0],
+        "prompts_slower_beyond_p5": sum(x < min(1.0, p5) for x in ratios),
+        "prompts_slower_beyond_own": sum(x < o for x, o in zip(ratios, own)),
+    }
+
+
 def cost(texts: list[tuple[list[int], list[int]]], budget: int) -> dict:
     """A fresh memory of `budget` tokens fed TEXTS texts (cycled): the bytes it holds, add time,
-    save and load times, file size."""
+    save and load times (the fastest of REPS: the first may compile the code that writes or reads
+    it), file size."""
     from lp.lookahead.memory import DraftMemory
 
     memory = DraftMemory(budget)
@@ -232,13 +261,15 @@ def cost(texts: list[tuple[list[int], list[int]]], budget: int) -> dict:
     me = {"model": "measured", "tokenizer": "measured"}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "memory.lp"
-        t = time.perf_counter()
-        memory.save(path, me)
-        save_s = time.perf_counter() - t
+        save_s = load_s = math.inf
+        for _ in range(REPS):
+            t = time.perf_counter()
+            memory.save(path, me)
+            save_s = min(save_s, time.perf_counter() - t)
+            t = time.perf_counter()
+            loaded = DraftMemory.load(path, budget, me)
+            load_s = min(load_s, time.perf_counter() - t)
         size = path.stat().st_size
-        t = time.perf_counter()
-        loaded = DraftMemory.load(path, budget, me)
-        load_s = time.perf_counter() - t
     assert loaded.tokens == memory.tokens
     return {
         "budget_tokens": budget,
@@ -263,16 +294,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
     ap.add_argument("--budget", type=int, default=65536, help="the memory's tokens")
     ap.add_argument("--warm", type=int, default=0, help="earlier requests that taught the memory (0: empty)")
+    ap.add_argument("--noise", action="store_true", help="the step size's neighbours too (shapes with -L)")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out", type=Path, default=Path("results/memory"))
     args = ap.parse_args(argv)
+    if args.noise and not any("step_tokens" in parse_lookahead(s) for s in args.shapes.split(",")):
+        ap.error("--noise needs a shape of a fixed step size (-L: W3N3G15-L128-D14)")
     from lp import LP
     from lp.bench.datasets import load
     from lp.bench.references import References
 
     args.out.mkdir(parents=True, exist_ok=True)
     lm = LP(args.model, draft_memory=args.budget)
-    run = Run(lm, References(args.out / "references.json"), args.max_new_tokens)
+    run = Run(lm, References(args.out / "references.json"), args.max_new_tokens, args.noise)
     spec = load("spec_bench", per_category=args.spec // 6)
     items = {
         "spec": [lm.encode(p.text, chat=p.chat) for p in spec],
@@ -302,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
             texts += [(r["prompt_ids"], r["with"]["output_ids"]) for r in rows]
             entry = {"shape": shape, "workload": name, **summary(rows)}
             entry["prompts_detail"] = [
-                {side: {k: r[side][k] for k in ("tokens", "steps")} for side in ("without", "with")} for r in rows
+                {side: {k: r[side][k] for k in ("tokens", "steps")} for side in ("without", "with")}
+                | ({"noise_steps": [n["steps"] for n in r["noise"]]} if "noise" in r else {})
+                for r in rows
             ]
             doc["results"].append(entry)
             print(
@@ -371,6 +407,16 @@ def markdown(doc: dict) -> str:
         "forward (what a device waits for), on this CPU. tokens/s: this CPU, the whole decodes.",
         "",
     ]
+    for r in (r for r in doc["results"] if "noise_ratio_p5" in r):
+        lines += [
+            f"**Noise** ({r['shape']}, {r['workload']}): without the memory at one token fewer and one more a step, "
+            f"S {r['S_neighbours'][0]:.2f} and {r['S_neighbours'][1]:.2f} (against {r['S_without']:.2f}); "
+            f"those neutral changes moved a prompt's steps by ratios down to {r['noise_ratio_min']:.2f} "
+            f"(5th percentile {r['noise_ratio_p5']:.2f}). Prompts with more steps with the memory: "
+            f"{r['prompts_more_steps_with']}; below that 5th percentile: {r['prompts_slower_beyond_p5']}; below "
+            f"both of their own neutral ratios: {r['prompts_slower_beyond_own']}.",
+            "",
+        ]
     if c is not None:
         lines += [
             f"**Cost**: a fresh memory of {c['budget_tokens']} tokens fed {c['texts']} texts (this run's, cycled) "
@@ -387,11 +433,14 @@ def plot(doc: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     rows = doc["results"]
     labels = [f"{r['workload']}\n{r['shape']}" for r in rows]
     x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(1.6 * len(rows) + 2, 4))
+    noisy = [r for r in rows if "noise_ratio_p5" in r]
+    fig, axes = plt.subplots(1, 2 if noisy else 1, figsize=(1.6 * len(rows) + 2 + 5 * bool(noisy), 4), squeeze=False)
+    ax = axes[0, 0]
     ax.bar([i - 0.2 for i in x], [r["S_without"] for r in rows], 0.4, label="without the memory")
     ax.bar([i + 0.2 for i in x], [r["S_with"] for r in rows], 0.4, label="with the memory")
     ax.set_xticks(list(x), labels, fontsize=8)
@@ -400,6 +449,20 @@ def plot(doc: dict, path: Path) -> None:
     ax.set_title(f"Draft memory, {doc['model']}{warm}", fontsize=10)
     fig.text(0.01, 0.01, f"{doc['device']}: {on_the_machine(doc)}", fontsize=6, wrap=True)
     ax.legend()
+    if noisy:  # each prompt's steps ratio with the memory beside the neutral changes' (`--noise`)
+        ax = axes[0, 1]
+        for r in noisy:
+            detail = r["prompts_detail"]
+            memory = sorted(d["without"]["steps"] / d["with"]["steps"] for d in detail)
+            neutral = sorted(d["without"]["steps"] / n for d in detail for n in d["noise_steps"])
+            name = f"{r['workload']}, {r['shape']}"
+            line = ax.plot(memory, np.linspace(0, 1, len(memory)), label=f"{name}: with the memory")[0]
+            ax.plot(neutral, np.linspace(0, 1, len(neutral)), "--", color=line.get_color(), label=f"{name}: neutral")
+        ax.axvline(1.0, color="grey", lw=0.5)
+        ax.set_xlabel("steps without / steps with (per prompt; < 1: slower)")
+        ax.set_ylabel("fraction of prompts")
+        ax.set_title("Per prompt, against the noise of neutral changes", fontsize=10)
+        ax.legend(fontsize=7)
     fig.tight_layout(rect=(0, 0.06, 1, 1))  # room for the note below the axes
     fig.savefig(path, dpi=120)
     plt.close(fig)
