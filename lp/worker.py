@@ -11,7 +11,8 @@ lp/engine/fixed_steps.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -103,9 +104,7 @@ class _Probe:
             self.kv = w.random_sequence(self.context, self.sizes[-1], self.gen)
         w.forward.use(Kernels.only(name), keep=True)
         if M not in self.inputs:  # made once: the timed run is the forward alone
-            ids = torch.randint(0, w.vocab_size, (M,), generator=self.gen).numpy()
-            chunk = prompt_chunk(self.kv.owner, ids, self.kv.length, self.kv.table, logits=True)
-            on = exact(PackedStep([chunk]), w.kv.pool.owner, w.kv.pool.index, w.query_groups)
+            on = exact(w.random_step([self.kv], [M], self.gen), w.kv.pool.owner, w.kv.pool.index, w.query_groups)
             self.inputs[M] = StepInputs(on.ids, on.positions, on.slots, on.rows, on.attend)
         inputs = self.inputs[M]
         return lambda: w.forward(inputs)
@@ -253,6 +252,29 @@ class Worker:
             kv.release()
             raise
         return kv
+
+    @contextmanager
+    def random_sequences(
+        self, contexts: list[int], step_tokens: int, gen: torch.Generator
+    ) -> Iterator[list[SequenceKV]]:
+        """`random_sequence` of each of `contexts`, all released when the block ends (or one fails)."""
+        kvs: list[SequenceKV] = []
+        try:
+            for context in contexts:
+                kvs.append(self.random_sequence(context, step_tokens, gen))
+            yield kvs
+        finally:
+            for kv in kvs:
+                kv.release()
+
+    def random_step(self, kvs: list[SequenceKV], sizes: list[int], gen: torch.Generator) -> PackedStep:
+        """A step of `sizes[i]` random tokens (drawn from `gen`) after each of `kvs`' committed
+        tokens, causal, a logits row each (as a tree's nodes have): what timed steps run."""
+        chunks = []
+        for kv, n in zip(kvs, sizes):
+            ids = torch.randint(0, self.vocab_size, (n,), generator=gen).numpy()
+            chunks.append(prompt_chunk(kv.owner, ids, kv.length, kv.table, logits=True))
+        return PackedStep(chunks)
 
     @torch.inference_mode()
     def prefill(self, kv: SequenceKV, ids: list[int] | np.ndarray) -> None:

@@ -151,3 +151,13 @@ def test_compiled_flex_one_token_step_equals_eager():
 
     model = build_tiny("llama", num_hidden_layers=1)
     assert compare(model, [1], "flex", prompt_len=150)[0]["max_abs_diff"] < 1e-5
+
+
+def test_a_step_past_its_page_table_is_refused():
+    # the first segment's step needs 2 pages (a page's tokens, then one more) and its table holds 1:
+    # its last token would take the next segment's page
+    short = prompt_chunk(0, np.zeros(1, np.int64), PAGE, np.array([3]))
+    whole = prompt_chunk(1, np.zeros(2, np.int64), 0, np.array([5]))
+    PackedStep([prompt_chunk(0, np.zeros(1, np.int64), PAGE - 1, np.array([3])), whole])  # fits its page
+    with pytest.raises(LPError, match="fewer pages than its step needs"):
+        PackedStep([short, whole])

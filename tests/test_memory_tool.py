@@ -53,7 +53,7 @@ def _decode(steps: int) -> dict:
 
 
 def test_the_memory_is_judged_against_the_noise_of_neutral_changes(tmp_path):
-    from tools.memory import markdown, plot, summary
+    from tools.memory import markdown, plot, prompts_detail, summary
 
     # (steps without, with, and at the two neutral changes) of 20 prompts: 0 slowed by more than
     # any neutral change moved a prompt; 1 as much as its own change moved it (within its noise);
@@ -81,9 +81,7 @@ def test_the_memory_is_judged_against_the_noise_of_neutral_changes(tmp_path):
     assert s["prompts_more_steps_with"] == 4  # 0, 1, 5, 6
     assert s["prompts_slower_beyond_p5"] == 1  # 0 (1 is at it, 5 and 6 above it)
     assert s["prompts_slower_beyond_own"] == 3  # 0, 5, 6
-    detail = [
-        {"without": r["without"], "with": r["with"], "noise_steps": [n["steps"] for n in r["noise"]]} for r in rows
-    ]
+    detail = prompts_detail(rows)
     doc = {"results": [{"shape": "W3N3G15-L128-D14", "workload": "spec", **s, "prompts_detail": detail}]}
     doc |= {"command": "c", "device": "d", "date": "t", "model": "m", "max_new_tokens": 8, "budget_tokens": 64}
     assert (

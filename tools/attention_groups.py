@@ -44,23 +44,10 @@ def _lengths(lm, mix: str) -> list[int]:
 
 def _time(worker, kvs: list, nodes: list[int], call_pages: int, gen: torch.Generator) -> float:
     """Seconds of one step's forward (its host work included) under `call_pages`."""
-    segments = []
-    for kv, n in zip(kvs, nodes):
-        segments.append(
-            prompt_chunk(
-                kv.owner,
-                torch.randint(0, worker.vocab_size, (1 + n,), generator=gen).numpy(),
-                kv.length,
-                kv.table,
-                logits=True,
-            )
-        )
+    step = worker.random_step(kvs, [1 + n for n in nodes], gen)
     t0 = time.perf_counter()
-    kept, worker.call_pages = worker.call_pages, call_pages
-    try:
-        worker.run(PackedStep(segments))[0].argmax().item()
-    finally:
-        worker.call_pages = kept
+    worker.call_pages = call_pages
+    worker.run(step)[0].argmax().item()
     return time.perf_counter() - t0
 
 
@@ -70,26 +57,24 @@ def measure(worker, lengths: list[int], B: int, reps: int, groupings: dict[str, 
     name: a group's price in pages), both steps; and the attention groups of each's plain step."""
     gen = torch.Generator().manual_seed(0)
     contexts = [lengths[i % len(lengths)] for i in range(B)]
-    kvs = []
+    kept = worker.call_pages  # each timed step sets its own price; the worker's back after
     try:
-        for c in contexts:
-            kvs.append(worker.random_sequence(c, 2, gen))
-        plain = PackedStep([prompt_chunk(kv.owner, np.zeros(1, np.int64), kv.length, kv.table) for kv in kvs])
-        row: dict = {
-            "sequences": B,
-            "contexts": contexts,
-            "groups": {name: len(plain.groups(call_pages)) for name, call_pages in groupings.items()},
-        }
-        for step, nodes in (("plain", [0] * B), ("a node on every other", [i % 2 for i in range(B)])):
-            seconds: dict[str, list[float]] = {name: [] for name in groupings}
-            for _ in range(reps):
-                for name, call_pages in groupings.items():
-                    seconds[name].append(_time(worker, kvs, nodes, call_pages, gen))
-            row[step] = {name: 1e3 * statistics.median(s) for name, s in seconds.items()}
-        return row
+        with worker.random_sequences(contexts, 2, gen) as kvs:
+            plain = PackedStep([prompt_chunk(kv.owner, np.zeros(1, np.int64), kv.length, kv.table) for kv in kvs])
+            row: dict = {
+                "sequences": B,
+                "contexts": contexts,
+                "groups": {name: len(plain.groups(call_pages)) for name, call_pages in groupings.items()},
+            }
+            for step, nodes in (("plain", [0] * B), ("a node on every other", [i % 2 for i in range(B)])):
+                seconds: dict[str, list[float]] = {name: [] for name in groupings}
+                for _ in range(reps):
+                    for name, call_pages in groupings.items():
+                        seconds[name].append(_time(worker, kvs, nodes, call_pages, gen))
+                row[step] = {name: 1e3 * statistics.median(s) for name, s in seconds.items()}
+            return row
     finally:
-        for kv in kvs:
-            kv.release()
+        worker.call_pages = kept
 
 
 def markdown(doc: dict) -> str:

@@ -203,11 +203,16 @@ def workload(run: Run, name: str, items: list, settings: dict, warm: Path | None
     return out
 
 
+def _S(decodes: list[dict]) -> float:
+    """The decodes' committed tokens over their steps, pooled."""
+    return sum(d["tokens"] for d in decodes) / sum(d["steps"] for d in decodes)
+
+
 def summary(rows: list[dict]) -> dict:
     """A workload's S with and without the memory (pooled), per-prompt step ratios, host times."""
 
     def S(side: str) -> float:
-        return sum(r[side]["tokens"] for r in rows) / sum(r[side]["steps"] for r in rows)
+        return _S([r[side] for r in rows])
 
     ratios = [r["without"]["steps"] / r["with"]["steps"] for r in rows]
     host = {side: statistics.median([s for r in rows for s in r[side]["host_s"]]) * 1e3 for side in ("without", "with")}
@@ -228,16 +233,26 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
+def prompts_detail(rows: list[dict]) -> list[dict]:
+    """What the run keeps of each prompt: tokens and steps without and with the memory, and the
+    neutral changes' steps (`--noise`)."""
+    return [
+        {side: {k: r[side][k] for k in ("tokens", "steps")} for side in ("without", "with")}
+        | ({"noise_steps": [n["steps"] for n in r["noise"]]} if "noise" in r else {})
+        for r in rows
+    ]
+
+
 def _noise(rows: list[dict], ratios: list[float]) -> dict:
     """The neutral changes' step ratios (`--noise`: without the memory, the step size's neighbours
     against it) and the prompts the memory slowed (a ratio below 1) by more than they move a decode:
     below the 5th percentile of every prompt's neutral ratios, and below both of its own."""
-    pooled = sorted(r["without"]["steps"] / n["steps"] for r in rows for n in r["noise"])
+    neutral = [[r["without"]["steps"] / n["steps"] for n in r["noise"]] for r in rows]
+    pooled = sorted(x for xs in neutral for x in xs)
     p5 = pooled[round(0.05 * (len(pooled) - 1))]  # numpy's "nearest" percentile
-    own = [min(1.0, *(r["without"]["steps"] / n["steps"] for n in r["noise"])) for r in rows]
-    S = [sum(r["noise"][i]["tokens"] for r in rows) / sum(r["noise"][i]["steps"] for r in rows) for i in (0, 1)]
+    own = [min(1.0, *xs) for xs in neutral]
     return {
-        "S_neighbours": S,
+        "S_neighbours": [_S([r["noise"][i] for r in rows]) for i in (0, 1)],
         "noise_ratio_p5": p5,
         "noise_ratio_min": pooled[0],
         "prompts_slower_beyond_p5": sum(x < min(1.0, p5) for x in ratios),
@@ -335,11 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = workload(run, name, items[name], settings, warm)
             texts += [(r["prompt_ids"], r["with"]["output_ids"]) for r in rows]
             entry = {"shape": shape, "workload": name, **summary(rows)}
-            entry["prompts_detail"] = [
-                {side: {k: r[side][k] for k in ("tokens", "steps")} for side in ("without", "with")}
-                | ({"noise_steps": [n["steps"] for n in r["noise"]]} if "noise" in r else {})
-                for r in rows
-            ]
+            entry["prompts_detail"] = prompts_detail(rows)
             doc["results"].append(entry)
             print(
                 f"memory: {shape} {name}: S {entry['S_without']:.2f} -> {entry['S_with']:.2f} "

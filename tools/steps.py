@@ -384,27 +384,17 @@ def step_latencies(worker, prompt: torch.Tensor, cfg: Settings, vocab: int) -> t
 
 
 @torch.inference_mode()
-def packed_latencies(worker, cfg: Settings, vocab: int, memory: dict[int, dict]) -> list[dict]:
+def packed_latencies(worker, cfg: Settings, memory: dict[int, dict]) -> list[dict]:
     """Latency of packed steps of B sequences (each of `batches`), each sequence after its own
     `prompt_len` committed tokens, a step of T tokens (each of `tokens` from B up) split evenly among
     them as causal blocks, a logits row a token (as a tree's nodes have): the batched step's cost
     per bucket."""
-    from lp.engine.packed import PackedStep, prompt_chunk
-
     gen = torch.Generator().manual_seed(cfg.seed + 2)
     rows = []
     for B in cfg.batches:
-        kvs = []
-        try:
-            for _ in range(B):
-                kvs.append(worker.random_sequence(cfg.prompt_len, max(cfg.tokens), gen))
+        with worker.random_sequences([cfg.prompt_len] * B, max(cfg.tokens), gen) as kvs:
             for T in (t for t in cfg.tokens if t >= B):
-                segments = []
-                for i, kv in enumerate(kvs):
-                    n = T // B + (i < T % B)
-                    ids = torch.randint(0, vocab, (n,), generator=gen).numpy()
-                    segments.append(prompt_chunk(kv.owner, ids, kv.length, kv.table, logits=True))
-                step = PackedStep(segments)
+                step = worker.random_step(kvs, [T // B + (i < T % B) for i in range(B)], gen)
                 with _graph_memory(worker, memory):
                     seconds = timed(
                         lambda step=step: worker.run(step)[0].argmax().item(), worker.device, cfg.reps, cfg.warmup
@@ -422,9 +412,6 @@ def packed_latencies(worker, cfg: Settings, vocab: int, memory: dict[int, dict])
                     }
                 )
                 _progress(f"packed step, {B} sequences, {T} tokens: {rows[-1]['median_ms']:.3f} ms")
-        finally:
-            for kv in kvs:
-                kv.release()
     return rows
 
 
@@ -514,7 +501,7 @@ def run(cfg: Settings) -> dict:
     worker = cfg.worker(model)
     steps, memory = step_latencies(worker, prompt.to(device), cfg, vocab)
     one = next((r["median_ms"] for r in steps if r["tokens"] == 1), None)
-    for row in packed_latencies(worker, cfg, vocab, memory):  # cost relative to one sequence's 1-token step
+    for row in packed_latencies(worker, cfg, memory):  # cost relative to one sequence's 1-token step
         steps.append({**row, "relative": row["median_ms"] / one if one else None})
     decode = decode_rates(model, worker, prompt.tolist(), cfg) if cfg.runs else None
     floor_tok_s = bandwidth / read

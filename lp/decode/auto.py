@@ -23,7 +23,7 @@ from tqdm import tqdm
 from lp.collective import Collective
 from lp.config import SUCCESSORS
 from lp.decode.ladder import LADDER, Shape, ladder, rank_tokens
-from lp.engine.packed import PackedStep, bucket, buckets, prompt_chunk
+from lp.engine.packed import bucket, buckets
 from lp.engine.pages import PAGE
 from lp.worker import STEP_ROOM, TIMED_CONTEXT, Worker
 
@@ -91,12 +91,11 @@ def calibrate(worker: Worker, reps: int = 5, world_size: int = 1, progress: bool
 def step_costs(
     worker: Worker,
     sizes: tuple[int, ...] | None = None,
-    context: int = TIMED_CONTEXT,
     reps: int = 5,
     world_size: int = 1,
     progress: bool = False,
 ) -> CostCurve:
-    """Time one forward of each size after a `context`-token prefill (`_fastest` of `reps`), its
+    """Time one forward of each size after a `TIMED_CONTEXT`-token prefill (`_fastest` of `reps`), its
     logits of every row computed and read as a decode does; sizes and context shrink to what the
     cache holds. Default sizes: 1 to 256 tokens for exact-size steps, in powers of two and on
     both sides of each change of the forward's matmul kernels; with fixed-shape steps, every
@@ -117,30 +116,24 @@ def step_costs(
         sizes = tuple(sorted({1, 2, 4, 8, 16, 32, 64, 128, 256} | {M for M in worker.kernels.switches if M <= 256}))
     positions = worker.max_seq_len + STEP_ROOM  # RoPE's table
     sizes = tuple(T for T in sizes if worker.step_slots(T) < min(worker.kv_tokens, positions)) or (1, 2)
-    context = worker.timed_context(context, sizes[-1])
+    context = worker.timed_context(TIMED_CONTEXT, sizes[-1])
     gen = torch.Generator().manual_seed(0)
-    kv = worker.random_sequence(context, sizes[-1], gen)
-    try:
-        steps = []
-        for T in sizes:  # T causal tokens after the context, logits for each (as a tree's nodes need)
-            ids = torch.randint(0, worker.vocab_size, (T,), generator=gen).numpy()
-            steps.append(PackedStep([prompt_chunk(kv.owner, ids, context, kv.table, logits=True)]))
+    with worker.random_sequences([context], sizes[-1], gen) as kvs:
+        steps = [worker.random_step(kvs, [T], gen) for T in sizes]  # T causal tokens after the context
         bar = tqdm(total=reps * len(sizes), desc="W=auto: timing step sizes", disable=None if progress else True)
         seconds = _fastest([lambda step=step: worker.run(step)[0] for step in steps], reps, bar.update)
         bar.close()
-    finally:
-        kv.release()
     # An exact-size step's cost cannot fall with more tokens (a dip is timer noise); a bucket's can:
     # each runs its own kernels (on an H200 a 64-token bucket cost 10.9 ms, a 128-token one 7.3)
     return CostCurve(tuple(sizes), tuple(seconds if padded else np.maximum.accumulate(seconds).tolist()), padded)
 
 
 @torch.inference_mode()
-def drafting_cost(worker: Worker, curve: CostCurve, reps: int, successors: int = SUCCESSORS) -> float:
+def drafting_cost(worker: Worker, curve: CostCurve, reps: int) -> float:
     """What drafts add to a step beyond its size's forward: a batch of `DRAFTING_BATCH` sequences
     (`DRAFTING_CONTEXT` tokens each, at most the curve's context) whose step feeds one token each,
     against the same step where half of them feed `DRAFTING_NODES` drafts more (their own attention
-    group, as a step's tree nodes beside plain sequences make) and every row's top-k `successors`
+    group, as a step's tree nodes beside plain sequences make) and every row's top-k SUCCESSORS
     are taken; less what the curve says the added tokens cost (fastest of `reps`, at least 0; 0
     where the cache holds no such batch: the context shrinks to what it lends). One sequence's curve misses this, and
     under load it decides whether a few nodes pay (on a 2-core Xeon: 3 ms on a 41 ms step)."""
@@ -150,26 +143,16 @@ def drafting_cost(worker: Worker, curve: CostCurve, reps: int, successors: int =
     if context < 1:
         return 0.0
     gen = torch.Generator().manual_seed(1)
-    kvs = []
-    try:
-        for _ in range(B):
-            kvs.append(worker.random_sequence(context, 1 + m, gen))
-
-        def step(drafts: list[int]) -> PackedStep:
-            ids = [torch.randint(0, worker.vocab_size, (1 + n,), generator=gen).numpy() for n in drafts]
-            return PackedStep([prompt_chunk(kv.owner, x, context, kv.table, logits=True) for kv, x in zip(kvs, ids)])
-
-        plain, drafted = step([0] * B), step([m if i % 2 else 0 for i in range(B)])
+    with worker.random_sequences([context] * B, 1 + m, gen) as kvs:
+        plain = worker.random_step(kvs, [1] * B, gen)
+        drafted = worker.random_step(kvs, [1 + (m if i % 2 else 0) for i in range(B)], gen)
 
         def with_drafts() -> torch.Tensor:
             logits = worker.run(drafted)[0]
-            logits.topk(successors, dim=-1)
+            logits.topk(SUCCESSORS, dim=-1)
             return logits
 
         best = _fastest([lambda: worker.run(plain)[0], with_drafts], reps)
-    finally:
-        for kv in kvs:
-            kv.release()
     added = curve.seconds_at(B + m * (B // 2)) - curve.seconds_at(B)
     return max(0.0, best[1] - best[0] - added)
 

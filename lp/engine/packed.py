@@ -16,6 +16,7 @@ import torch
 
 from lp.engine.attention import FLEX_BLOCK, Group, Grouped, Visibility
 from lp.engine.pages import PAD, PAGE, pages_for
+from lp.errors import LPError
 from lp.jit import compiled
 from lp.lookahead.mask import StepLayout
 
@@ -138,6 +139,8 @@ class PackedStep:
         # segments' tables end to end, by array ops, not a pass over the tokens per segment)
         index = self.length + np.arange(len(self.ids)) - self.base
         tables = cat([s.pages[:p] for s, p in zip(segs, self.pages.tolist())]).astype(np.int64, copy=False)
+        if len(tables) != self.pages.sum():  # else a short table's tokens would land in the next one's pages
+            raise LPError("a segment's page table holds fewer pages than its step needs: reserve them first")
         first = np.repeat(np.concatenate(([0], np.cumsum(self.pages)[:-1])), sizes)
         self.slots = tables[first + index // PAGE] * PAGE + index % PAGE
         T = int(self.starts[-1])
