@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from lp.errors import LPError
 from lp.partition import RankPlan
@@ -116,21 +117,21 @@ class DecodeConfig:
                 )
         return self
 
-    @property
+    @cached_property
     def lookahead(self) -> bool:
         return self.mode == "lookahead"
 
-    @property
+    @cached_property
     def fixed_tokens(self) -> int:
         """Tokens every step feeds whatever its tree: x0 and the window's (lp.partition)."""
         return RankPlan(range(self.W), range(0)).cost(self.N) if self.lookahead else 1
 
-    @property
+    @cached_property
     def max_draft(self) -> int:
         """The longest draft a step verifies (N-1 from the pool, `draft_len` from the text)."""
         return max(self.N - 1, self.draft_len if self.drafts == "pool+text" else 0)
 
-    @property
+    @cached_property
     def tree_limit(self) -> int:
         """The most tree nodes a step verifies (`tree_tokens`, or what follows from the step's size)."""
         if self.tree_tokens is not None:
@@ -139,12 +140,12 @@ class DecodeConfig:
             return max(0, self.step_tokens - self.fixed_tokens - self.max_draft)
         return self.G * (self.N - 1)
 
-    @property
+    @cached_property
     def step_shape(self) -> tuple[int, int, int, int]:
         """(W, N, G, tree_limit) as the steps run them: (0, 2, 0, 0) in `ar` mode."""
         return (self.W, self.N, self.G, self.tree_limit) if self.lookahead else (0, 2, 0, 0)
 
-    @property
+    @cached_property
     def max_commit(self) -> int:
         """The most tokens a step commits: the longest draft its tree (and its size, after a
         one-token commit) holds, plus one."""
@@ -161,7 +162,7 @@ class DecodeConfig:
             return budget
         return max(0, min(budget, self.step_tokens - self.fixed_tokens - (pending - 1)))
 
-    @property
+    @cached_property
     def largest_step(self) -> int:
         """The most tokens a step feeds one rank at any world size: `max_commit` pending tokens
         (re-fed over P ranks; one replica feeds x0 alone), every window column and the whole
@@ -170,18 +171,18 @@ class DecodeConfig:
         most = RankPlan(range(W), range(budget)).cost(N, pending=self.max_commit, candidate_tokens=1)
         return most if self.step_tokens is None else min(most, self.step_tokens)
 
-    @property
+    @cached_property
     def pool_capacity(self) -> int:
         """N-grams the pool keeps per first token (none without G)."""
         return self.G if self.pool_size is None or not self.G else self.pool_size
 
-    @property
+    @cached_property
     def longest_continuation(self) -> int:
         """The longest text continuation a tree node offers (`continuation_len`, at most the longest
         draft; 0: none, and without text drafts)."""
         return min(self.continuation_len, self.max_draft) if self.drafts == "pool+text" else 0
 
-    @property
+    @cached_property
     def successors_sent(self) -> int:
         """Successors per logits row that steps send for the successor table (0: none)."""
         if not (self.lookahead and self.tree_limit):

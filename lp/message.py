@@ -78,6 +78,30 @@ def pack(
     return torch.cat(parts)
 
 
+def pack_plain(
+    argmax: torch.Tensor, top: torch.Tensor, known: torch.Tensor, W: int, max_commit: int, rows: int = 0, k: int = 0
+) -> torch.Tensor:
+    """The messages of g sequences whose steps feed their pending tokens alone (no window, no tree
+    node) and decide greedily, made at once: `[g, message_size]`, row i what `pack` makes of the
+    i-th one's step. All it commits is y1, the argmax after x0. `argmax`, `top`: the step's rows'
+    (`top` with fewer than `k` columns: no top-k computed, no successor row sent); `known` `[4, g]`
+    on the device: each one's x0 row in the step, x0 token, output length and checksum."""
+    x0_rows, x0_tokens, lengths, checksums = known
+    y1 = argmax.index_select(0, x0_rows)
+    out = argmax.new_full((known.shape[1], message_size(W, max_commit, rows, k)), -1)
+    out[:, 0] = y1
+    out[:, 2] = 0  # no draft accepted (slot 1: no best node, -1)
+    out[:, 3] = lengths
+    out[:, 4] = checksums
+    out[:, HALT] = 0
+    out[:, HEADER] = y1  # the path: y1 alone
+    if k and top.shape[1] >= k:  # x0's successor row; the window's slots and the other rows: padding
+        at = HEADER + max_commit + W
+        out[:, at] = x0_tokens
+        out[:, at + 1 : at + 1 + k] = top.index_select(0, x0_rows)[:, :k]
+    return out
+
+
 class Outcome(NamedTuple):
     """What a step decided, identical on every rank. (A named tuple: made after every message
     read, and a frozen dataclass costs several times more to make.)"""

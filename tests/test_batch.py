@@ -15,10 +15,11 @@ from numba import njit
 from lp.collective import Collective
 from lp.config import DecodeConfig
 from lp.decode.auto import CostCurve
-from lp.decode.batch import StepObserver
+from lp.decode.batch import Batch, StepObserver
 from lp.decode.budget import Budget, Claim
 from lp.decode.loop import Decoder, Request
 from lp.decode.phases import DraftState, first_grown
+from lp.decode.sequence import Sequence
 from lp.engine.pages import PAGE
 from lp.errors import LPError
 from lp.worker import Worker
@@ -294,6 +295,62 @@ def test_a_step_that_drafts_nothing_teaches_no_successor_table(budget, tiny_mode
         assert seq.result.output_ids == reference_greedy(model, seq.request.prompt, MAX_NEW)
         rows = _successor_rows(seq.drafter.state)
         assert (rows == 0) == (budget == "none"), rows
+
+
+class _Recording(Collective):
+    """One rank that keeps every message it gathers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[list[int]] = []
+
+    def all_gather(self, message):
+        self.sent.append(message.tolist())
+        return super().all_gather(message)
+
+
+@pytest.mark.parametrize("budget", ["none", "shared"])
+def test_plain_steps_messages_made_at_once_are_those_made_one_by_one(budget, tiny_models, monkeypatch):
+    """The messages of a step's plain sequences (`Sequence.plain`: no window, no node, greedy), made
+    for all of them at once, are those each sequence's own decision makes, successor rows included
+    (a top-k computed where other trees take nodes, none in a step of plain batched decoding),
+    beside sequences of other shapes: sampled, with windows, with nodes."""
+    model = tiny_models["llama"]
+    cfgs = [
+        DecodeConfig(mode="ar", max_new_tokens=MAX_NEW),
+        DecodeConfig(W=1, N=2, G=15, lone_matches=True, tree_tokens=9, max_new_tokens=MAX_NEW),
+        DecodeConfig(W=3, N=3, G=15, step_tokens=64, max_new_tokens=MAX_NEW),
+        DecodeConfig(W=5, N=3, G=5, max_new_tokens=MAX_NEW),
+        DecodeConfig(mode="ar", temperature=0.8, seed=3, max_new_tokens=MAX_NEW),
+    ]
+    made_at_once = []  # per step, the sequences whose messages were made at once
+    made = Batch._plain
+
+    def counted(self, decoding, *args):
+        groups = made(self, decoding, *args)
+        made_at_once.append(sorted(decoding[i].request.tag for g in groups for i in g.members))
+        return groups
+
+    monkeypatch.setattr(Batch, "_plain", counted)
+    sent = {}
+    for at_once in (True, False):
+        if not at_once:
+            monkeypatch.setattr(Sequence, "plain", property(lambda seq: False))
+        comm = _Recording()
+        dec = Decoder(Worker(model), comm, set(), 512)
+        batch = dec.batch(max_batch=5, budget=Budget(budget, step_tokens=12))
+        requests = [Request(make_prompt(i, 10 + 3 * i, 3), c, shared=i in (1, 2), tag=i) for i, c in enumerate(cfgs)]
+        for seq in dec.run(requests, batch):
+            if seq.cfg.temperature == 0:
+                assert seq.result.output_ids == reference_greedy(model, seq.request.prompt, MAX_NEW)
+        sent[at_once] = comm.sent
+    assert sent[True] == sent[False] and len(sent[True]) >= MAX_NEW
+    steps = made_at_once[: len(made_at_once) // 2]  # the first decode's
+    assert all(3 not in step and 4 not in step for step in steps)  # a window's, a sampled one's: alone
+    assert sum(0 in step for step in steps) >= MAX_NEW - 1  # mode=ar's: with the others at every step
+    assert any(1 in step and 2 in step for step in steps)  # shared trees given no node: plain too
+    if budget == "shared":  # and some steps give them nodes
+        assert any(not (1 in step and 2 in step) for step in steps if 0 in step)
 
 
 def test_a_tree_that_found_nothing_to_draft_still_learns(tiny_models):

@@ -11,8 +11,9 @@ A step, top to bottom:
            first come first), then every decoding sequence's step, side by side (with
            `first_step_with_prompt`, including a sequence whose last chunk is in the step);
   forward  one masked pass, no communication (lp/worker.py);
-  decide   each decoding sequence's acceptance and message, on the device; where one replica
-           decodes, the accepted drafts' KV moved after x0's (`keep`);
+  decide   each decoding sequence's acceptance and message, on the device (those whose steps are
+           plain, a few tensor ops for all of them); where one replica decodes, the accepted
+           drafts' KV moved after x0's (`keep`);
   gather   one all-gather of every sequence's message: the step's one device read;
   advance  each sequence merges its messages, commits its tokens, feeds its sources; those that
            ended (EOS, max_new_tokens, a stop string, a cancel) leave at once and free their pages,
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ from lp.engine.packed import PackedStep
 from lp.engine.pages import pages_for
 from lp.errors import LPError
 from lp.lookahead.memory import DraftMemory
-from lp.message import HALT
+from lp.message import HALT, pack_plain
 from lp.partition import RankPlan
 from lp.worker import MAX_STEP, STEP_ROOM, Worker
 
@@ -66,6 +67,22 @@ class StepObserver:
     def message_read(self) -> None:
         """A step's gathered messages are on the host: from here to the next `forward_start` is
         host work that a device waits for."""
+
+
+@dataclass(frozen=True)
+class PlainSteps:
+    """Decoding sequences of one message shape whose steps are plain (`Sequence.plain`): their
+    places among the step's decoding sequences, and what their messages need on the device
+    (`lp.message.pack_plain`'s `known`)."""
+
+    members: list[int]
+    shape: tuple[int, int, int, int]
+    known: torch.Tensor
+
+    def messages(self, rows: StepOutputs) -> torch.Tensor:
+        """Their messages, `[len(members), size]`: one pass for all of them over the step's rows."""
+        W, max_commit, successor_rows, k = self.shape
+        return pack_plain(rows.argmax, rows.top, self.known, W, max_commit, successor_rows, k)
 
 
 class Batch:
@@ -171,21 +188,25 @@ class Batch:
         if not segments:
             return []
         step = PackedStep(segments)
+        plain = self._plain(decoding, step, len(chunks))
         if decoding:  # a step of prompt chunks alone is a prefill, not a decode step
             self.observe.forward_start()
         logits, on = self.worker.run(step)
         if decoding:
             self.observe.forward_done()
-        messages, moves = [], []
         k = self._successors
         top = logits.topk(k, dim=-1).indices if k else logits.new_zeros((logits.shape[0], 0), dtype=torch.long)
         rows = StepOutputs(logits, logits.argmax(dim=-1), top)  # one pass each over the step's rows
+        messages: list[torch.Tensor | None] = [None] * len(decoding)
+        for group in plain:
+            for i, mine in zip(group.members, group.messages(rows)):
+                messages[i] = mine
+        moves = []
         for i, seq in enumerate(decoding):
-            seg = on.segment(len(chunks) + i)
-            mine, move = seq.decide(rows, seg, on, self._steps)
-            messages.append(mine)
-            if move is not None:
-                moves.append(move)
+            if messages[i] is None:
+                messages[i], move = seq.decide(rows, on.segment(len(chunks) + i), on, self._steps)
+                if move is not None:
+                    moves.append(move)
         if moves:
             self.worker.move(torch.cat([m[0] for m in moves]), torch.cat([m[1] for m in moves]))
         if not self.first_step_with_prompt:
@@ -208,6 +229,28 @@ class Batch:
             if self.memory is not None and seq.cfg.memory:
                 seq.drafter.teach(seq.request.prompt, seq.result.output_ids)
         return ended
+
+    def _plain(self, decoding: list[Sequence], step: PackedStep, first: int) -> list[PlainSteps]:
+        """The step's plain sequences (`Sequence.plain`) by message shape, what their messages need
+        on the device copied now, before the forward; `first`: the first decoding segment in `step`."""
+        groups: dict[tuple[int, int, int, int], list[int]] = {}
+        for i, seq in enumerate(decoding):
+            if seq.plain:
+                groups.setdefault(seq.message_shape, []).append(i)
+        made = []
+        for shape, members in groups.items():
+            states = [decoding[i].state for i in members]
+            known = np.array(
+                [
+                    step.row_starts[first + np.array(members)],  # x0's row: a segment's first (StepLayout.X0_ROW)
+                    [s.pending[-1] for s in states],
+                    [s.length for s in states],
+                    [s.checksum for s in states],
+                ],
+                dtype=np.int64,
+            )
+            made.append(PlainSteps(members, shape, torch.as_tensor(known, device=self.worker.device)))
+        return made
 
     def _prefilled(self, chunks: list[tuple[Sequence, int]]) -> None:
         """The step's prompt chunks count as written (they are, or are in the step about to run): a

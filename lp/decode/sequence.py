@@ -22,7 +22,7 @@ from lp.engine.packed import PackedTensors, Segment, SegmentTensors, prompt_chun
 from lp.engine.pages import SequenceKV
 from lp.lookahead.memory import DraftMemory
 from lp.message import successor_rows
-from lp.verify.verifier import Verifier, verifier_for
+from lp.verify.verifier import GreedyVerifier, Verifier, verifier_for
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,8 @@ class Sequence:
         self.result: Generation | None = None
         self.admitted = self.decoding_since = time.perf_counter()
         self._message_rows = successor_rows(cfg.step_shape[0], cfg.step_shape[3])
+        # its messages' layout (lp/message.py): window slots, token slots, successor rows, successors
+        self.message_shape = cfg.step_shape[0], cfg.max_commit, self._message_rows, cfg.successors_sent
 
     @property
     def to_prefill(self) -> int:
@@ -121,6 +123,14 @@ class Sequence:
         layout = self.plan.layout
         self.kv.reserve(self.kv.length + layout.size)
         return step_segment(self.kv.owner, layout, self.plan.ids, self.state.length - 1, self.kv.length, self.kv.table)
+
+    @property
+    def plain(self) -> bool:
+        """Its planned step feeds its pending tokens alone (no window, no tree node) and decides
+        greedily: its message is `lp.message.pack_plain`'s, which a batch makes for all such
+        sequences of a step at once (a plain step's decision then costs what plain decoding's does)."""
+        layout = self.plan.layout
+        return isinstance(self.verify, GreedyVerifier) and not len(layout.parents) and not len(layout.columns)
 
     def decide(
         self, rows: StepOutputs, seg: SegmentTensors, packed: PackedTensors, steps: torch.Tensor
