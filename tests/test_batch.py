@@ -309,26 +309,27 @@ class _Recording(Collective):
         return super().all_gather(message)
 
 
-@pytest.mark.parametrize("budget", ["none", "shared"])
-def test_plain_steps_messages_made_at_once_are_those_made_one_by_one(budget, tiny_models, monkeypatch):
+@pytest.mark.parametrize("budget,with_prompt", [("none", False), ("shared", False), ("shared", True)])
+def test_plain_steps_messages_made_at_once_are_those_made_one_by_one(budget, with_prompt, tiny_models, monkeypatch):
     """The messages of a step's plain sequences (`Sequence.plain`: no window, no node, greedy), made
     for all of them at once, are those each sequence's own decision makes, successor rows included
     (a top-k computed where other trees take nodes, none in a step of plain batched decoding),
-    beside sequences of other shapes: sampled, with windows, with nodes."""
+    beside sequences of other shapes (sampled, with windows, with nodes) and beside prompt chunks
+    (`with_prompt`: a first step in its prompt's last chunk's forward)."""
     model = tiny_models["llama"]
     cfgs = [
         DecodeConfig(mode="ar", max_new_tokens=MAX_NEW),
         DecodeConfig(W=1, N=2, G=15, lone_matches=True, tree_tokens=9, max_new_tokens=MAX_NEW),
         DecodeConfig(W=3, N=3, G=15, step_tokens=64, max_new_tokens=MAX_NEW),
-        DecodeConfig(W=5, N=3, G=5, max_new_tokens=MAX_NEW),
+        DecodeConfig(W=5, N=3, G=5, max_new_tokens=MAX_NEW // 2),
         DecodeConfig(mode="ar", temperature=0.8, seed=3, max_new_tokens=MAX_NEW),
     ]
-    made_at_once = []  # per step, the sequences whose messages were made at once
+    steps = []  # per step of the first decode: the sequences made at once, prompt chunks, successors
     made = Batch._plain
 
-    def counted(self, decoding, *args):
-        groups = made(self, decoding, *args)
-        made_at_once.append(sorted(decoding[i].request.tag for g in groups for i in g.members))
+    def counted(self, decoding, step, first):
+        groups = made(self, decoding, step, first)
+        steps.append((sorted(decoding[i].request.tag for g in groups for i in g.members), first, self._successors))
         return groups
 
     monkeypatch.setattr(Batch, "_plain", counted)
@@ -338,19 +339,26 @@ def test_plain_steps_messages_made_at_once_are_those_made_one_by_one(budget, tin
             monkeypatch.setattr(Sequence, "plain", property(lambda seq: False))
         comm = _Recording()
         dec = Decoder(Worker(model), comm, set(), 512)
-        batch = dec.batch(max_batch=5, budget=Budget(budget, step_tokens=12))
+        batch = dec.batch(
+            max_batch=5, budget=Budget(budget, step_tokens=12), prefill_chunk=16, first_step_with_prompt=with_prompt
+        )
         requests = [Request(make_prompt(i, 10 + 3 * i, 3), c, shared=i in (1, 2), tag=i) for i, c in enumerate(cfgs)]
         for seq in dec.run(requests, batch):
             if seq.cfg.temperature == 0:
-                assert seq.result.output_ids == reference_greedy(model, seq.request.prompt, MAX_NEW)
+                assert seq.result.output_ids == reference_greedy(model, seq.request.prompt, seq.cfg.max_new_tokens)
         sent[at_once] = comm.sent
+        if at_once:
+            first_decode = list(steps)
     assert sent[True] == sent[False] and len(sent[True]) >= MAX_NEW
-    steps = made_at_once[: len(made_at_once) // 2]  # the first decode's
-    assert all(3 not in step and 4 not in step for step in steps)  # a window's, a sampled one's: alone
-    assert sum(0 in step for step in steps) >= MAX_NEW - 1  # mode=ar's: with the others at every step
-    assert any(1 in step and 2 in step for step in steps)  # shared trees given no node: plain too
-    if budget == "shared":  # and some steps give them nodes
-        assert any(not (1 in step and 2 in step) for step in steps if 0 in step)
+    made_at_once = [tags for tags, _, _ in first_decode]
+    assert all(3 not in tags and 4 not in tags for tags in made_at_once)  # a window's, a sampled one's: alone
+    assert sum(0 in tags for tags in made_at_once) >= MAX_NEW - 1  # mode=ar's: with the others at every step
+    assert any(tags and first for tags, first, _ in first_decode)  # beside prompt chunks
+    assert any(1 in tags and 2 in tags and top for tags, _, top in first_decode)  # given no node, a top-k computed
+    if budget == "none":  # once the windowed one has ended: steps of plain batched decoding, no top-k
+        assert any(1 in tags and 2 in tags and not top for tags, _, top in first_decode)
+    else:  # and some steps give them nodes
+        assert any(not (1 in tags and 2 in tags) for tags in made_at_once if 0 in tags)
 
 
 def test_a_tree_that_found_nothing_to_draft_still_learns(tiny_models):

@@ -34,7 +34,7 @@ from lp.decode.budget import Budget, Claim
 from lp.decode.sequence import Request, Sequence, StepOutputs
 from lp.decode.shares import largest_share
 from lp.decode.state import fingerprint
-from lp.engine.packed import PackedStep
+from lp.engine.packed import PackedStep, on_device
 from lp.engine.pages import pages_for
 from lp.errors import LPError
 from lp.lookahead.memory import DraftMemory
@@ -249,7 +249,7 @@ class Batch:
                 ],
                 dtype=np.int64,
             )
-            made.append(PlainSteps(members, shape, torch.as_tensor(known, device=self.worker.device)))
+            made.append(PlainSteps(members, shape, on_device(known, self.worker.device)))
         return made
 
     def _prefilled(self, chunks: list[tuple[Sequence, int]]) -> None:

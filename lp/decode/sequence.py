@@ -126,11 +126,12 @@ class Sequence:
 
     @property
     def plain(self) -> bool:
-        """Its planned step feeds its pending tokens alone (no window, no tree node) and decides
-        greedily: its message is `lp.message.pack_plain`'s, which a batch makes for all such
-        sequences of a step at once (a plain step's decision then costs what plain decoding's does)."""
+        """This rank's share of its planned step feeds its pending tokens alone (no window, no tree
+        node) and decides greedily: its message is `lp.message.pack_plain`'s, which a batch makes
+        for all such sequences of a step at once (a plain step's decision then costs what plain
+        decoding's does). Greedy: lp's own verifier, not a caller's (a subclass may decide otherwise)."""
         layout = self.plan.layout
-        return isinstance(self.verify, GreedyVerifier) and not len(layout.parents) and not len(layout.columns)
+        return type(self.verify) is GreedyVerifier and not len(layout.parents) and not len(layout.columns)
 
     def decide(
         self, rows: StepOutputs, seg: SegmentTensors, packed: PackedTensors, steps: torch.Tensor

@@ -4,8 +4,8 @@ Each sequence contributes a segment: its pending tokens, window and tree (lp/loo
 layout of its step), or a chunk of its prompt. A segment's tokens go to its sequence's next
 storage indices (lp/engine/pages.py), see that sequence's committed KV and, within the segment,
 what its block allows (lp/engine/attention.py `Visibility`). `PackedStep` holds the host side as
-named per-token arrays; `on_device` makes the forward's inputs: exactly the step's tokens (eager
-steps, attention by groups of segments) or padded to a bucket (fixed shapes, lp/engine/fixed_steps.py)."""
+named per-token arrays; the forward's inputs are exactly the step's tokens (`exact`: eager steps,
+attention by groups of segments) or padded to a bucket (`padded`: fixed shapes, lp/engine/fixed_steps.py)."""
 
 from __future__ import annotations
 
@@ -244,9 +244,11 @@ class SegmentTensors:
     slots: torch.Tensor
 
 
-def _tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
+def on_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Host array `a` on `device`: on a GPU copied from pinned memory (a pageable copy waits for the
+    device's queued work)."""
     t = torch.from_numpy(np.ascontiguousarray(a))
-    return t if device.type == "cpu" else t.to(device, non_blocking=False)
+    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
 
 
 def exact(
@@ -260,9 +262,11 @@ def exact(
     length: `PackedStep.groups`); `groups`: query heads a kv head (the mask's folded rows; 0: no
     attention made, for a forward that computes none)."""
     dev = slot_owner.device
-    t = {name: _tensor(getattr(step, name), dev) for name in ("ids", "positions", "slots", "rows", "depth", "parents")}
+    t = {
+        name: on_device(getattr(step, name), dev) for name in ("ids", "positions", "slots", "rows", "depth", "parents")
+    }
     visible = Visibility(
-        *(_tensor(getattr(step, name), dev) for name in ("owner", "length", "base", "size", "block")),
+        *(on_device(getattr(step, name), dev) for name in ("owner", "length", "base", "size", "block")),
         slot_owner,
         slot_index,
     )
@@ -290,17 +294,17 @@ def _grouped(step: PackedStep, visible: Visibility, heads: int, dev: torch.devic
         run = None
         if len(segs) == 1 and (np.diff(pages[0]) == 1).all():
             run = slice(int(pages[0, 0]) * PAGE, int(pages[0, -1] + 1) * PAGE)
-        q = _tensor(queries, dev)
-        slots = _tensor((pages[:, :, None] * PAGE + np.arange(PAGE)).reshape(len(segs), -1), dev)
+        q = on_device(queries, dev)
+        slots = on_device((pages[:, :, None] * PAGE + np.arange(PAGE)).reshape(len(segs), -1), dev)
         mask = visible(q[:, :, None], slots[:, None, :])[:, None]
         out.append(
             Group(
                 queries=q,
-                pages=None if run is not None else _tensor(pages, dev),
+                pages=None if run is not None else on_device(pages, dev),
                 run=run,
                 mask=mask.repeat(1, 1, heads, 1) if heads > 1 else mask,
-                rows=_tensor(real, dev) if padded else None,
-                tokens=_tensor(queries.reshape(-1)[real], dev),
+                rows=on_device(real, dev) if padded else None,
+                tokens=on_device(queries.reshape(-1)[real], dev),
             )
         )
     whole = len(out) == 1 and out[0].rows is None and len(parts[0][0]) == 1
