@@ -272,8 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             run = decode(lm, prompts, B, budgets[name], args.max_new_tokens, 255, memory=warm)
             speed = rate(run, lambda s: s["seconds"])
             if name in row:
-                row[name]["cpu_tokens_per_s_runs"].append(speed)
-                row[name]["cpu_tokens_per_s"] = statistics.mean(row[name]["cpu_tokens_per_s_runs"])
+                runs = row[name]["cpu_tokens_per_s_runs"] + [speed]
+                row[name] |= {"identical": row[name]["identical"] and same(run), "cpu_tokens_per_s_runs": runs}
+                row[name]["cpu_tokens_per_s"] = statistics.mean(runs)
+                print(f"budget: B={B} {name} again: tokens/s {runs}", file=sys.stderr, flush=True)
                 continue
             row[name] = full(run, B) | {
                 "identical": same(run),
