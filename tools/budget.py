@@ -273,8 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             speed = rate(run, lambda s: s["seconds"])
             if name in row:
                 runs = row[name]["cpu_tokens_per_s_runs"] + [speed]
-                row[name] |= {"identical": row[name]["identical"] and same(run), "cpu_tokens_per_s_runs": runs}
-                row[name]["cpu_tokens_per_s"] = statistics.mean(runs)
+                row[name] |= {
+                    "identical": row[name]["identical"] and same(run),
+                    "cpu_tokens_per_s_runs": runs,
+                    "cpu_tokens_per_s": statistics.mean(runs),
+                }
                 print(f"budget: B={B} {name} again: tokens/s {runs}", file=sys.stderr, flush=True)
                 continue
             row[name] = full(run, B) | {

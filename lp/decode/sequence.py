@@ -86,9 +86,9 @@ class Sequence:
         self.plan: StepPlan | None = None
         self.result: Generation | None = None
         self.admitted = self.decoding_since = time.perf_counter()
-        self._message_rows = successor_rows(cfg.step_shape[0], cfg.step_shape[3])
         # its messages' layout (lp/message.py): window slots, token slots, successor rows, successors
-        self.message_shape = cfg.step_shape[0], cfg.max_commit, self._message_rows, cfg.successors_sent
+        W, _, _, limit = cfg.step_shape
+        self.message_shape = W, cfg.max_commit, successor_rows(W, limit), cfg.successors_sent
 
     @property
     def to_prefill(self) -> int:
@@ -140,7 +140,7 @@ class Sequence:
         None without `keep`), queued on the device. `rows`: the step's logits and what one pass
         over all of them gives; `steps`: `arange` of at least `max_commit`."""
         cfg, plan = self.cfg, self.plan
-        W, k = cfg.step_shape[0], cfg.successors_sent
+        W, _, message_rows, k = self.message_shape
         logits = rows.logits[seg.rows]
         decision = decide(
             self.verify,
@@ -164,7 +164,7 @@ class Sequence:
             if plan.dups:
                 own = 1 + len(plan.layout.columns)
                 top = torch.cat([top[:own], top[own + plan.dups :]])
-        mine = message(self.state, plan, decision, W=W, successors=top, rows=self._message_rows)
+        mine = message(self.state, plan, decision, W=W, successors=top, rows=message_rows)
         if not self.keep or not len(plan.layout.parents):  # no drafts: none to keep
             return mine, None
         # the accepted drafts' KV, moved after x0's: the next step feeds only the bonus token
