@@ -92,3 +92,55 @@ def test_the_memory_is_judged_against_the_noise_of_neutral_changes(tmp_path):
     assert (tmp_path / "memory.png").stat().st_size > 0
     without = summary([{k: v for k, v in r.items() if k != "noise"} for r in rows])  # no --noise
     assert "noise_ratio_p5" not in without and without["ratio"] == s["ratio"]
+
+
+def test_the_texts_ceiling_is_the_longest_right_continuation_the_memory_holds():
+    import numpy as np
+
+    from tools.memory_ceiling import reach, short_steps, steps_with
+
+    empty = np.zeros(0, np.int64)
+    # the memory holds one text, 5 6 7 8, then its end (-1); the decode's prompt ends 5 6
+    texts = [np.array([5, 6, 7, 8, -1]), empty]
+    # after 5 6 the text goes on 7 8 (then its end: not 9); after 6 7, 8; after 7 8 and 8 9, nothing
+    assert reach(texts, [1, 5, 6], [7, 8, 9, 7], depth=14) == [2, 1, 0, 0]
+    assert reach(texts, [1, 5, 6], [7, 8, 9, 7], depth=1) == [1, 1, 0, 0]  # no further than a draft's depth
+    assert reach(texts, [1, 5, 6], [7, 9, 9, 7], depth=14) == [1, 0, 0, 0]  # 7 right, 8 not the output's 9
+    assert reach([empty, empty], [5, 6], [7, 8], depth=14) == [0, 0]
+    # a text's end stops a continuation where the next text would run on (5 6 7, then 8 9); the
+    # newer generation is searched too (7 8 9)
+    older, newer = np.array([5, 6, 7, -1]), np.array([8, 9, -1, 7, 8, 9, -1])
+    assert reach([older, newer], [5, 6], [7, 8, 9], depth=14) == [1, 0, 1]
+    rc = [2, 1, 0, 0]
+    assert steps_with([1, 1, 1, 1], rc) == 2  # the first step commits 7 8 9 (7 8 from the texts), the next 7
+    assert short_steps([1, 1, 1, 1], rc) == 2  # the steps at 0 and 1 accepted nothing the texts held
+    assert steps_with([4], rc) == short_steps([4], rc) + 1 == 1  # the course's own step went further
+    assert steps_with([1, 3], rc) == 2  # from position 3 the course's step still accepts nothing more
+    assert steps_with([1, 3], [0, 0, 0, 0]) == 2  # with nothing from the texts, the course as it was
+    # the texts take the first step to position 2, mid-way through the course's second step, whose
+    # last two tokens it is credited
+    assert steps_with([1, 3, 1], [1, 0, 0, 0, 0]) == 3
+
+
+def test_the_ceiling_is_summed_over_the_workload():
+    from tools.memory import summary
+
+    rows = [
+        {
+            "without": _decode(50),
+            "with": _decode(40),
+            "ceiling": {"without": 45, "with": 38, "short": 3},
+            "identical": True,
+        },
+        {
+            "without": _decode(50),
+            "with": _decode(50),
+            "ceiling": {"without": 50, "with": 50, "short": 0},
+            "identical": True,
+        },
+    ]
+    s = summary(rows)
+    assert s["texts_ceiling_S"] == {"without": 200 / 95, "with": 200 / 88}
+    assert s["texts_ceiling_ratio"]["without"] == 100 / 95
+    assert s["texts_ceiling_ratio"]["with"] == 100 / 88
+    assert s["texts_short_steps"] == {"steps": 3, "of": 90}

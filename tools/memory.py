@@ -26,7 +26,10 @@ prompt took more steps with the memory. With `--noise`, at a shape of a fixed st
 prompt is also decoded without the memory at one token fewer and one more a step: changes that
 neither help nor hurt (a tree loses or gains its least likely node) but move the course of the
 decode (what a step verifies teaches the next trees), so their step ratios are the per-prompt
-noise that the memory's ratios are judged against. The host's work after each message read (the time a
+noise that the memory's ratios are judged against. At a fixed shape (no `auto`), the texts'
+ceiling (tools/memory_ceiling.py): S had every step of either decode also been offered the longest
+right continuation that the memory's texts held at its position, an estimate of the most any
+drafting from these texts could add. The host's work after each message read (the time a
 device waits for the host; StepObserver) is timed per step with and without.
 
 The memory's cost: a fresh memory of `--budget` tokens fed 1,000 texts (the run's prompt tails
@@ -51,10 +54,14 @@ import time
 from pathlib import Path
 
 from lp.bench.shapes import parse_lookahead
+from lp.config import DecodeConfig
 from lp.decode.batch import StepObserver
 from lp.engine.kernel_choice import cpu_name
+from lp.lookahead.text import MIN_MATCH
+from tools import memory_ceiling
 
 WORKLOADS = ("spec", "mt2", "humaneval", "repeat")
+SIDES = ("without", "with")
 TEXTS = 1000  # texts fed to the memory whose cost is measured
 REPS = 3  # saves and loads timed
 WARM_BATCH = 32  # the warming requests decoded together, as a server under load does
@@ -115,12 +122,21 @@ class Run:
             "host_s": clock.seconds,
             "output_ids": r.output_ids,
             "text": r.text,
+            "accepted": r.accepted_per_step,
         }
 
     def pair(self, ids: list[int], settings: dict) -> dict:
         """One prompt without the memory, then with it (which adds its text), and with `noise` at a
         fixed step size, without it at one token fewer and one more a step: all checked."""
-        row = {"without": self.decode(ids, settings, False), "with": self.decode(ids, settings, True)}
+        row = {"without": self.decode(ids, settings, False)}
+        fixed = all(settings.get(key) != "auto" for key in ("W", "N", "G"))  # a tree depth known up front
+        texts = self.lm.memory.texts() if fixed else None  # what the decode with the memory draws on
+        row["with"] = self.decode(ids, settings, True)
+        if texts is not None:  # the texts' ceiling on either course (tools/memory_ceiling.py)
+            depth = DecodeConfig(**settings).max_draft  # the longest draft a step verifies
+            reaches = {side: memory_ceiling.reach(texts, ids, row[side]["output_ids"], depth) for side in SIDES}
+            row["ceiling"] = {side: memory_ceiling.steps_with(row[side]["accepted"], reaches[side]) for side in SIDES}
+            row["ceiling"]["short"] = memory_ceiling.short_steps(row["with"]["accepted"], reaches["with"])
         if self.noise and "step_tokens" in settings:
             T = settings["step_tokens"]
             row["noise"] = [self.decode(ids, settings | {"step_tokens": T + d}, False) for d in (-1, 1)]
@@ -209,36 +225,44 @@ def _S(decodes: list[dict]) -> float:
 
 
 def summary(rows: list[dict]) -> dict:
-    """A workload's S with and without the memory (pooled), per-prompt step ratios, host times."""
+    """A workload's S with and without the memory (pooled), per-prompt step ratios, host times; the
+    noise (`--noise`) and the texts' ceiling (fixed shapes) where measured."""
 
     def S(side: str) -> float:
         return _S([r[side] for r in rows])
 
     ratios = [r["without"]["steps"] / r["with"]["steps"] for r in rows]
-    host = {side: statistics.median([s for r in rows for s in r[side]["host_s"]]) * 1e3 for side in ("without", "with")}
-    seconds = {side: sum(r[side]["seconds"] for r in rows) for side in ("without", "with")}
+    host = {side: statistics.median([s for r in rows for s in r[side]["host_s"]]) * 1e3 for side in SIDES}
+    seconds = {side: sum(r[side]["seconds"] for r in rows) for side in SIDES}
     tokens = sum(r["with"]["tokens"] for r in rows)
     noise = {} if "noise" not in rows[0] else _noise(rows, ratios)
-    return noise | {
-        "prompts": len(rows),
-        "S_without": S("without"),
-        "S_with": S("with"),
-        "ratio": S("with") / S("without"),
-        "per_prompt_step_ratio_min": min(ratios),
-        "per_prompt_step_ratio_median": statistics.median(ratios),
-        "prompts_more_steps_with": sum(r["with"]["steps"] > r["without"]["steps"] for r in rows),
-        "host_ms_per_step_median": host,
-        "tokens_per_s": {side: tokens / seconds[side] for side in seconds},
-        "identical": all(r["identical"] and r.get("turn1_identical", True) for r in rows),
-    }
+    ceiling = {} if "ceiling" not in rows[0] else _ceiling(rows, S("without"))
+    return (
+        noise
+        | ceiling
+        | {
+            "prompts": len(rows),
+            "S_without": S("without"),
+            "S_with": S("with"),
+            "ratio": S("with") / S("without"),
+            "per_prompt_step_ratio_min": min(ratios),
+            "per_prompt_step_ratio_median": statistics.median(ratios),
+            "prompts_more_steps_with": sum(r["with"]["steps"] > r["without"]["steps"] for r in rows),
+            "host_ms_per_step_median": host,
+            "tokens_per_s": {side: tokens / seconds[side] for side in seconds},
+            "identical": all(r["identical"] and r.get("turn1_identical", True) for r in rows),
+        }
+    )
 
 
 def prompts_detail(rows: list[dict]) -> list[dict]:
-    """What the run keeps of each prompt: tokens and steps without and with the memory, and the
-    neutral changes' steps (`--noise`)."""
+    """What the run keeps of each prompt: tokens and steps without and with the memory, the
+    neutral changes' steps (`--noise`) and the texts' ceiling (fixed shapes: either course's steps,
+    and the steps with the memory short of the texts' reach)."""
     return [
-        {side: {k: r[side][k] for k in ("tokens", "steps")} for side in ("without", "with")}
+        {side: {k: r[side][k] for k in ("tokens", "steps")} for side in SIDES}
         | ({"noise_steps": [n["steps"] for n in r["noise"]]} if "noise" in r else {})
+        | ({"texts_ceiling": r["ceiling"]} if "ceiling" in r else {})
         for r in rows
     ]
 
@@ -257,6 +281,22 @@ def _noise(rows: list[dict], ratios: list[float]) -> dict:
         "noise_ratio_min": pooled[0],
         "prompts_slower_beyond_p5": sum(x < min(1.0, p5) for x in ratios),
         "prompts_slower_beyond_own": sum(x < o for x, o in zip(ratios, own)),
+    }
+
+
+def _ceiling(rows: list[dict], S_without: float) -> dict:
+    """The texts' ceiling (tools/memory_ceiling.py): S had each step of either course also been
+    offered the longest right continuation the memory's texts held, against S without the memory
+    (`S_without`); and the steps with the memory at whose start the texts reached further than the
+    step accepted, of all its steps."""
+    S = {side: _S([r[side] | {"steps": r["ceiling"][side]} for r in rows]) for side in SIDES}
+    return {
+        "texts_ceiling_S": S,
+        "texts_ceiling_ratio": {side: S[side] / S_without for side in SIDES},
+        "texts_short_steps": {
+            "steps": sum(r["ceiling"]["short"] for r in rows),
+            "of": sum(r["with"]["steps"] for r in rows),
+        },
     }
 
 
@@ -426,6 +466,17 @@ def markdown(doc: dict) -> str:
             f"(5th percentile {r['noise_ratio_p5']:.2f}). Prompts with more steps with the memory: "
             f"{r['prompts_more_steps_with']}; below that 5th percentile: {r['prompts_slower_beyond_p5']}; below "
             f"both of their own neutral ratios: {r['prompts_slower_beyond_own']}.",
+            "",
+        ]
+    for r in (r for r in doc["results"] if "texts_ceiling_S" in r):
+        S, x = r["texts_ceiling_S"], r["texts_ceiling_ratio"]
+        lines += [
+            f"**The texts' ceiling** ({r['shape']}, {r['workload']}): had each step also been offered the longest "
+            f"right continuation that follows its text's last {MIN_MATCH} tokens anywhere in the memory's texts (an "
+            f"estimate: tools/memory_ceiling.py), S {S['without']:.2f} on the course "
+            f"without the memory ({x['without']:.3f}x S without it) and {S['with']:.2f} on the course with it "
+            f"({x['with']:.3f}x). Steps with the memory where the texts reached further than the step accepted: "
+            f"{r['texts_short_steps']['steps']} of {r['texts_short_steps']['of']}.",
             "",
         ]
     if c is not None:
