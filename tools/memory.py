@@ -289,7 +289,7 @@ def _ceiling(rows: list[dict], S_without: float) -> dict:
     offered the longest right continuation the memory's texts held, against S without the memory
     (`S_without`); and the steps with the memory at whose start the texts reached further than the
     step accepted, of all its steps."""
-    S = {side: _S([r[side] | {"steps": r["ceiling"][side]} for r in rows]) for side in SIDES}
+    S = {side: sum(r[side]["tokens"] for r in rows) / sum(r["ceiling"][side] for r in rows) for side in SIDES}
     return {
         "texts_ceiling_S": S,
         "texts_ceiling_ratio": {side: S[side] / S_without for side in SIDES},
